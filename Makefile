@@ -1,0 +1,35 @@
+# Everything installs into .venv on first use; every target is idempotent.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# tensorflow-cpu where no NVIDIA driver is visible (no CUDA download), else TF's CUDA build
+TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+PYTEST_ARGS ?=
+
+.PHONY: install demo test lab bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@bash scripts/ensure-python.sh $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),mpich,test,lab]"
+	$(PY) -c "import tensorflow, keras, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
+	@touch $(STAMP)
+
+demo: install
+	$(PY) scripts/demo.py
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lab: install
+	$(PY) -m ipykernel install --sys-prefix --name hvd-tensorflow --display-name "Python 3 (hvd_notebook)"
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+bench: install
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf build .pytest_cache

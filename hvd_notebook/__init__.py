@@ -1,0 +1,27 @@
+"""hvd_notebook: interactive, data-parallel TensorFlow training from a notebook.
+
+>>> %load_ext hvd_notebook
+>>> %hvd start -n 2
+
+The notebook kernel never imports TensorFlow: only the engines do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``)."""
+    from .magics import HvdMagics
+
+    ipython.register_magics(HvdMagics)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Stop this kernel's cluster when the extension is unloaded."""
+    from .session import Session
+
+    Session.get().stop()

@@ -1,0 +1,374 @@
+"""Start, watch, stop and restart one ipyparallel cluster of MPI engines.
+
+This is the only module that starts or kills processes. The controller and the
+``mpiexec`` world come from ipyparallel's launchers; on top of them it adds what
+a shared notebook server needs: a private profile directory per cluster, a start
+that fails fast with ``mpiexec``'s own output, and a stop that proves, by PID,
+that nothing of the cluster is left.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RANKS_WITHOUT_GPU = 2
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started, or broke; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What ``%hvd start`` was asked for; ``%hvd restart`` reuses it."""
+
+    n: int | None = None
+    mpiexec: str | None = None
+    mpi_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float = 120.0
+    gpus: str = "auto"  # auto | none | comma-separated ids
+
+
+@dataclass
+class RankInfo:
+    """One engine as its bootstrap described it."""
+
+    rank: int
+    engine_id: int
+    host: str
+    pid: int
+    device: str
+    local_rank: int
+    local_size: int
+    intra_op_threads: int
+    inter_op_threads: int
+
+
+def detect_gpus() -> list[str]:
+    """GPU ids on this host: ``$HVD_NOTEBOOK_GPUS`` if set, else ``nvidia-smi``'s list.
+
+    The notebook kernel never creates a CUDA context, so detection asks the
+    driver's command-line tool rather than TensorFlow.
+    """
+    listed = os.environ.get("HVD_NOTEBOOK_GPUS")
+    if listed is not None:
+        return [g.strip() for g in listed.split(",") if g.strip()]
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def resolve_gpus(spec: str) -> list[str]:
+    """Turn ``--gpus auto|none|0,1`` into the list of GPU ids to pin ranks to."""
+    spec = spec.strip()
+    if spec == "auto":
+        return detect_gpus()
+    if spec == "none":
+        return []
+    ids = [g.strip() for g in spec.split(",")]
+    if not ids or not all(g.isdigit() for g in ids) or len(set(ids)) != len(ids):
+        raise ClusterError(
+            f"--gpus {spec!r} is not valid: use auto, none, or distinct GPU ids such as 0,1."
+        )
+    return ids
+
+
+def find_mpiexec(requested: str | None) -> str:
+    """The ``mpiexec`` to launch engines with: the one asked for, else the one
+    beside this Python (the mpich wheel's), else the first on ``PATH``."""
+    if requested:
+        found = shutil.which(requested)
+        if found is None:
+            raise ClusterError(
+                f"--mpiexec {requested!r} was not found or is not executable. Give the full "
+                "path of the mpiexec that belongs to the MPI your mpi4py was built for "
+                "(python -c 'import mpi4py; print(mpi4py.get_config())' tells which)."
+            )
+        return found
+    beside = Path(sys.executable).parent / "mpiexec"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("mpiexec")
+    if found is None:
+        raise ClusterError(
+            "No mpiexec found beside this Python or on PATH. Install an MPI runtime "
+            "(`pip install mpich` in this environment, or your system's MPI with mpi4py "
+            "built for it) or pass --mpiexec PATH."
+        )
+    return found
+
+
+def clusters_dir() -> Path:
+    """Per-user folder holding each running cluster's private profile directory."""
+    base = Path(tempfile.gettempdir()) / f"hvd_notebook-{getpass.getuser()}"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return base
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept) or "    (mpiexec printed nothing)"
+
+
+class MPICluster:
+    """An ipyparallel controller plus one ``mpiexec`` world of engines.
+
+    >>> cluster = MPICluster(ClusterOptions(n=2))
+    >>> ranks = cluster.start()          # blocks until every rank is bootstrapped
+    >>> cluster.client[:].apply_sync(lambda: 1)
+    [1, 1]
+    >>> cluster.stop()                   # nothing of it is left running
+    """
+
+    def __init__(self, options: ClusterOptions) -> None:
+        self.gpus = resolve_gpus(options.gpus)
+        n = options.n if options.n is not None else (len(self.gpus) or DEFAULT_RANKS_WITHOUT_GPU)
+        if n < 1:
+            raise ClusterError(f"-n {n}: a cluster needs at least one rank; try -n 2.")
+        if self.gpus and n > len(self.gpus):
+            raise ClusterError(
+                f"-n {n} ranks but only {len(self.gpus)} GPU(s) ({','.join(self.gpus)}) on this "
+                f"host: one rank per GPU. Use -n {len(self.gpus)}, or --gpus none to run on CPUs."
+            )
+        if options.timeout <= 0:
+            raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
+        self.options = replace(options, n=n)
+        self.mpiexec = find_mpiexec(options.mpiexec)
+        self.ipp_cluster: Any = None
+        self.client: Any = None
+        self.ranks: list[RankInfo] = []
+        self.workdir: Path | None = None
+        self._pids: set[int] = set()
+
+    @property
+    def n(self) -> int:
+        return self.options.n  # type: ignore[return-value]
+
+    # ----------------------------------------------------------------- start
+    def start(self) -> list[RankInfo]:
+        """Start controller and engines, wait for all, bootstrap them; on any
+        failure stop everything that was started and raise ``ClusterError``."""
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        deadline = time.monotonic() + self.options.timeout
+        cluster_id = f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+        self.workdir = clusters_dir() / cluster_id
+        self.workdir.mkdir(mode=0o700)
+        cfg = Config()
+        cfg.MPILauncher.mpi_cmd = [self.mpiexec]
+        cfg.MPILauncher.mpi_args = list(self.options.mpi_args)
+        cfg.MPIEngineSetLauncher.environment = dict(self.options.env)
+        try:
+            self.ipp_cluster = ipp.Cluster(
+                engines="mpi",
+                n=self.n,
+                cluster_id=cluster_id,
+                profile_dir=str(self.workdir / "profile"),
+                shutdown_atexit=False,  # the session's own atexit stops it, leftovers included
+                log_level=logging.ERROR,
+                config=cfg,
+            )
+            self.ipp_cluster.start_controller_sync()
+            self._pids.add(self.ipp_cluster.controller.pid)
+            self._start_engines(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self.ranks
+
+    def _start_engines(self, deadline: float) -> None:
+        """Launch one mpiexec world, wait until every rank registers, bootstrap it."""
+        self.client = self.ipp_cluster.connect_client_sync()
+        self.ipp_cluster.start_engines_sync(self.n)
+        launcher = self._engine_launcher()
+        self._pids.add(launcher.pid)
+        while True:
+            new = set(self.client.ids)
+            if len(new) >= self.n:
+                break
+            code = launcher._popen_process.poll()  # the launcher's own Popen of mpiexec
+            if code is not None:
+                raise ClusterError(
+                    f"mpiexec exited (code {code}) before all {self.n} engines connected "
+                    f"({len(new)} did). Command: {shlex.join(launcher.args)}\n"
+                    f"Last lines of its output:\n{_tail(launcher.get_output())}\n"
+                    "Check --mpiexec and --mpi-args, and that this environment's mpi4py "
+                    "was built for that MPI."
+                )
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"Only {len(new)} of {self.n} engines connected within "
+                    f"--timeout {self.options.timeout:g} s. Command: {shlex.join(launcher.args)}\n"
+                    f"Last lines of mpiexec's output:\n{_tail(self._read_output(launcher))}\n"
+                    "Raise --timeout on a slow or busy machine, or check the MPI set-up."
+                )
+            time.sleep(0.05)
+        self._remember_descendants()
+        self._bootstrap(sorted(new), deadline)
+
+    def _engine_launcher(self) -> Any:
+        (launcher,) = self.ipp_cluster.engines.values()
+        return launcher
+
+    @staticmethod
+    def _read_output(launcher: Any) -> str:
+        try:
+            return Path(launcher.output_file).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
+        from .engine import bootstrap
+
+        view = self.client[engine_ids]
+        ar = view.apply_async(bootstrap, self.gpus)
+        if not ar.wait(max(1.0, deadline - time.monotonic())):
+            raise ClusterError(
+                f"The engines did not finish setting up (importing TensorFlow, initialising "
+                f"MPI) within --timeout {self.options.timeout:g} s. Raise --timeout."
+            )
+        try:
+            results = ar.get()
+        except Exception as exc:  # ipyparallel's CompositeError: one entry per failed engine
+            ename, evalue, _tb, info = getattr(exc, "elist", [(type(exc).__name__, exc, "", {})])[0]
+            raise ClusterError(
+                f"Setting up engine {info.get('engine_id', '?')} failed: {ename}: {evalue}"
+            ) from None
+        infos = [{**res, "engine_id": eid} for eid, res in zip(engine_ids, results)]
+        sizes = {i["size"] for i in infos}
+        if sizes != {self.n} or sorted(i["rank"] for i in infos) != list(range(self.n)):
+            raise ClusterError(
+                f"mpiexec started {self.n} processes but they did not form one MPI world of "
+                f"{self.n} ranks (they report sizes {sorted(sizes)}). This happens when mpiexec "
+                f"({self.mpiexec}) belongs to a different MPI than the one mpi4py was built "
+                "for; pass the matching --mpiexec."
+            )
+        self.ranks = sorted(
+            (RankInfo(
+                rank=i["rank"], engine_id=i["engine_id"], host=i["host"], pid=i["pid"],
+                device=i["device"], local_rank=i["local_rank"], local_size=i["local_size"],
+                intra_op_threads=i["intra_op_threads"], inter_op_threads=i["inter_op_threads"],
+            ) for i in infos),
+            key=lambda r: r.rank,
+        )
+        self._pids.update(r.pid for r in self.ranks)
+
+    def _remember_descendants(self) -> None:
+        for pid in list(self._pids):
+            try:
+                self._pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+
+    # ----------------------------------------------------------------- state
+    @property
+    def running(self) -> bool:
+        return self.ipp_cluster is not None and self.client is not None and bool(self.ranks)
+
+    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
+        """Engine ids of the given MPI ranks (all ranks when None)."""
+        by_rank = {r.rank: r.engine_id for r in self.ranks}
+        if ranks is None:
+            return [by_rank[r] for r in sorted(by_rank)]
+        return [by_rank[r] for r in ranks]
+
+    def rank_of_engine(self, engine_id: int) -> int:
+        return next(r.rank for r in self.ranks if r.engine_id == engine_id)
+
+    def pids(self) -> set[int]:
+        """Every process of this cluster seen so far (controller, mpiexec, its
+        helpers, engines and their nannies)."""
+        self._remember_descendants()
+        return set(self._pids)
+
+    def alive(self) -> dict[int, bool]:
+        """Per rank: is its engine process still there?"""
+        out = {}
+        for r in self.ranks:
+            try:
+                p = psutil.Process(r.pid)
+                out[r.rank] = p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+            except psutil.NoSuchProcess:
+                out[r.rank] = False
+        return out
+
+    # ------------------------------------------------------------------ stop
+    def restart(self) -> list[RankInfo]:
+        """End everything and start a fresh controller and MPI world of the same
+        shape (every rank's state is lost). A fresh controller means no stale
+        registrations of the old engines can be mistaken for the new ones."""
+        self.stop()
+        return self.start()
+
+    def stop(self) -> None:
+        """Stop engines and controller; kill whatever of them is still alive after
+        the launchers' TERM/KILL; remove the profile directory."""
+        pids = self.pids()
+        if self.client is not None:
+            try:
+                self.client.close(linger=0)
+            except Exception:
+                log.debug("closing the client failed", exc_info=True)
+            self.client = None
+        if self.ipp_cluster is not None:
+            for launcher in list(self.ipp_cluster.engines.values()) + [self.ipp_cluster.controller]:
+                if launcher is not None:
+                    launcher.stop_seconds_until_kill = 2
+            try:
+                self.ipp_cluster.stop_cluster_sync()
+            except Exception:
+                log.debug("ipyparallel's stop failed; killing by PID", exc_info=True)
+            self.ipp_cluster = None
+        _kill_all(pids)
+        self._pids.clear()
+        self.ranks = []
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def _kill_all(pids: set[int], grace: float = 3.0) -> None:
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace)

@@ -1,0 +1,88 @@
+"""What runs once in every engine after it connects: pin the device, set
+TensorFlow's threads, initialise the runtime, and put ``hvd`` in the namespace.
+
+The order matters: ``CUDA_VISIBLE_DEVICES`` must be set before TensorFlow is
+imported, and TensorFlow's thread pools must be sized before its first op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (respects taskset and cgroups' cpusets)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def bootstrap(gpus: list[str], import_tensorflow: bool = True) -> dict[str, Any]:
+    """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
+
+    ``gpus`` lists the GPU ids of this host that the cluster may use, one per
+    local rank; an empty list means CPU only (no GPU visible to TensorFlow).
+    """
+    from IPython import get_ipython
+
+    from . import runtime as hvd
+
+    hvd.init()
+    local_rank, local_size = hvd.local_rank(), hvd.local_size()
+    if gpus:
+        if local_rank >= len(gpus):
+            raise RuntimeError(
+                f"rank {hvd.rank()} on {socket.gethostname()} has local rank {local_rank} but "
+                f"only {len(gpus)} GPU(s) were given ({','.join(gpus)}); start fewer ranks "
+                "per host or pass --gpus none to run on CPUs."
+            )
+        device = f"GPU {gpus[local_rank]}"
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[local_rank]
+    else:
+        device = "CPU"
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+
+    intra = max(1, usable_cores() // local_size)
+    inter = 1
+    # Read by TensorFlow when it creates its thread pools; set for any library
+    # (and any later TensorFlow import) that looks at the environment instead.
+    os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
+    os.environ["TF_NUM_INTEROP_THREADS"] = str(inter)
+    os.environ.setdefault("OMP_NUM_THREADS", str(intra))
+
+    if import_tensorflow:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+        intra = tf.config.threading.get_intra_op_parallelism_threads()
+        inter = tf.config.threading.get_inter_op_parallelism_threads()
+
+    shell = get_ipython()
+    if shell is not None:
+        shell.user_ns["hvd"] = hvd
+
+    return {
+        "rank": hvd.rank(),
+        "size": hvd.size(),
+        "local_rank": local_rank,
+        "local_size": local_size,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "device": device,
+        "intra_op_threads": intra,
+        "inter_op_threads": inter,
+    }
+
+
+def probe() -> dict[str, Any]:
+    """Liveness and memory of this engine, for ``%hvd status``."""
+    import psutil
+
+    proc = psutil.Process()
+    return {"pid": proc.pid, "rss": proc.memory_info().rss, "host": socket.gethostname()}

@@ -1,0 +1,250 @@
+"""``%hvd`` and ``%%hvd``: parse what the user typed and hand it to the session."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any, Sequence
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_cell_magic, magics_class
+
+from .cluster import ClusterOptions, RankInfo
+from .session import HvdError, Session
+
+
+class _HelpShown(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad input as IPython's UsageError instead of exiting."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exit_on_error", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}. See {self.prog.split()[0]} --help.")
+
+    def exit(self, status: int = 0, message: str | None = None) -> None:  # type: ignore[override]
+        if message:
+            raise UsageError(message)
+        raise _HelpShown()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; ranks start at 0")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
+def _rank_list(text: str) -> list[int]:
+    try:
+        ranks = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 0,1") from None
+    if not ranks or min(ranks) < 0 or len(set(ranks)) != len(ranks):
+        raise argparse.ArgumentTypeError(f"{text!r} must list distinct ranks such as 0,1")
+    return ranks
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _join_option_values(argv: list[str], option: str) -> list[str]:
+    """``--mpi-args "-bind-to core"``: argparse would read the quoted value, which
+    starts with a dash, as an option of its own; bind it to its option instead."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == option and i + 1 < len(argv):
+            out.append(f"{option}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+def _build_line_parser() -> _Parser:
+    parser = _Parser(
+        prog="%hvd",
+        description="Run data-parallel TensorFlow on MPI ranks from this notebook.",
+        epilog="A cell that starts with %%hvd runs on every rank; see `%hvd cell --help`.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    start = sub.add_parser("start", help="start a controller and N MPI engines")
+    _add_start_options(start)
+    start.add_argument("--restart", action="store_true", help="stop a running cluster first")
+
+    sub.add_parser("stop", help="stop the cluster; nothing of it is left running")
+    sub.add_parser("restart", help="stop and start again with the options of the last start")
+    sub.add_parser("status", help="each rank: alive or dead, host, pid, device, memory, activity")
+
+    pull = sub.add_parser("pull", help="copy a variable from a rank into this notebook")
+    pull.add_argument("name", help="variable name on the rank")
+    pull.add_argument("--rank", type=_non_negative_int, default=0, help="rank to copy from (default 0)")
+
+    push = sub.add_parser("push", help="copy a notebook variable to every rank")
+    push.add_argument("name", help="variable name in this notebook")
+
+    sub.add_parser("cell", help="options of %%%%hvd cells", add_help=True, parents=[_build_cell_parser(add_help=False)])
+    sub.add_parser("help", help="show this help")
+    return parser
+
+
+def _add_start_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", type=_positive_int, default=None,
+                   help="number of ranks (default: one per GPU, else 2)")
+    p.add_argument("--mpiexec", metavar="PATH", default=None,
+                   help="mpiexec to launch with (default: the one beside this Python, else PATH)")
+    p.add_argument("--mpi-args", metavar='"ARGS"', default="",
+                   help='extra mpiexec arguments, quoted, e.g. --mpi-args "-bind-to core"')
+    p.add_argument("--env", metavar="K=V", type=_env_pair, action="append", default=[],
+                   help="environment variable for every rank (repeatable)")
+    p.add_argument("--timeout", metavar="S", type=_seconds, default=120.0,
+                   help="seconds to wait for all engines to connect and set up (default 120)")
+    p.add_argument("--gpus", default="auto", metavar="auto|none|LIST",
+                   help="GPUs to pin ranks to by local rank (default auto: all visible)")
+
+
+def _build_cell_parser(add_help: bool = True) -> _Parser:
+    cell = _Parser(prog="%%hvd", add_help=add_help,
+                   description="Run the cell on every rank at once; state is kept between cells.")
+    cell.add_argument("--ranks", type=_rank_list, default=None, metavar="LIST",
+                      help="run on these ranks only, e.g. 0,1")
+    cell.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                      help="fail the cell after S seconds, naming the ranks still running")
+    out = cell.add_mutually_exclusive_group()
+    out.add_argument("--all-output", action="store_true", help="show every rank's output")
+    out.add_argument("--output-ranks", type=_rank_list, default=None, metavar="LIST",
+                     help="show these ranks' output (default: rank 0 only)")
+    return cell
+
+
+def usage() -> str:
+    """Help for ``%hvd`` and every subcommand, as ``%hvd --help`` prints it."""
+    parser = _build_line_parser()
+    parts = [parser.format_help()]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        if name in ("help", "cell"):
+            continue
+        parts.append(p.format_help())
+    parts.append(_build_cell_parser().format_help())
+    return "\n".join(parts)
+
+
+def format_rank_table(ranks: Sequence[RankInfo]) -> str:
+    rows = [("rank", "host", "pid", "device", "threads (intra/inter)")]
+    rows += [(str(r.rank), r.host, str(r.pid), r.device, f"{r.intra_op_threads}/{r.inter_op_threads}")
+             for r in ranks]
+    return _table(rows)
+
+
+def format_status(rows: list[dict[str, Any]]) -> str:
+    table = [("rank", "state", "host", "pid", "device", "memory", "running")]
+    for r in rows:
+        mem = "-" if r["rss"] is None else f"{r['rss'] / 2**20:.0f} MiB"
+        table.append((str(r["rank"]), r["state"], r["host"], str(r["pid"]), r["device"], mem, r["running"]))
+    return _table(table)
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+@magics_class
+class HvdMagics(Magics):
+    """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks."""
+
+    @line_cell_magic
+    def hvd(self, line: str, cell: str | None = None) -> Any:
+        try:
+            if cell is None:
+                return self._line(line)
+            return self._cell(line, cell)
+        except _HelpShown:
+            return None
+        except argparse.ArgumentError as exc:
+            raise UsageError(f"%hvd: {exc}. See %hvd --help.") from None
+
+    def _line(self, line: str) -> Any:
+        try:
+            argv = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%hvd: cannot parse {line!r}: {exc}.") from None
+        if not argv or argv[0] in ("help", "--help", "-h"):
+            print(usage())
+            return None
+        args = _build_line_parser().parse_args(_join_option_values(argv, "--mpi-args"))
+        session = Session.get()
+        if args.command == "start":
+            options = ClusterOptions(
+                n=args.n, mpiexec=args.mpiexec, mpi_args=tuple(shlex.split(args.mpi_args)),
+                env=tuple(args.env), timeout=args.timeout, gpus=args.gpus,
+            )
+            ranks = session.start(options, restart=args.restart)
+            print(f"Started {len(ranks)} MPI ranks.\n{format_rank_table(ranks)}")
+        elif args.command == "stop":
+            print("Cluster stopped." if session.stop() else "No cluster was running.")
+        elif args.command == "restart":
+            ranks = session.restart()
+            print(f"Restarted {len(ranks)} MPI ranks.\n{format_rank_table(ranks)}")
+        elif args.command == "status":
+            print(format_status(session.status()))
+        elif args.command == "pull":
+            self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
+            print(f"Pulled {args.name!r} from rank {args.rank}.")
+        elif args.command == "push":
+            session.require()
+            if args.name not in self.shell.user_ns:
+                raise HvdError(f"This notebook has no variable named {args.name!r} to push.")
+            session.push(args.name, self.shell.user_ns[args.name])
+            print(f"Pushed {args.name!r} to {session.require().n} ranks.")
+        elif args.command == "cell":
+            print(_build_cell_parser().format_help())
+        return None
+
+    def _cell(self, line: str, cell: str) -> Any:
+        try:
+            argv = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%%hvd: cannot parse {line!r}: {exc}.") from None
+        args = _build_cell_parser().parse_args(argv)
+        session = Session.get()
+        output_ranks = args.output_ranks
+        if args.all_output:
+            output_ranks = [r.rank for r in session.require().ranks]
+        return session.run_cell(cell, ranks=args.ranks, output_ranks=output_ranks, timeout=args.timeout)

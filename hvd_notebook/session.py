@@ -1,0 +1,358 @@
+"""One session per notebook kernel: owns the cluster, runs ``%%hvd`` cells on
+the ranks, streams their output, and turns remote failures into clear errors."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.02  # how often a running cell's output and results are checked
+INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
+
+
+_INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
+
+
+class HvdError(Exception):
+    """An error to show the user as its message alone, without a kernel-side traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class NoClusterError(HvdError):
+    pass
+
+
+class RankError(HvdError):
+    """A ``%%hvd`` cell failed on one or more ranks; carries the first failure's traceback."""
+
+    def __init__(self, message: str, remote_traceback: list[str], outcomes: list[str]):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+        self.outcomes = outcomes
+
+    def _render_traceback_(self) -> list[str]:
+        return (
+            [f"\x1b[0;31mRankError\x1b[0m: {self.args[0]}"]
+            + self.remote_traceback
+            + ["", "Outcome on each rank:"]
+            + [f"  {line}" for line in self.outcomes]
+        )
+
+
+class CellTimeout(HvdError):
+    pass
+
+
+@dataclass
+class RankValue:
+    """The value of a cell's last expression on rank 0, shown like a normal cell's."""
+
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
+        return self.data, self.metadata
+
+    def __repr__(self) -> str:
+        return str(self.data.get("text/plain", ""))
+
+
+class _Stream:
+    """Forwards one rank's accumulated stdout or stderr, a complete line at a time,
+    each line prefixed with the rank."""
+
+    def __init__(self, rank: int, name: str, write: Callable[[str], Any]):
+        self.prefix = f"[{rank}] "
+        self.name = name
+        self.write = write
+        self.sent = 0
+
+    def update(self, text: str, final: bool = False) -> None:
+        if len(text) < self.sent:  # ipyparallel collapsed a '\r' line: resend from its start
+            self.sent = text.rfind("\n", 0, len(text)) + 1
+        end = len(text) if final else text.rfind("\n") + 1
+        if end <= self.sent:
+            return
+        chunk = text[self.sent:end]
+        self.sent = end
+        lines = chunk.splitlines(keepends=True)
+        self.write("".join(self.prefix + line for line in lines) + ("" if chunk.endswith("\n") else "\n"))
+
+
+class Session:
+    """The notebook kernel's view of its cluster. Get it with ``Session.get()``."""
+
+    _instance: Session | None = None
+
+    def __init__(self) -> None:
+        self.cluster: MPICluster | None = None
+        self.options: ClusterOptions | None = None
+        self.current_cell: str | None = None
+        atexit.register(self.shutdown)
+
+    @classmethod
+    def get(cls) -> Session:
+        if cls._instance is None:
+            cls._instance = cls()
+        return cls._instance
+
+    # ------------------------------------------------------------- lifecycle
+    def start(self, options: ClusterOptions, restart: bool = False) -> list[RankInfo]:
+        if self.cluster is not None:
+            if not restart:
+                raise HvdError(
+                    f"A cluster of {self.cluster.n} ranks is already running. Run %hvd stop "
+                    "first, or %hvd start --restart ... to replace it."
+                )
+            self.stop()
+        try:
+            cluster = MPICluster(options)
+            cluster.start()
+        except ClusterError as exc:
+            raise HvdError(f"The cluster did not start: {exc}") from None
+        self.cluster, self.options = cluster, options
+        return cluster.ranks
+
+    def restart(self) -> list[RankInfo]:
+        if self.options is None:
+            raise HvdError("Nothing to restart: no cluster was started in this kernel. Run %hvd start.")
+        return self.start(self.options, restart=True)
+
+    def stop(self) -> bool:
+        """Stop the cluster; False when none was running."""
+        cluster, self.cluster = self.cluster, None
+        if cluster is None:
+            return False
+        cluster.stop()
+        return True
+
+    def shutdown(self) -> None:
+        """atexit: the kernel is going away; leave nothing behind."""
+        try:
+            self.stop()
+        except Exception:  # never let clean-up raise at interpreter exit
+            log.exception("stopping the hvd cluster at exit failed")
+
+    def require(self) -> MPICluster:
+        if self.cluster is None:
+            raise NoClusterError("No cluster is running. Start one with %hvd start (e.g. %hvd start -n 2).")
+        return self.cluster
+
+    # ----------------------------------------------------------------- cells
+    def run_cell(
+        self,
+        code: str,
+        ranks: list[int] | None = None,
+        output_ranks: list[int] | None = None,
+        timeout: float | None = None,
+    ) -> RankValue | None:
+        """Run ``code`` on the ranks (all by default) at once; stream output; fail
+        on the first rank that raises; return rank 0's value of the last expression."""
+        cluster = self.require()
+        all_ranks = [r.rank for r in cluster.ranks]
+        ranks = all_ranks if ranks is None else ranks
+        unknown = sorted(set(ranks) - set(all_ranks)) + sorted(set(output_ranks or []) - set(all_ranks))
+        if unknown:
+            raise HvdError(
+                f"Rank(s) {unknown} do not exist: this cluster has ranks 0..{len(all_ranks) - 1}."
+            )
+        show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
+        client = cluster.client
+        ar = client[cluster.engine_ids(ranks)].execute(code, silent=False, block=False)
+        # ipyparallel drops its client-side records of a request once its output is
+        # complete; the AsyncResult keeps its own references to them.
+        requests = [_Request(rank, future, md) for rank, future, md in zip(ranks, ar._children, ar._metadata)]
+        streams = [
+            (req, _Stream(req.rank, name, getattr(sys, name).write))
+            for req in requests if req.rank in show for name in ("stdout", "stderr")
+        ]
+        self.current_cell = code.strip().splitlines()[0][:60] if code.strip() else ""
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def pump(final: bool = False) -> None:
+            for req, stream in streams:
+                stream.update(req.md[stream.name] or "", final)
+            for req in requests:
+                if req.rank in show:
+                    outputs = req.md["outputs"]
+                    for out in outputs[req.displayed:]:
+                        _publish(out)
+                    req.displayed = len(outputs)
+
+        try:
+            while True:
+                failed = [req for req in requests if req.error is not None]
+                pump()
+                if failed or all(req.done for req in requests):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    running = [req.rank for req in requests if not req.done]
+                    note = self._stop_ranks(running)
+                    pump(final=True)
+                    raise CellTimeout(
+                        f"The cell did not finish within --timeout {timeout:g} s; rank(s) "
+                        f"{running} were still running. {note or _INTERRUPTED}"
+                    )
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            running = [req.rank for req in requests if not req.done]
+            note = self._stop_ranks(running)
+            pump(final=True)
+            print(f"Rank(s) {running} were still running. {note or _INTERRUPTED}", file=sys.stderr)
+            raise
+        finally:
+            self.current_cell = None
+
+        if failed:
+            first = failed[0]
+            time.sleep(0.2)  # let near-simultaneous failures on other ranks arrive
+            running = [req.rank for req in requests if not req.done]
+            note = self._stop_ranks(running)
+            ar.wait_for_output(1.0)
+            pump(final=True)
+            raise _rank_error(requests, first, running, note)
+
+        ar.wait_for_output(5.0)  # results can overtake the last lines of output
+        pump(final=True)
+        if 0 in ranks:
+            result = requests[ranks.index(0)].md["execute_result"]
+            if result:
+                return RankValue(result["data"], result.get("metadata", {}))
+        return None
+
+    def _stop_ranks(self, ranks: list[int]) -> str:
+        """Interrupt ranks still running; a rank stuck in an MPI collective ignores
+        SIGINT, so after a grace period restart the whole MPI world. Returns a note."""
+        if not ranks:
+            return ""
+        cluster = self.require()
+        client = cluster.client
+        targets = cluster.engine_ids(ranks)
+        try:
+            client.send_signal(signal.SIGINT, targets=targets, block=True)
+        except Exception:
+            log.debug("send_signal failed", exc_info=True)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while time.monotonic() < deadline:
+            busy = [eid for eid, q in client.queue_status(targets=targets).items()
+                    if isinstance(q, dict) and q.get("tasks", 0) + q.get("queue", 0) > 0]
+            if not busy:
+                return ""
+            time.sleep(0.1)
+        try:
+            cluster.restart()
+        except ClusterError as exc:
+            self.cluster = None
+            return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?) "
+                    f"and restarting the engines failed: {exc}. Run %hvd restart.")
+        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?), so "
+                "the MPI world was restarted: every rank's variables are lost; re-run your "
+                "set-up cells.")
+
+    # ------------------------------------------------------------- transfers
+    def pull(self, name: str, rank: int = 0) -> Any:
+        cluster = self.require()
+        if rank not in [r.rank for r in cluster.ranks]:
+            raise HvdError(f"--rank {rank} does not exist: this cluster has ranks 0..{cluster.n - 1}.")
+        try:
+            return cluster.client[cluster.engine_ids([rank])[0]].pull(name, block=True)
+        except Exception as exc:
+            ename = getattr(exc, "ename", type(exc).__name__)
+            if ename == "NameError":
+                raise HvdError(f"Rank {rank} has no variable named {name!r}.") from None
+            raise HvdError(f"Pulling {name!r} from rank {rank} failed: {ename}: "
+                           f"{getattr(exc, 'evalue', exc)}") from None
+
+    def push(self, name: str, value: Any) -> None:
+        cluster = self.require()
+        try:
+            cluster.client[cluster.engine_ids()].push({name: value}, block=True)
+        except Exception as exc:
+            raise HvdError(f"Pushing {name!r} to the ranks failed: {type(exc).__name__}: {exc}. "
+                           "The object must be picklable.") from None
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per rank: alive or dead, host, pid, device, memory, what it runs."""
+        import psutil
+
+        cluster = self.require()
+        alive = cluster.alive()
+        try:
+            queues = cluster.client.queue_status()
+        except Exception:
+            queues = {}
+        rows = []
+        for r in cluster.ranks:
+            rss = None
+            if alive[r.rank]:
+                try:
+                    rss = psutil.Process(r.pid).memory_info().rss
+                except psutil.NoSuchProcess:
+                    alive[r.rank] = False
+            q = queues.get(r.engine_id, {})
+            busy = isinstance(q, dict) and q.get("tasks", 0) + q.get("queue", 0) > 0
+            rows.append({
+                "rank": r.rank, "state": "alive" if alive[r.rank] else "dead", "host": r.host,
+                "pid": r.pid, "device": r.device, "rss": rss,
+                "running": ("dead" if not alive[r.rank] else "busy" if busy else "idle"),
+            })
+        return rows
+
+
+@dataclass
+class _Request:
+    """One rank's part of a cell: its reply future and ipyparallel's record of its output."""
+
+    rank: int
+    future: Any
+    md: dict[str, Any]
+    displayed: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+    @property
+    def error(self) -> Any:
+        """The RemoteError this rank's request ended with, or None."""
+        if not self.future.done():
+            return None
+        # ipyparallel resolves a failed execute with the error as its result
+        result = self.future.exception() or self.future.result()
+        return result if isinstance(result, BaseException) else None
+
+
+def _rank_error(requests: list[_Request], first: _Request, running: list[int], note: str) -> RankError:
+    outcomes = []
+    for req in requests:
+        if req.rank in running:
+            outcomes.append(f"rank {req.rank}: was still running; interrupted")
+        elif req.error is not None:
+            outcomes.append(f"rank {req.rank}: raised {req.error.ename}: {req.error.evalue}")
+        else:
+            outcomes.append(f"rank {req.rank}: finished")
+    if note:
+        outcomes.append(note)
+    tb = getattr(first.error, "traceback", None) or []
+    return RankError(
+        f"rank {first.rank} raised {first.error.ename}: {first.error.evalue}",
+        tb.splitlines() if isinstance(tb, str) else list(tb),
+        outcomes,
+    )
+
+
+def _publish(output: dict) -> None:
+    from IPython.display import publish_display_data
+
+    publish_display_data(output.get("data", {}), output.get("metadata", {}))

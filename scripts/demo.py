@@ -1,0 +1,71 @@
+"""`make demo`: execute notebooks/01-quickstart.ipynb headless on 2 CPU ranks,
+save the executed copy under build/, and print what a user wants to see."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCE = ROOT / "notebooks" / "01-quickstart.ipynb"
+TARGET = ROOT / "build" / "01-quickstart.ipynb"
+
+
+def cell_text(cell: nbformat.NotebookNode) -> str:
+    parts = []
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            parts.append(out.get("text", ""))
+        elif "data" in out:
+            parts.append(out["data"].get("text/plain", ""))
+    return "".join(parts)
+
+
+def main() -> int:
+    os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # the demo runs on CPU ranks
+    nb = nbformat.read(SOURCE, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(SOURCE.parent)}})
+    print(f"Running {SOURCE.relative_to(ROOT)} on 2 CPU ranks ...", flush=True)
+    t0 = time.perf_counter()
+    failed = None
+    try:
+        client.execute()
+    except CellExecutionError as exc:
+        failed = exc
+    wall = time.perf_counter() - t0
+    TARGET.parent.mkdir(exist_ok=True)
+    nbformat.write(nb, TARGET)
+
+    text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
+    table = re.search(r"Started \d+ MPI ranks\.\n((?:.+\n?)+?)(?:\n|$)", text)
+    accuracies = re.findall(r"\[(\d+)\] test accuracy ([0-9.]+)", text)
+    throughput = re.search(r"([0-9.]+) samples/s over (\d+) ranks", text)
+
+    print()
+    if table:
+        print(table.group(0).rstrip())
+    for rank, acc in accuracies:
+        print(f"rank {rank}: final test accuracy {float(acc):.3f}")
+    if throughput:
+        print(f"training throughput: {float(throughput.group(1)):.0f} samples/s over {throughput.group(2)} ranks")
+    print(f"wall time: {wall:.1f} s for the whole notebook")
+    print(f"executed notebook: {TARGET.relative_to(ROOT)}")
+    if failed is not None:
+        print(f"\nThe notebook failed:\n{failed}", file=sys.stderr)
+        return 1
+    if len(accuracies) != 2:
+        print("\nThe notebook ran but did not report an accuracy for each rank.", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

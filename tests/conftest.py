@@ -1,0 +1,115 @@
+"""Shared fixtures: a real IPython shell with the extension loaded, one 2-rank
+cluster shared by the tests that only run cells, and proof by PID that every
+process a test started is gone afterwards."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from typing import Iterable
+
+import psutil
+import pytest
+
+from hvd_notebook.session import Session
+
+os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
+
+
+def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:
+    """Fail unless every process in ``pids`` has exited within ``timeout`` seconds."""
+    pids = set(pids)
+    assert pids, "no PIDs were recorded: the test proves nothing"
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{pid} {' '.join(p.cmdline())[:100]}")
+            except psutil.NoSuchProcess:
+                pass
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail("processes left running:\n" + "\n".join(alive))
+        time.sleep(0.2)
+
+
+def cluster_processes() -> set[int]:
+    """PIDs of the ipyparallel/mpiexec processes descended from this test process
+    (other clusters on the machine, such as a benchmark's, are not ours)."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "ipyparallel" in cmd or "hydra_pmi_proxy" in cmd or "mpiexec" in cmd:
+            out.add(p.pid)
+    return out
+
+
+class ProcessWatch:
+    """Samples cluster processes in a background thread while a failing start
+    runs, so the test can prove afterwards that each one it saw is gone."""
+
+    def __init__(self) -> None:
+        self.before = cluster_processes()
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self.seen |= cluster_processes() - self.before
+            time.sleep(0.1)
+
+    def __enter__(self) -> "ProcessWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture(scope="session")
+def ip():
+    """A real IPython shell (the one IPython's own tests use) with %load_ext hvd_notebook."""
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "hvd_notebook")
+    yield shell
+    Session.get().stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(ip):
+    """One running 2-rank cluster for a module's tests that only run cells;
+    stopped and proven gone at the end of the module."""
+    session = Session.get()
+    if session.cluster is None:
+        ip.run_line_magic("hvd", "start -n 2")
+    assert session.cluster is not None
+    yield session.cluster
+    pids = session.cluster.pids() if session.cluster else set()
+    ip.run_line_magic("hvd", "stop")
+    if pids:
+        assert_gone(pids)
+
+
+@pytest.fixture
+def run(ip, capsys):
+    """Run a cell in the shell; return (ExecutionResult, stdout+stderr without colours)."""
+
+    def _run(source: str):
+        result = ip.run_cell(source)
+        captured = capsys.readouterr()
+        return result, re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
+
+    return _run

@@ -1,0 +1,196 @@
+"""%%hvd cells on one shared 2-rank cluster, driven through a real IPython shell."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import assert_gone
+from hvd_notebook.session import Session
+
+
+def test_one_mpi_world_with_hvd_ranks_matching(cluster, run):
+    result, out = run(
+        "%%hvd --all-output\n"
+        "from mpi4py import MPI\n"
+        "print('world', MPI.COMM_WORLD.Get_size(), MPI.COMM_WORLD.Get_rank(), hvd.size(), hvd.rank(),"
+        " hvd.local_rank(), hvd.local_size())"
+    )
+    assert result.success, out
+    assert "[0] world 2 0 2 0 0 2" in out
+    assert "[1] world 2 1 2 1 1 2" in out
+    assert [r.rank for r in cluster.ranks] == [0, 1]
+
+
+def test_engines_are_pinned(cluster, run):
+    result, out = run(
+        "%%hvd --all-output\n"
+        "import os, tensorflow as tf\n"
+        "print('pin', os.environ['CUDA_VISIBLE_DEVICES'], tf.config.threading.get_intra_op_parallelism_threads(),"
+        " tf.config.threading.get_inter_op_parallelism_threads(), len(tf.config.list_physical_devices('GPU')))"
+    )
+    assert result.success, out
+    cores = len(__import__("os").sched_getaffinity(0))
+    intra = max(1, cores // 2)
+    for rank in (0, 1):
+        assert f"[{rank}] pin -1 {intra} 1 0" in out
+    assert all(r.device == "CPU" and r.intra_op_threads == intra for r in cluster.ranks)
+
+
+def test_state_is_kept_between_cells(cluster, run):
+    result, out = run("%%hvd\nkept = 10 * hvd.rank() + 7")
+    assert result.success, out
+    result, out = run("%%hvd --all-output\nprint('kept', kept)")
+    assert "[0] kept 7" in out and "[1] kept 17" in out
+
+
+def test_value_of_last_expression_comes_from_rank_0(cluster, run):
+    result, out = run("%%hvd\n{'rank': hvd.rank(), 'size': hvd.size()}")
+    assert result.success
+    assert repr(result.result) == "{'rank': 0, 'size': 2}"
+    result, _ = run("%%hvd\nz = 1")
+    assert result.result is None
+
+
+def test_display_calls_of_rank_0_are_shown(cluster, run):
+    result, out = run("%%hvd\nfrom IPython.display import display\ndisplay(f'shown by {hvd.rank()}')")
+    assert result.success
+    assert "shown by 0" in out and "shown by 1" not in out
+
+
+def test_output_streams_live_with_rank_prefixes(cluster, ip, monkeypatch):
+    writes: list[tuple[float, str]] = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append((time.monotonic(), text))
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    t0 = time.monotonic()
+    result = ip.run_cell(
+        "%%hvd --all-output\nimport sys, time\nprint('early', hvd.rank(), flush=True)\n"
+        "print('to stderr', hvd.rank(), file=sys.stderr, flush=True)\ntime.sleep(3)\nprint('late', hvd.rank())"
+    )
+    t_end = time.monotonic()
+    monkeypatch.undo()
+    assert result.success
+    text = "".join(t for _, t in writes)
+    for rank in (0, 1):
+        assert f"[{rank}] early {rank}\n" in text
+        assert f"[{rank}] to stderr {rank}\n" in text
+        assert f"[{rank}] late {rank}\n" in text
+    early_at = min(t for t, s in writes if "early" in s)
+    assert early_at - t0 < t_end - t0 - 2.0, "the first line arrived only when the cell ended"
+
+
+def test_only_rank_0_output_by_default_and_output_ranks(cluster, run):
+    _, out = run("%%hvd\nprint('hello from', hvd.rank())")
+    assert "[0] hello from 0" in out and "hello from 1" not in out
+    _, out = run("%%hvd --output-ranks 1\nprint('hello from', hvd.rank())")
+    assert "[1] hello from 1" in out and "hello from 0" not in out
+
+
+def test_ranks_runs_on_a_subset(cluster, run):
+    result, out = run("%%hvd --ranks 1\nonly_on_1 = True\nprint('ran on', hvd.rank())")
+    assert result.success and "[1] ran on 1" in out
+    result, out = run("%%hvd --all-output\nprint('has it', 'only_on_1' in globals())")
+    assert "[0] has it False" in out and "[1] has it True" in out
+    result, out = run("%%hvd --ranks 5\nprint(1)")
+    assert not result.success and "Rank(s) [5] do not exist" in out
+
+
+def test_exception_on_one_rank_fails_fast_and_keeps_the_cluster(cluster, run):
+    run("%%hvd\nsurvivor = hvd.rank() + 100")
+    t0 = time.monotonic()
+    result, out = run(
+        "%%hvd\nimport time\nif hvd.rank() == 1:\n    raise ValueError('bad shard on rank one')\ntime.sleep(60)"
+    )
+    elapsed = time.monotonic() - t0
+    assert not result.success
+    assert elapsed < 15, f"the cell took {elapsed:.1f} s to fail"
+    assert "RankError: rank 1 raised ValueError: bad shard on rank one" in out
+    assert "Traceback" in out and "raise ValueError" in out  # rank 1's traceback
+    assert "rank 0: was still running; interrupted" in out
+    assert "rank 1: raised ValueError: bad shard on rank one" in out
+    result, out = run("%%hvd --all-output\nprint('survivor', survivor)")
+    assert result.success and "[0] survivor 100" in out and "[1] survivor 101" in out
+
+
+def test_exceptions_on_every_rank(cluster, run):
+    result, out = run("%%hvd\n1 / 0")
+    assert not result.success
+    assert "raised ZeroDivisionError" in out
+    assert "rank 0: raised ZeroDivisionError" in out and "rank 1: raised ZeroDivisionError" in out
+
+
+def test_timeout_names_running_ranks_and_interrupts_them(cluster, run):
+    run("%%hvd\nbefore_timeout = 'kept'")
+    t0 = time.monotonic()
+    result, out = run("%%hvd --timeout 1\nimport time\ntime.sleep(60 if hvd.rank() == 1 else 0)")
+    assert not result.success and time.monotonic() - t0 < 10
+    assert "--timeout 1 s; rank(s) [1] were still running" in out
+    assert "interrupted; their variables are kept" in out
+    result, out = run("%%hvd --all-output\nprint(before_timeout)")
+    assert result.success and "[1] kept" in out
+
+
+def test_rank_stuck_in_a_collective_gets_a_fresh_world(cluster, run):
+    old_pids = cluster.pids()
+    result, out = run(
+        "%%hvd --timeout 2\nfrom mpi4py import MPI\nif hvd.rank() == 0:\n    MPI.COMM_WORLD.barrier()"
+    )
+    assert not result.success
+    assert "did not respond to an interrupt" in out and "MPI world was restarted" in out
+    assert_gone(old_pids)
+    result, out = run("%%hvd --all-output\nprint('fresh', hvd.rank(), 'before_timeout' in globals())")
+    assert result.success and "[0] fresh 0 False" in out and "[1] fresh 1 False" in out
+
+
+def test_pull_and_push(cluster, ip, run):
+    result, out = run("%%hvd\nimport numpy as np\narr = np.arange(6.0).reshape(2, 3) * (hvd.rank() + 1)\n"
+                      "cfg = {'rank': hvd.rank(), 'lr': 0.1}")
+    assert result.success, out
+    ip.run_line_magic("hvd", "pull arr")
+    np.testing.assert_array_equal(ip.user_ns["arr"], np.arange(6.0).reshape(2, 3))
+    ip.run_line_magic("hvd", "pull cfg --rank 1")
+    assert ip.user_ns["cfg"] == {"rank": 1, "lr": 0.1}
+
+    ip.user_ns["weights"] = np.linspace(0, 1, 5)
+    ip.user_ns["settings"] = {"batch": 32, "tags": ["a", "b"]}
+    ip.run_line_magic("hvd", "push weights")
+    ip.run_line_magic("hvd", "push settings")
+    result, out = run("%%hvd --all-output\nprint('got', float(weights.sum()), settings['batch'], settings['tags'])")
+    assert "[0] got 2.5 32 ['a', 'b']" in out and "[1] got 2.5 32 ['a', 'b']" in out
+
+
+def test_pull_errors(cluster, run):
+    result, out = run("%hvd pull no_such_name")
+    assert not result.success and "Rank 0 has no variable named 'no_such_name'" in out
+    result, out = run("%hvd pull arr --rank 7")
+    assert not result.success and "--rank 7 does not exist" in out
+    result, out = run("%hvd push not_in_notebook")
+    assert not result.success and "no variable named 'not_in_notebook'" in out
+
+
+def test_status_shows_each_rank(cluster, run):
+    rows = Session.get().status()
+    assert [r["rank"] for r in rows] == [0, 1]
+    for row, info in zip(rows, cluster.ranks):
+        assert row["state"] == "alive" and row["pid"] == info.pid and row["running"] == "idle"
+        assert row["rss"] > 50 * 2**20  # TensorFlow is imported
+    result, out = run("%hvd status")
+    assert result.success
+    assert "rank  state  host" in out and f" {cluster.ranks[1].pid} " in out and "MiB" in out
+
+
+def test_starting_twice_is_an_error(cluster, run):
+    result, out = run("%hvd start -n 2")
+    assert not result.success
+    assert "already running" in out and "%hvd stop" in out and "--restart" in out

@@ -1,0 +1,153 @@
+"""Start, restart, stop and failed starts, each proven by PID to leave nothing
+behind; and a real Jupyter kernel that stops its cluster when it shuts down."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+
+from conftest import ProcessWatch, assert_gone
+from hvd_notebook.session import Session
+
+
+@pytest.fixture
+def session(ip):
+    s = Session.get()
+    assert s.cluster is None, "another test left a cluster running"
+    yield s
+    pids = s.cluster.pids() if s.cluster else set()
+    s.stop()
+    if pids:
+        assert_gone(pids)
+
+
+def test_start_table_status_restart_stop(session, run):
+    result, out = run("%hvd start -n 2 --env HVD_TEST_MARK=hello --timeout 90")
+    assert result.success, out
+    assert "Started 2 MPI ranks." in out
+    assert "rank  host" in out and "device" in out and "threads (intra/inter)" in out
+    first = session.cluster.pids()
+    engine_pids = {r.pid for r in session.cluster.ranks}
+    for pid in engine_pids:
+        assert f" {pid} " in out
+    result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
+    assert "[0] mark hello" in out and "[1] mark hello" in out
+
+    result, out = run("%hvd start --restart -n 2 --env HVD_TEST_MARK=again")
+    assert result.success and "Started 2 MPI ranks." in out
+    assert_gone(first)
+    second = session.cluster.pids()
+
+    result, out = run("%hvd restart")  # same options as the last start
+    assert result.success and "Restarted 2 MPI ranks." in out
+    assert_gone(second)
+    result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
+    assert "[1] mark again" in out
+
+    third = session.cluster.pids()
+    result, out = run("%hvd stop")
+    assert result.success and "Cluster stopped." in out
+    assert session.cluster is None
+    assert_gone(third)
+    result, out = run("%hvd stop")
+    assert "No cluster was running." in out
+
+
+def test_engines_that_never_connect_time_out_and_leave_nothing(session, run, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import time\ntime.sleep(600)\n")
+    t0 = time.monotonic()
+    with ProcessWatch() as watch:
+        result, out = run(f"%hvd start -n 2 --timeout 8 --env PYTHONPATH={tmp_path}")
+    assert not result.success
+    assert time.monotonic() - t0 < 30
+    assert "Only 0 of 2 engines connected within --timeout 8 s" in out
+    assert "Raise --timeout" in out and "Last lines of mpiexec's output" in out
+    assert session.cluster is None
+    assert len(watch.seen) >= 4  # controller, mpiexec, hydra proxy, engines
+    assert_gone(watch.seen)
+
+
+def test_bad_mpi_args_show_mpiexec_output(session, run):
+    with ProcessWatch() as watch:
+        result, out = run('%hvd start -n 2 --mpi-args "-no-such-launcher-flag"')
+    assert not result.success
+    assert "mpiexec exited (code" in out and "-no-such-launcher-flag" in out
+    assert "Last lines of its output" in out
+    assert session.cluster is None
+    assert watch.seen  # at least the controller started before mpiexec failed
+    assert_gone(watch.seen)
+
+
+def test_engines_that_crash_on_import_fail_the_start(session, run, tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("import os\nos._exit(3)\n")
+    with ProcessWatch() as watch:
+        result, out = run(f"%hvd start -n 2 --timeout 60 --env PYTHONPATH={tmp_path}")
+    assert not result.success
+    assert "mpiexec exited (code" in out and "before all 2 engines connected" in out
+    assert session.cluster is None
+    assert_gone(watch.seen)
+
+
+KERNEL_CODE = textwrap.dedent("""
+    %load_ext hvd_notebook
+    %hvd start -n 2
+    from hvd_notebook.session import Session
+    print('PIDS', sorted(Session.get().cluster.pids()))
+""")
+
+
+@pytest.mark.parametrize("how", ["shutdown", "exit"])
+def test_kernel_shutdown_stops_the_cluster(how):
+    """A real ipykernel started by jupyter_client, as JupyterLab starts it."""
+    km, kc = _start_kernel()
+    try:
+        reply, out = _execute(kc, KERNEL_CODE)
+        assert reply["content"]["status"] == "ok", out
+        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        assert len(pids) >= 5
+        if how == "shutdown":
+            km.shutdown_kernel(now=False)  # what JupyterLab's "Shut Down Kernel" does
+        else:
+            _execute(kc, "exit()", wait=False)  # the kernel process exits on its own
+            deadline = time.monotonic() + 30
+            while km.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not km.is_alive()
+        assert_gone(pids, timeout=30)
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def _start_kernel():
+    import os
+
+    from jupyter_client.manager import start_new_kernel
+
+    # ipykernel's own spec runs this interpreter (sys.executable)
+    return start_new_kernel(kernel_name="python3", startup_timeout=60,
+                            env={**os.environ, "HVD_NOTEBOOK_GPUS": ""})
+
+
+def _execute(kc, code, wait=True):
+    msg_id = kc.execute(code)
+    if not wait:
+        return None, ""
+    out = []
+    reply = kc.get_shell_msg(timeout=180)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=180)
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return reply, "".join(out)
