@@ -19,15 +19,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from .reaper import PID_FILE
+
 log = logging.getLogger(__name__)
 
 DEFAULT_RANKS_WITHOUT_GPU = 2
+STOP_GRACE_S = 0.5  # between SIGTERM and SIGKILL when stopping: nothing of a stopped cluster is kept
 
 
 class ClusterError(RuntimeError):
@@ -164,6 +167,7 @@ class MPICluster:
         self.ranks: list[RankInfo] = []
         self.workdir: Path | None = None
         self._pids: set[int] = set()
+        self._reaper: subprocess.Popen | None = None
 
     @property
     def n(self) -> int:
@@ -194,8 +198,10 @@ class MPICluster:
                 log_level=logging.ERROR,
                 config=cfg,
             )
+            self._start_reaper()
             self.ipp_cluster.start_controller_sync()
             self._pids.add(self.ipp_cluster.controller.pid)
+            self._remember_descendants()
             self._start_engines(deadline)
         except BaseException:
             self.stop()
@@ -208,6 +214,7 @@ class MPICluster:
         self.ipp_cluster.start_engines_sync(self.n)
         launcher = self._engine_launcher()
         self._pids.add(launcher.pid)
+        self._remember_descendants()
         while True:
             new = set(self.client.ids)
             if len(new) >= self.n:
@@ -225,7 +232,7 @@ class MPICluster:
                 raise ClusterError(
                     f"Only {len(new)} of {self.n} engines connected within "
                     f"--timeout {self.options.timeout:g} s. Command: {shlex.join(launcher.args)}\n"
-                    f"Last lines of mpiexec's output:\n{_tail(self._read_output(launcher))}\n"
+                    f"Last lines of mpiexec's output:\n{self.mpiexec_output_tail()}\n"
                     "Raise --timeout on a slow or busy machine, or check the MPI set-up."
                 )
             time.sleep(0.05)
@@ -280,11 +287,32 @@ class MPICluster:
         self._pids.update(r.pid for r in self.ranks)
 
     def _remember_descendants(self) -> None:
+        """Add the children of every known process, and tell the reaper."""
         for pid in list(self._pids):
             try:
                 self._pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
             except psutil.NoSuchProcess:
                 pass
+        if self.workdir is None:
+            return
+        lines = []
+        for pid in sorted(self._pids):
+            try:
+                lines.append(f"{pid} {psutil.Process(pid).create_time()}")
+            except psutil.NoSuchProcess:
+                pass
+        tmp = self.workdir / f"{PID_FILE}.tmp"
+        tmp.write_text("\n".join(lines))
+        tmp.replace(self.workdir / PID_FILE)
+
+    def _start_reaper(self) -> None:
+        """A watchdog in its own session that stops this cluster if the kernel is
+        killed before its atexit clean-up can run (see ``hvd_notebook.reaper``)."""
+        self._reaper = subprocess.Popen(
+            [sys.executable, "-m", "hvd_notebook.reaper", str(os.getpid()), str(self.workdir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     # ----------------------------------------------------------------- state
     @property
@@ -303,9 +331,15 @@ class MPICluster:
 
     def pids(self) -> set[int]:
         """Every process of this cluster seen so far (controller, mpiexec, its
-        helpers, engines and their nannies)."""
+        helpers, engines and their nannies, the reaper)."""
         self._remember_descendants()
-        return set(self._pids)
+        return self._pids | ({self._reaper.pid} if self._reaper is not None else set())
+
+    def mpiexec_output_tail(self, lines: int = 20) -> str:
+        """The last lines mpiexec and the engines wrote to the launcher's log."""
+        if self.ipp_cluster is None or not self.ipp_cluster.engines:
+            return _tail("", lines)
+        return _tail(self._read_output(self._engine_launcher()), lines)
 
     def alive(self) -> dict[int, bool]:
         """Per rank: is its engine process still there?"""
@@ -327,8 +361,13 @@ class MPICluster:
         return self.start()
 
     def stop(self) -> None:
-        """Stop engines and controller; kill whatever of them is still alive after
-        the launchers' TERM/KILL; remove the profile directory."""
+        """Stop engines and controller, kill by PID whatever of them is still alive,
+        and remove the profile directory.
+
+        Every process of the cluster gets SIGTERM at once (ipyparallel's launchers
+        would stop them one after the other, 2 s or more each), then SIGKILL after
+        a short grace: a kernel being shut down by Jupyter has about 5 s before it
+        is killed itself."""
         pids = self.pids()
         if self.client is not None:
             try:
@@ -336,24 +375,26 @@ class MPICluster:
             except Exception:
                 log.debug("closing the client failed", exc_info=True)
             self.client = None
+        _kill_all(pids, grace=STOP_GRACE_S)
         if self.ipp_cluster is not None:
-            for launcher in list(self.ipp_cluster.engines.values()) + [self.ipp_cluster.controller]:
-                if launcher is not None:
-                    launcher.stop_seconds_until_kill = 2
-            try:
+            try:  # its processes are gone: this only settles ipyparallel's bookkeeping
                 self.ipp_cluster.stop_cluster_sync()
             except Exception:
-                log.debug("ipyparallel's stop failed; killing by PID", exc_info=True)
+                log.debug("ipyparallel's stop failed", exc_info=True)
             self.ipp_cluster = None
-        _kill_all(pids)
         self._pids.clear()
         self.ranks = []
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
+        if self._reaper is not None:
+            self._reaper.kill()
+            self._reaper.wait()
+            self._reaper = None
 
 
-def _kill_all(pids: set[int], grace: float = 3.0) -> None:
+def _kill_all(pids: set[int], grace: float) -> None:
+    """SIGTERM every process, SIGKILL those still there after ``grace`` seconds."""
     procs = []
     for pid in pids:
         try:

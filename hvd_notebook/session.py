@@ -8,14 +8,18 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from .cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.02  # how often a running cell's output and results are checked
+POLL_S = 0.02  # how often a running cell's output is forwarded (results wake the loop at once)
+LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes exist
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 
 
@@ -51,6 +55,10 @@ class RankError(HvdError):
 
 
 class CellTimeout(HvdError):
+    pass
+
+
+class RankDied(HvdError):
     pass
 
 
@@ -167,6 +175,10 @@ class Session:
             raise HvdError(
                 f"Rank(s) {unknown} do not exist: this cluster has ranks 0..{len(all_ranks) - 1}."
             )
+        dead = [r for r, ok in cluster.alive().items() if not ok]
+        if dead:
+            raise RankDied(f"Rank(s) {dead} of this cluster are dead. Run %hvd restart for a fresh cluster "
+                           "of the same shape (every rank's variables are lost).")
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         client = cluster.client
         ar = client[cluster.engine_ids(ranks)].execute(code, silent=False, block=False)
@@ -179,6 +191,7 @@ class Session:
         ]
         self.current_cell = code.strip().splitlines()[0][:60] if code.strip() else ""
         deadline = None if timeout is None else time.monotonic() + timeout
+        next_liveness_check = time.monotonic() + LIVENESS_S
 
         def pump(final: bool = False) -> None:
             for req, stream in streams:
@@ -192,10 +205,23 @@ class Session:
 
         try:
             while True:
-                failed = [req for req in requests if req.error is not None]
+                pending = [req.future for req in requests if not req.done]
+                if pending:  # wakes as soon as a rank finishes, else after POLL_S to stream output
+                    futures_wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+                now = time.monotonic()
+                for req in requests:
+                    if req.finished_at is None and req.done:
+                        req.finished_at = now
+                failed = sorted((req for req in requests if req.error is not None), key=lambda r: r.finished_at)
                 pump()
                 if failed or all(req.done for req in requests):
                     break
+                if time.monotonic() > next_liveness_check:
+                    next_liveness_check = time.monotonic() + LIVENESS_S
+                    dead = [r for r, ok in cluster.alive().items() if not ok and r in ranks]
+                    if dead:
+                        pump(final=True)
+                        raise self._ranks_died(dead, requests)
                 if deadline is not None and time.monotonic() > deadline:
                     running = [req.rank for req in requests if not req.done]
                     note = self._stop_ranks(running)
@@ -204,7 +230,6 @@ class Session:
                         f"The cell did not finish within --timeout {timeout:g} s; rank(s) "
                         f"{running} were still running. {note or _INTERRUPTED}"
                     )
-                time.sleep(POLL_S)
         except KeyboardInterrupt:
             running = [req.rank for req in requests if not req.done]
             note = self._stop_ranks(running)
@@ -214,6 +239,12 @@ class Session:
         finally:
             self.current_cell = None
 
+        died = [req for req in failed if _is_engine_death(req.error)]
+        if died:
+            pump(final=True)
+            # MPI ends the other ranks when one dies: name the one(s) that died first
+            raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at],
+                                   requests)
         if failed:
             first = failed[0]
             time.sleep(0.2)  # let near-simultaneous failures on other ranks arrive
@@ -230,6 +261,27 @@ class Session:
             if result:
                 return RankValue(result["data"], result.get("metadata", {}))
         return None
+
+    def _ranks_died(self, dead: list[int], requests: list[_Request]) -> RankDied:
+        """A rank's process is gone (os._exit, a signal, out of memory); MPI cannot
+        go on without it, so the user is told to restart."""
+        cluster = self.require()
+        time.sleep(0.5)  # let mpiexec write its report of the death
+        mpiexec_tail = cluster.mpiexec_output_tail()
+        others = [req.rank for req in requests if req.rank not in dead]
+        last_lines = []
+        for req in requests:
+            if req.rank in dead:
+                printed = ((req.md["stdout"] or "") + (req.md["stderr"] or "")).strip().splitlines()[-5:]
+                last_lines += [f"  [{req.rank}] {line}" for line in printed] or [f"  [{req.rank}] (nothing)"]
+        return RankDied(
+            f"rank(s) {dead} died while running the cell (the process exited or was killed; "
+            "out of memory is a common cause). An MPI world cannot go on without a rank"
+            + (f" (MPI may end rank(s) {others} with it)" if others else "") + ": run "
+            "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells. "
+            "%hvd status shows which ranks are dead.\nLast lines the rank(s) printed:\n" + "\n".join(last_lines)
+            + "\nLast lines of mpiexec's output:\n" + mpiexec_tail
+        )
 
     def _stop_ranks(self, ranks: list[int]) -> str:
         """Interrupt ranks still running; a rank stuck in an MPI collective ignores
@@ -317,7 +369,8 @@ class _Request:
     rank: int
     future: Any
     md: dict[str, Any]
-    displayed: int = 0
+    displayed: int = 0  # how many of its rich outputs were shown
+    finished_at: float | None = None  # when the session first saw it finished
 
     @property
     def done(self) -> bool:
@@ -331,6 +384,13 @@ class _Request:
         # ipyparallel resolves a failed execute with the error as its result
         result = self.future.exception() or self.future.result()
         return result if isinstance(result, BaseException) else None
+
+
+def _is_engine_death(error: Any) -> bool:
+    from ipyparallel.error import EngineError
+
+    # raised in this process when the nanny reports a death, or relayed as a RemoteError
+    return isinstance(error, EngineError) or getattr(error, "ename", None) == "EngineError"
 
 
 def _rank_error(requests: list[_Request], first: _Request, running: list[int], note: str) -> RankError:

@@ -8,7 +8,7 @@ import os
 import re
 import threading
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 import pytest
@@ -48,7 +48,7 @@ def cluster_processes() -> set[int]:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if "ipyparallel" in cmd or "hydra_pmi_proxy" in cmd or "mpiexec" in cmd:
+        if any(name in cmd for name in ("ipyparallel", "hydra_pmi_proxy", "mpiexec", "hvd_notebook.reaper")):
             out.add(p.pid)
     return out
 
@@ -68,7 +68,7 @@ class ProcessWatch:
             self.seen |= cluster_processes() - self.before
             time.sleep(0.1)
 
-    def __enter__(self) -> "ProcessWatch":
+    def __enter__(self) -> ProcessWatch:
         self._thread.start()
         return self
 

@@ -6,9 +6,8 @@ import sys
 import time
 
 import numpy as np
-import pytest
-
 from conftest import assert_gone
+
 from hvd_notebook.session import Session
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import textwrap
 import time
 
+import psutil
 import pytest
-
 from conftest import ProcessWatch, assert_gone
+
 from hvd_notebook.session import Session
 
 
@@ -98,7 +99,7 @@ KERNEL_CODE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("how", ["shutdown", "exit"])
+@pytest.mark.parametrize("how", ["shutdown", "exit", "sigkill"])
 def test_kernel_shutdown_stops_the_cluster(how):
     """A real ipykernel started by jupyter_client, as JupyterLab starts it."""
     km, kc = _start_kernel()
@@ -107,8 +108,11 @@ def test_kernel_shutdown_stops_the_cluster(how):
         assert reply["content"]["status"] == "ok", out
         pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
         assert len(pids) >= 5
+        assert any("hvd_notebook.reaper" in " ".join(psutil.Process(p).cmdline()) for p in pids)
         if how == "shutdown":
             km.shutdown_kernel(now=False)  # what JupyterLab's "Shut Down Kernel" does
+        elif how == "sigkill":  # no atexit: the cluster's reaper must notice
+            km.provisioner.process.kill()
         else:
             _execute(kc, "exit()", wait=False)  # the kernel process exits on its own
             deadline = time.monotonic() + 30
@@ -151,3 +155,27 @@ def _execute(kc, code, wait=True):
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     return reply, "".join(out)
+
+
+def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    first = session.cluster.pids()
+    t0 = time.monotonic()
+    result, out = run(
+        "%%hvd\nimport os, time\nif hvd.rank() == 1:\n    print('last words', flush=True)\n"
+        "    time.sleep(0.3)\n    os._exit(7)\ntime.sleep(60)"
+    )
+    assert not result.success and time.monotonic() - t0 < 10
+    assert "RankDied: rank(s) [1] died while running the cell" in out
+    assert "[1] last words" in out and "%hvd restart" in out
+    assert "Last lines of mpiexec's output" in out
+    rows = session.status()
+    assert [r["state"] for r in rows] == ["dead", "dead"]  # MPICH ends the world with it
+    result, out = run("%%hvd\n1")
+    assert not result.success and "are dead. Run %hvd restart" in out
+    result, out = run("%hvd restart")
+    assert result.success, out
+    assert_gone(first)
+    result, out = run("%%hvd --all-output\nprint('back', hvd.rank())")
+    assert "[0] back 0" in out and "[1] back 1" in out

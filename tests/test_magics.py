@@ -4,8 +4,8 @@ nothing and leaves nothing running."""
 from __future__ import annotations
 
 import pytest
-
 from conftest import cluster_processes
+
 from hvd_notebook.session import Session
 
 SUBCOMMANDS = ["start", "stop", "restart", "status", "pull", "push"]
@@ -75,9 +75,8 @@ def test_cells_need_a_cluster(ip, run):
         assert ("No cluster is running" in out) or ("No cluster was running" in out), (line, out)
 
 
-def test_restart_without_a_start(ip, run):
-    if Session.get().options is not None:
-        pytest.skip("a cluster was started earlier in this session")
+def test_restart_without_a_start(ip, run, monkeypatch):
+    monkeypatch.setattr(Session, "_instance", None)  # a kernel that never started a cluster
     result, out = run("%hvd restart")
     assert not result.success and "Nothing to restart" in out
 

@@ -7,9 +7,8 @@ import re
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
-
 from conftest import cluster_processes
+from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 

@@ -8,8 +8,9 @@ find the local ranks, and by local rank to find the cross ranks.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 _NOT_INITIALIZED = "hvd_notebook's runtime has not been initialized; call hvd.init() first."
 

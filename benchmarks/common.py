@@ -1,0 +1,172 @@
+"""Shared pieces of the benchmarks: sample statistics, the report a benchmark
+returns (rows of "ours versus baseline" with a target ratio), and proof by PID
+that every process a benchmark started has exited.
+
+Kept free of ``hvd_notebook`` imports so that a benchmark module decides itself
+what it imports and when (import time can be part of what it measures).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+
+@dataclass
+class Samples:
+    """Repeated timings of one thing, in seconds."""
+
+    values: list[float] = field(default_factory=list)
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else math.nan
+
+    @property
+    def p90(self) -> float:
+        """90th percentile (inclusive method: stays within the observed range)."""
+        if len(self.values) < 2:
+            return self.median
+        return statistics.quantiles(self.values, n=10, method="inclusive")[-1]
+
+    def summary(self, scale: float = 1.0) -> dict[str, Any]:
+        """Median, p90, min, max and every sample, multiplied by ``scale``."""
+        vals = [v * scale for v in self.values]
+        return {
+            "n": len(vals),
+            "median": self.median * scale,
+            "p90": self.p90 * scale,
+            "min": min(vals) if vals else math.nan,
+            "max": max(vals) if vals else math.nan,
+            "samples": [round(v, 6) for v in vals],
+        }
+
+
+@dataclass
+class Row:
+    """One line of a report: our figure against the baseline's.
+
+    ``target`` is the largest acceptable ratio ours/baseline; None marks a row
+    shown for information only (no PASS/FAIL).
+    """
+
+    measure: str
+    unit: str
+    ours: float
+    baseline: float
+    target: float | None = None
+
+    @property
+    def ratio(self) -> float:
+        return self.ours / self.baseline if self.baseline > 0 else math.inf
+
+    @property
+    def verdict(self) -> str:
+        if self.target is None:
+            return "info"
+        return "PASS" if self.ratio <= self.target else "FAIL"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "measure": self.measure,
+            "unit": self.unit,
+            "ours": self.ours,
+            "baseline": self.baseline,
+            "ratio": self.ratio,
+            "target_max_ratio": self.target,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass
+class Report:
+    """What a benchmark hands back to ``run.py``: rows for the table, notes to
+    print under it, and everything else for the JSON file."""
+
+    name: str
+    title: str
+    ours_label: str
+    baseline_label: str
+    rows: list[Row]
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.name,
+            "title": self.title,
+            "ours": self.ours_label,
+            "baseline": self.baseline_label,
+            "rows": [r.as_dict() for r in self.rows],
+            "notes": self.notes,
+            **self.data,
+        }
+
+
+@dataclass
+class Context:
+    """Settings every benchmark gets from the command line."""
+
+    quick: bool = False  # a short smoke run: fewer repetitions, figures are rough
+
+
+# ------------------------------------------------------------------ processes
+def descendants() -> dict[int, str]:
+    """PID -> command line of every live process below this one."""
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out[p.pid] = " ".join(p.cmdline())[:120]
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def still_running(pids: dict[int, str], timeout: float) -> dict[int, str]:
+    """Wait up to ``timeout`` s for ``pids`` to exit; return those still alive
+    (zombies count as gone). Does not reap: launchers own their children."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = {}
+        for pid, cmd in pids.items():
+            try:
+                p = psutil.Process(pid)
+                if p.status() != psutil.STATUS_ZOMBIE and " ".join(p.cmdline())[:120] == cmd:
+                    alive[pid] = cmd
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def kill(pids: dict[int, str]) -> None:
+    """SIGKILL processes this benchmark started and that outlived their stop."""
+    for pid in pids:
+        try:
+            psutil.Process(pid).kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def foreign_cluster_processes() -> dict[int, str]:
+    """ipyparallel/MPI processes on this machine that this run did not start:
+    they compete for the CPUs and skew the figures."""
+    mine = set(descendants())
+    out = {}
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["pid"] not in mine and p.info["pid"] != psutil.Process().pid and (
+            "ipyparallel" in cmd or "mpiexec" in cmd or "hydra_pmi_proxy" in cmd
+        ):
+            out[p.info["pid"]] = cmd[:120]
+    return out

@@ -1,0 +1,130 @@
+"""Run hvd_notebook's benchmarks and print each as a table of ratios to its baseline.
+
+Why: hvd_notebook is a thin layer over ipyparallel + MPI; its value is lost if
+that layer makes starting a cluster or running a cell noticeably slower than
+plain ipyparallel doing the same work. Each benchmark measures both side by
+side in one run and checks the ratio against a target.
+
+    .venv/bin/python benchmarks/run.py              # every benchmark (what `make bench` runs)
+    .venv/bin/python benchmarks/run.py cluster      # only those whose name contains "cluster"
+    .venv/bin/python benchmarks/run.py --quick      # short smoke run, rough figures
+    .venv/bin/python benchmarks/run.py --list
+
+Each benchmark's figures also go to build/bench/<name>.json. The exit status is
+0 when every benchmark ran, whether or not its targets were met (this is a
+report), and 1 when a benchmark crashed.
+
+To add a benchmark: write a function ``(Context) -> Report`` in a module of
+this folder and append a ``Benchmark`` for it to ``BENCHMARKS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_cluster  # noqa: E402
+from common import Context, Report  # noqa: E402
+
+OUT_DIR = Path(__file__).resolve().parent.parent / "build" / "bench"
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str
+    description: str
+    run: Callable[[Context], Report]
+
+
+BENCHMARKS: list[Benchmark] = [
+    Benchmark(
+        "cluster",
+        "%hvd start -n 2 and empty %%hvd cells vs plain ipyparallel (+ TF import) and %%px",
+        bench_cluster.run,
+    ),
+]
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "inf"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def format_report(report: Report) -> str:
+    header = ("measure", report.ours_label, report.baseline_label, "ratio", "target", "result")
+    rows = [header] + [
+        (
+            f"{r.measure} [{r.unit}]",
+            _fmt(r.ours),
+            _fmt(r.baseline),
+            f"{r.ratio:.2f}x",
+            "-" if r.target is None else f"<= {r.target:g}x",
+            r.verdict,
+        )
+        for r in report.rows
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    out = [f"== {report.name}: {report.title}", *lines]
+    out += [f"  * {note}" for note in report.notes]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="run only benchmarks whose name contains one of these")
+    parser.add_argument("--quick", action="store_true", help="short smoke run; figures are rough")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = parser.parse_args(argv)
+
+    if args.list:
+        for b in BENCHMARKS:
+            print(f"{b.name:12} {b.description}")
+        return 0
+    chosen = [b for b in BENCHMARKS if not args.names or any(n in b.name for n in args.names)]
+    if not chosen:
+        parser.error(f"no benchmark matches {args.names}; see --list")
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    ctx = Context(quick=args.quick)
+    crashed: list[str] = []
+    for bench in chosen:
+        print(f"-- running {bench.name}: {bench.description}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            report = bench.run(ctx)
+        except Exception:
+            traceback.print_exc()
+            print(f"!! benchmark {bench.name} crashed", flush=True)
+            crashed.append(bench.name)
+            continue
+        elapsed = time.perf_counter() - t0
+        report.data.setdefault("elapsed_s", round(elapsed, 2))
+        report.data.setdefault("quick", ctx.quick)
+        path = OUT_DIR / f"{bench.name}.json"
+        path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        print()
+        print(format_report(report))
+        print(f"  (took {elapsed:.0f} s; figures written to {path})", flush=True)
+
+    if crashed:
+        print(f"\ncrashed: {', '.join(crashed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""`make bench` keeps working: a quick run of every benchmark completes and
+writes its figures (the figures themselves are a report, not a test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_benchmark_run_writes_figures():
+    proc = subprocess.run([sys.executable, "benchmarks/run.py", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "start -n 2 to ready" in proc.stdout and "empty cell %%hvd vs %%px" in proc.stdout
+    figures = json.loads((ROOT / "build" / "bench" / "cluster.json").read_text())
+    assert figures["quick"] is True
+    rows = {r["measure"]: r for r in figures["rows"]}
+    start = rows["start -n 2 to ready, median"]
+    assert start["ours"] > 0 and start["baseline"] > 0
