@@ -38,8 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from common import Context, Report, Row, Samples, descendants, foreign_cluster_processes, kill, still_running
 
@@ -62,7 +63,7 @@ class _Phases:
     def __init__(self) -> None:
         self.bootstrap_s = math.nan
 
-    def __enter__(self) -> "_Phases":
+    def __enter__(self) -> _Phases:
         from hvd_notebook.cluster import MPICluster
 
         self._cls = MPICluster
@@ -155,8 +156,8 @@ def run(ctx: Context) -> Report:
     ip.run_line_magic("load_ext", "hvd_notebook")
     session = Session.get()
 
-    hvd: dict[str, Samples] = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct")}
-    ipp_s: dict[str, Samples] = {k: Samples() for k in ("start", "registered", "import_tf", "stop", "cell", "cell_direct")}
+    hvd = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct")}
+    ipp_s = {k: Samples() for k in ("start", "registered", "import_tf", "stop", "cell", "cell_direct")}
     leaks = _Leaks()
     ipp_cluster: Any = None
     ipp_client: Any = None

@@ -1,0 +1,15 @@
+"""The code passes ruff with the settings in pyproject.toml."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ruff_is_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--output-format", "concise", "."],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
