@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 # tensorflow-cpu where no NVIDIA driver is visible (no CUDA download), else TF's CUDA build
 TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
 PYTEST_ARGS ?=
+LAB_ARGS ?=
 
 .PHONY: install demo test lab bench clean
 
@@ -26,7 +27,7 @@ test: install
 
 lab: install
 	$(PY) -m ipykernel install --sys-prefix --name hvd-tensorflow --display-name "Python 3 (hvd_notebook)"
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: install
 	$(PY) benchmarks/run.py

@@ -21,10 +21,6 @@ class _HelpShown(Exception):
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad input as IPython's UsageError instead of exiting."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("exit_on_error", False)
-        super().__init__(*args, **kwargs)
-
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}. See {self.prog.split()[0]} --help.")
 
@@ -34,24 +30,23 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown()
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def _int_at_least(minimum: int, complaint: str) -> Any:
+    """An argparse type: a whole number of at least ``minimum``, else ``complaint``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(complaint.format(value=value))
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative; ranks start at 0")
-    return value
+_positive_int = _int_at_least(1, "{value} must be at least 1")
+_non_negative_int = _int_at_least(0, "{value} is negative; ranks start at 0")
 
 
 def _seconds(text: str) -> float:
@@ -198,8 +193,6 @@ class HvdMagics(Magics):
             return self._cell(line, cell)
         except _HelpShown:
             return None
-        except argparse.ArgumentError as exc:
-            raise UsageError(f"%hvd: {exc}. See %hvd --help.") from None
 
     def _line(self, line: str) -> Any:
         try:

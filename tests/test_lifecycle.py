@@ -36,10 +36,15 @@ def test_start_table_status_restart_stop(session, run):
     result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
     assert "[0] mark hello" in out and "[1] mark hello" in out
 
-    result, out = run("%hvd start --restart -n 2 --env HVD_TEST_MARK=again")
+    # GPU pinning by local rank: on this CPU-only machine TensorFlow finds no GPU
+    # behind the id, but each rank must see exactly its own one
+    result, out = run("%hvd start --restart -n 2 --gpus 0,1 --env HVD_TEST_MARK=again")
     assert result.success and "Started 2 MPI ranks." in out
+    assert "GPU 0" in out and "GPU 1" in out
     assert_gone(first)
     second = session.cluster.pids()
+    result, out = run("%%hvd --all-output\nimport os\nprint('visible', os.environ['CUDA_VISIBLE_DEVICES'])")
+    assert "[0] visible 0" in out and "[1] visible 1" in out
 
     result, out = run("%hvd restart")  # same options as the last start
     assert result.success and "Restarted 2 MPI ranks." in out
@@ -95,6 +100,8 @@ KERNEL_CODE = textwrap.dedent("""
     %load_ext hvd_notebook
     %hvd start -n 2
     from hvd_notebook.session import Session
+    import sys
+    assert "tensorflow" not in sys.modules, "the notebook kernel must not import TensorFlow"
     print('PIDS', sorted(Session.get().cluster.pids()))
 """)
 
