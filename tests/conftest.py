@@ -15,6 +15,9 @@ import pytest
 
 from hvd_notebook.session import Session
 
+# tests/parallel/ runs inside an MPI world, started by tests/test_parallel.py
+collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
+
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
 
 

@@ -3,12 +3,18 @@
 Its API contract is ``horovod.tensorflow``: the same names, arguments and
 defaults, so cell code written for Horovod runs unchanged. It also works in a
 plain script started with ``mpiexec -n 2 python train.py``.
+
+    import hvd_notebook.runtime as hvd
+    hvd.init()
+    total = hvd.allreduce(np.ones(3), op=hvd.Sum)   # array([2., 2., 2.]) on 2 ranks
 """
 
 from .basics import (
     communicator,
     cross_rank,
     cross_size,
+    gloo_built,
+    gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
@@ -17,24 +23,42 @@ from .basics import (
     mpi_built,
     mpi_enabled,
     mpi_threads_supported,
+    nccl_built,
     rank,
     shutdown,
     size,
 )
+from .collectives import (
+    Adasum,
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather,
+    allgather_object,
+    allreduce,
+    alltoall,
+    barrier,
+    broadcast,
+    broadcast_object,
+    broadcast_variables,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    join,
+    reducescatter,
+    start_timeline,
+    stop_timeline,
+)
+from .compression import Compression
+from .negotiation import MismatchError, StallError
 
 __all__ = [
-    "communicator",
-    "cross_rank",
-    "cross_size",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "rank",
-    "shutdown",
-    "size",
+    "Adasum", "Average", "Compression", "Max", "Min", "MismatchError", "Product", "StallError", "Sum",
+    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+    "broadcast_variables", "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",
+    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "rank", "reducescatter", "shutdown", "size", "start_timeline", "stop_timeline",
 ]

@@ -7,6 +7,7 @@ find the local ranks, and by local rank to find the cross ranks.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -58,6 +59,11 @@ def init(comm: Any = None) -> None:
         cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
         local_sizes = comm.allgather(local_comm.Get_size())
         _world = _World(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
+    timeline = os.environ.get("HOROVOD_TIMELINE")
+    if timeline:
+        from .collectives import start_timeline
+
+        start_timeline(timeline, mark_cycles=os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0") == "1")
 
 
 def _comm_from_ranks(MPI: Any, ranks: list[int]) -> Any:
@@ -81,6 +87,13 @@ def _comm_from_ranks(MPI: Any, ranks: list[int]) -> Any:
 def shutdown() -> None:
     """Release the runtime's communicators; ``init()`` may be called again later."""
     global _world
+    if _world is None:
+        return
+    from . import collectives, mpi_ops
+
+    if mpi_ops.runtime().timeline.active:
+        collectives.stop_timeline()
+    mpi_ops.reset()
     with _lock:
         if _world is None:
             return
@@ -151,6 +164,20 @@ def mpi_enabled() -> bool:
 def mpi_built() -> bool:
     """The built-in backend is built on mpi4py."""
     return True
+
+
+def nccl_built() -> bool:
+    """False: this build reduces on the host with MPI (GPU reductions with NCCL are a later backend)."""
+    return False
+
+
+def gloo_enabled() -> bool:
+    """False: the built-in runtime coordinates through MPI only."""
+    return False
+
+
+def gloo_built() -> bool:
+    return False
 
 
 def communicator() -> Any:

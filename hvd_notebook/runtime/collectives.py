@@ -1,0 +1,367 @@
+"""The collectives as cells call them: Horovod's ``horovod.tensorflow`` API on
+numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
+
+A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
+tensor out. TensorFlow tensors reach the numpy collectives of ``mpi_ops`` by
+``Tensor.numpy()`` when eager and through ``tf.numpy_function`` in a graph;
+gradients are registered with ``tf.custom_gradient`` as Horovod defines them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+from typing import Any
+
+import numpy as np
+
+from . import basics, mpi_ops
+from .compression import Compression, _is_tf
+from .mpi_ops import Adasum, Average, Max, Min, Product, Sum
+from .negotiation import MismatchError
+from .timeline import write_trace
+
+_counter = itertools.count()
+
+
+def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
+    """One name per tensor of a grouped call: ``name`` itself for a single tensor."""
+    if name and len(tensors) == 1:
+        return [str(name)]
+    return [_name(name and f"{name}.{i}", kind, t) for i, t in enumerate(tensors)]
+
+
+def _name(name: str | None, kind: str, tensor: Any = None) -> str:
+    if name:
+        return str(name)
+    if tensor is not None and _is_tf(tensor):
+        try:
+            return tensor.name  # graph tensors and variables have names
+        except (AttributeError, ValueError):
+            pass
+    return f"{kind}.{next(_counter)}"
+
+
+def _tf() -> Any:
+    import tensorflow as tf
+
+    return tf
+
+
+def _resolve_op(op: int | None, average: bool | None) -> int:
+    if op is not None and average is not None:
+        raise ValueError("pass either op= or the deprecated average=, not both.")
+    if op is None:
+        return Sum if average is False else Average
+    return op
+
+
+def _tf_error(exc: MismatchError) -> Exception:
+    """Horovod raises FailedPreconditionError for mismatched tensors in TensorFlow."""
+    tf = _tf()
+
+    class TensorMismatchError(tf.errors.FailedPreconditionError, MismatchError):
+        def __init__(self, message: str) -> None:
+            tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    return TensorMismatchError(str(exc))
+
+
+def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any]) -> list[Any]:
+    """Run ``fn(list of numpy) -> list of numpy`` on TensorFlow tensors."""
+    tf = _tf()
+    if tf.executing_eagerly():
+        try:
+            outs = fn([t.numpy() for t in tensors])
+        except MismatchError as exc:
+            raise _tf_error(exc) from None
+        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes)]
+
+    def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(list(arrays)), out_dtypes)]
+
+    outs = tf.numpy_function(graph_fn, tensors, Tout=out_dtypes, stateful=True)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    for o, shape in zip(outs, out_shapes):
+        o.set_shape(shape)
+    return list(outs)
+
+
+# ------------------------------------------------------------------ allreduce
+def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
+              compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, name: str | None = None, process_set: Any = None,
+              ignore_name_scope: bool = False) -> Any:
+    """Reduce ``tensor`` over all ranks (default: average), as ``hvd.allreduce``.
+
+    >>> hvd.allreduce(np.array([1.0, 2.0]) * (hvd.rank() + 1), op=hvd.Sum)  # on 2 ranks
+    array([3., 6.])
+    """
+    op = _resolve_op(op, average)
+    if _is_tf(tensor) and isinstance(tensor, _tf().IndexedSlices):
+        return _allreduce_indexed_slices(tensor, op, name)
+    return grouped_allreduce([tensor], op=op, compression=compression, prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, name=name)[0]
+
+
+def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",
+                      device_sparse: str = "", compression: Any = Compression.none, op: int | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
+                      process_set: Any = None) -> list[Any]:
+    """Reduce several tensors at once, fused into as few MPI calls as the fusion
+    threshold allows (``HOROVOD_FUSION_THRESHOLD``)."""
+    op = _resolve_op(op, average)
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    names = _names(name, "allreduce", tensors)
+    rt = mpi_ops.runtime()
+
+    def reduce_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return rt.allreduce(arrays, op, prescale_factor, postscale_factor, names)
+
+    if _is_tf(compressed[0]):
+        reduced = _tf_grouped_allreduce(list(compressed), reduce_np, op, prescale_factor, postscale_factor)
+    else:
+        reduced = reduce_np([np.asarray(t) for t in compressed])
+    return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+
+
+def _allreduce_out_dtype(dtype: Any, op: int) -> Any:
+    tf = _tf()
+    return tf.float64 if op == Average and dtype.is_integer else dtype
+
+
+def _tf_grouped_allreduce(tensors: list[Any], reduce_np: Any, op: int, prescale: float, postscale: float) -> list[Any]:
+    tf = _tf()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+
+    @tf.custom_gradient
+    def reduce_tf(*xs: Any) -> Any:
+        outs = _on_tf(reduce_np, list(xs), [_allreduce_out_dtype(x.dtype, op) for x in xs], [x.shape for x in xs])
+
+        def grad(*dys: Any) -> Any:
+            # Horovod: the gradient of an allreduce is the same allreduce of the gradient
+            return grouped_allreduce(list(dys), op=op, prescale_factor=prescale, postscale_factor=postscale)
+
+        return outs, grad
+
+    return list(reduce_tf(*tensors))
+
+
+def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
+    """As Horovod: allgather the values and the indices instead of a dense allreduce."""
+    tf = _tf()
+    if op not in (Average, Sum):
+        raise NotImplementedError("allreduce of tf.IndexedSlices supports op=hvd.Average or hvd.Sum only.")
+    values = allgather(slices.values, name=name and f"{name}.values")
+    indices = allgather(slices.indices, name=name and f"{name}.indices")
+    if op == Average:
+        values = values / tf.cast(size(), values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+
+
+# ------------------------------------------------------------------ allgather
+def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
+    """Concatenate ``tensor`` from every rank along the first dimension, which may differ."""
+    return grouped_allgather([tensor], name=name)[0]
+
+
+def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: Any = None) -> list[Any]:
+    """``allgather`` of several tensors with one agreement."""
+    if not tensors:
+        return []
+    names = _names(name, "allgather", tensors)
+    rt = mpi_ops.runtime()
+
+    def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return rt.allgather(arrays, names)
+
+    if not _is_tf(tensors[0]):
+        return gather_np([np.asarray(t) for t in tensors])
+    tf = _tf()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+
+    @tf.custom_gradient
+    def gather_tf(*xs: Any) -> Any:
+        outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs])
+
+        def grad(*dys: Any) -> Any:
+            # Horovod: sum the gradient over ranks, then keep this rank's rows
+            summed = grouped_allreduce(list(dys), op=Sum)
+            grads = []
+            for x, dy in zip(xs, summed):
+                rows = tf.reshape(tf.shape(x)[0], [1])
+                all_rows = tf.reshape(allgather(rows), [size()])
+                grads.append(tf.split(dy, all_rows, axis=0)[rank()])
+            return grads
+
+        return outs, grad
+
+    return list(gather_tf(*tensors))
+
+
+# ------------------------------------------------------------------ broadcast
+def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
+              process_set: Any = None) -> Any:
+    """Every rank gets ``root_rank``'s value of ``tensor``."""
+    nm = [_name(name, "broadcast", tensor)]
+    rt = mpi_ops.runtime()
+
+    def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return rt.broadcast(arrays, root_rank, nm)
+
+    if not _is_tf(tensor):
+        return bcast_np([np.asarray(tensor)])[0]
+    tf = _tf()
+    tensor = tf.convert_to_tensor(tensor)
+
+    @tf.custom_gradient
+    def bcast_tf(x: Any) -> Any:
+        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape])[0]
+
+        def grad(dy: Any) -> Any:
+            # Horovod: the summed gradient flows back to the root only
+            summed = allreduce(dy, op=Sum)
+            return summed if rank() == root_rank else summed * 0
+
+        return out, grad
+
+    return bcast_tf(tensor)
+
+
+def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any = None,
+                        inplace: bool = False) -> Any:
+    """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast."""
+    variables = list(variables)
+    if not variables:
+        return None
+    tf = _tf()
+    rt = mpi_ops.runtime()
+    names = [_name(None, "broadcast_variables", v) for v in variables]
+
+    def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return rt.broadcast(arrays, root_rank, names)
+
+    values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
+                               for v in variables],
+                    [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
+                    [v.shape for v in variables])
+    assigns = [v.assign(x) for v, x in zip(variables, values)]
+    return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
+                     process_set: Any = None) -> Any:
+    """Every rank gets ``root_rank``'s (picklable) Python object."""
+    return mpi_ops.runtime().broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
+
+
+def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
+    """A list of every rank's (picklable) Python object, in rank order."""
+    return mpi_ops.runtime().allgather_object(obj, _name(name, "allgather_object"))
+
+
+# ------------------------------------------------------------- alltoall etc.
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
+             process_set: Any = None) -> Any:
+    """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
+    concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
+    nm = _name(name, "alltoall", tensor)
+    rt = mpi_ops.runtime()
+    if not _is_tf(tensor):
+        out, received = rt.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), nm)
+        return out if splits is None else (out, received.astype(np.int32))
+    tf = _tf()
+    tensor = tf.convert_to_tensor(tensor)
+    splits_t = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
+
+    def a2a_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        arr, sp = arrays
+        out, received = rt.alltoall(arr, None if splits is None else sp, nm)
+        return [out, received.astype(np.int32)]
+
+    out, received = _on_tf(a2a_np, [tensor, splits_t], [tensor.dtype, tf.int32],
+                           [[None] + tensor.shape[1:].as_list(), [size()]])
+    return out if splits is None else (out, received)
+
+
+def reducescatter(tensor: Any, op: int = Average, name: str | None = None, process_set: Any = None,
+                  ignore_name_scope: bool = False, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce over ranks and keep this rank's block of rows."""
+    return grouped_reducescatter([tensor], op=op, name=name, prescale_factor=prescale_factor,
+                                 postscale_factor=postscale_factor)[0]
+
+
+def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | None = None,
+                          process_set: Any = None, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """``reducescatter`` of several tensors."""
+    if not tensors:
+        return []
+    names = _names(name, "reducescatter", tensors)
+    rt = mpi_ops.runtime()
+
+    def rs_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        scaled = [a * prescale_factor if prescale_factor != 1.0 else a for a in arrays]
+        outs = rt.reducescatter(scaled, op, names)
+        return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+
+    if not _is_tf(tensors[0]):
+        return rs_np([np.asarray(t) for t in tensors])
+    tf = _tf()
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    return _on_tf(rs_np, tensors, [_allreduce_out_dtype(t.dtype, op) for t in tensors],
+                  [[None] + t.shape[1:].as_list() for t in tensors])
+
+
+def join() -> int:
+    """Say this rank has no more data: it takes part in the others' allreduces
+    with zeros until every rank has joined. Returns the rank that joined last."""
+    return mpi_ops.runtime().join()
+
+
+def barrier(process_set: Any = None) -> None:
+    """Return once every rank has called ``barrier()``."""
+    mpi_ops.runtime().barrier()
+
+
+# ------------------------------------------------------------------ timeline
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record every collective's phases on every rank until ``stop_timeline()``."""
+    mpi_ops.runtime().timeline.start(file_path, mark_cycles)
+
+
+def stop_timeline() -> None:
+    """Stop recording; rank 0 writes all ranks' events to the file given to
+    ``start_timeline`` (a collective call: every rank must make it)."""
+    rt = mpi_ops.runtime()
+    path, events = rt.timeline.take()
+    gathered = rt.comm.gather(events, root=0)
+    if rt.rank == 0 and path is not None:
+        write_trace(path, gathered)
+
+
+def size() -> int:
+    return basics.size()
+
+
+def rank() -> int:
+    return basics.rank()
+
+
+def _shutdown_flush() -> None:
+    """Write a timeline started by HOROVOD_TIMELINE when the process ends."""
+    if basics.is_initialized() and mpi_ops.runtime().timeline.active:
+        stop_timeline()
+
+
+atexit.register(_shutdown_flush)
+
+__all__ = [
+    "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
+    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "start_timeline", "stop_timeline",
+]

@@ -1,0 +1,78 @@
+"""Gradient compression for collectives, as ``horovod.tensorflow.Compression``.
+
+``Compression.fp16`` sends floating tensors as float16 and restores their dtype
+afterwards; other tensors pass unchanged. Works on numpy arrays and
+TensorFlow tensors alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _is_tf(x: Any) -> bool:
+    return type(x).__module__.startswith(("tensorflow", "keras"))
+
+
+def _is_floating(x: Any) -> bool:
+    if _is_tf(x):
+        return x.dtype.is_floating
+    return np.issubdtype(np.asarray(x).dtype, np.floating) or str(np.asarray(x).dtype) == "bfloat16"
+
+
+class Compressor:
+    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors as they are."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating tensors as float16; ``decompress`` restores the dtype."""
+
+    @staticmethod
+    def compress(tensor: Any) -> tuple[Any, Any]:
+        if not _is_floating(tensor):
+            return tensor, None
+        if _is_tf(tensor):
+            import tensorflow as tf
+
+            return tf.cast(tensor, tf.float16), tensor.dtype
+        arr = np.asarray(tensor)
+        return arr.astype(np.float16), arr.dtype
+
+    @staticmethod
+    def decompress(tensor: Any, ctx: Any) -> Any:
+        if ctx is None:
+            return tensor
+        if _is_tf(tensor):
+            import tensorflow as tf
+
+            return tf.cast(tensor, ctx)
+        return np.asarray(tensor).astype(ctx)
+
+
+class Compression:
+    """The compressors, by name: ``Compression.none`` and ``Compression.fp16``."""
+
+    none = NoneCompressor
+    fp16 = FP16Compressor

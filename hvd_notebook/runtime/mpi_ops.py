@@ -1,0 +1,328 @@
+"""The collectives on numpy arrays: negotiation, fusion, MPI calls, timeline.
+
+Everything here works on host memory with the MPI library's own collectives
+(``Allreduce`` in place on a fused buffer, ``Allgatherv``, ``Bcast``,
+``Alltoallv``, ``Reduce_scatter``): bandwidth-optimal algorithms chosen by
+MPI, never a gather to one rank. ``collectives.py`` wraps these for
+TensorFlow tensors.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import basics
+from .negotiation import MismatchError, Negotiator, Signature, describe_mismatch
+from .timeline import Timeline
+
+# Reduction ops, with Horovod's values
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
+
+
+def fusion_threshold() -> int:
+    """Bytes per fusion buffer, from ``HOROVOD_FUSION_THRESHOLD`` (0: no fusion)."""
+    try:
+        return int(os.environ.get("HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD))
+    except ValueError:
+        return DEFAULT_FUSION_THRESHOLD
+
+
+def _reduce_dtype(dtype: np.dtype) -> np.dtype:
+    """MPI has no half-precision types: float16 and bfloat16 are reduced as float32."""
+    if dtype == np.float16 or dtype.name == "bfloat16":
+        return np.dtype(np.float32)
+    return dtype
+
+
+def _bytes(arr: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+class Runtime:
+    """The collectives of one initialised world (see ``basics.init``)."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.negotiator = Negotiator(comm)
+        self.timeline = Timeline()
+        self.joined = False
+        self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
+
+    def free(self) -> None:
+        self.negotiator.free()
+
+    # ------------------------------------------------------------ agreement
+    def _agree(self, sig: Signature, allow_joined: bool = False) -> None:
+        with self.timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name, 0):
+            signatures = self.negotiator.agree(sig)
+        if signatures is None:
+            return
+        active = [s for s in signatures if s.kind != "join"]
+        if allow_joined and active and all(s == active[0] for s in active):
+            return  # joined ranks take part with zeros (see join())
+        raise MismatchError(describe_mismatch(signatures))
+
+    # ------------------------------------------------------------ allreduce
+    def allreduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                  names: list[str]) -> list[np.ndarray]:
+        """Reduce each array over all ranks; arrays of one dtype are fused into
+        buffers of up to ``HOROVOD_FUSION_THRESHOLD`` bytes, one MPI call each."""
+        if op == Adasum:
+            raise NotImplementedError(
+                "op=hvd.Adasum is not supported by hvd_notebook's built-in runtime; use hvd.Average or hvd.Sum."
+            )
+        if op not in self._mpi_ops:
+            raise ValueError(f"op={op!r} is not one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product.")
+        results: list[np.ndarray | None] = [None] * len(arrays)
+        for group in self._fusion_groups(arrays):
+            outs = self._allreduce_group([arrays[i] for i in group], op, prescale, postscale,
+                                         [names[i] for i in group])
+            for i, out in zip(group, outs):
+                results[i] = out
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _fusion_groups(arrays: list[np.ndarray]) -> list[list[int]]:
+        """Indices grouped by dtype, in order, each group's bytes within the threshold."""
+        threshold = fusion_threshold()
+        groups: list[list[int]] = []
+        open_group: dict[str, tuple[list[int], int]] = {}
+        for i, arr in enumerate(arrays):
+            key = arr.dtype.str
+            members, nbytes = open_group.get(key, ([], 0))
+            if members and (threshold <= 0 or nbytes + arr.nbytes > threshold):
+                members, nbytes = [], 0
+            if not members:
+                groups.append(members)
+            members.append(i)
+            open_group[key] = (members, nbytes + arr.nbytes)
+        return groups
+
+    def _allreduce_group(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                         names: list[str]) -> list[np.ndarray]:
+        dtype = arrays[0].dtype
+        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
+        sig = Signature("allreduce", (("op", OP_NAMES[op]), ("dtype", dtype.name),
+                                      ("shapes", tuple(a.shape for a in arrays)),
+                                      ("prescale_factor", prescale), ("postscale_factor", postscale)), label)
+        self._agree(sig, allow_joined=True)
+        return self._reduce(arrays, op, prescale, postscale, label)
+
+    def _reduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                label: str) -> list[np.ndarray]:
+        dtype = arrays[0].dtype
+        work = _reduce_dtype(dtype)
+        total = sum(a.size for a in arrays)
+        fused = len(arrays) > 1
+        if fused:
+            buf = np.empty(total, dtype=work)
+            with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
+                offset = 0
+                for a in arrays:
+                    buf[offset:offset + a.size] = a.reshape(-1)
+                    offset += a.size
+        else:
+            buf = np.array(arrays[0], dtype=work, copy=True).reshape(-1)
+        if prescale != 1.0:
+            buf = _scale(buf, prescale)
+        with self.timeline.phase("MPI_ALLREDUCE", label, buf.nbytes):
+            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self._mpi_ops[op])
+        if op == Average:
+            buf = buf / self.size if buf.dtype.kind in "iub" else _scale(buf, 1.0 / self.size)
+        if postscale != 1.0:
+            buf = _scale(buf, postscale)
+        out_dtype = buf.dtype if (op == Average and dtype.kind in "iub") else dtype
+        if not fused:
+            return [buf.reshape(arrays[0].shape).astype(out_dtype, copy=False)]
+        outs = []
+        with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, buf.nbytes):
+            offset = 0
+            for a in arrays:
+                outs.append(buf[offset:offset + a.size].reshape(a.shape).astype(out_dtype, copy=True))
+                offset += a.size
+        return outs
+
+    # ------------------------------------------------------------ allgather
+    def allgather(self, arrays: list[np.ndarray], names: list[str]) -> list[np.ndarray]:
+        """Concatenate each array over ranks along its first dimension (which may differ)."""
+        for arr, name in zip(arrays, names):
+            if arr.ndim == 0:
+                raise ValueError(f"allgather of '{name}': the tensor needs at least one dimension (it is a scalar).")
+        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} grouped"
+        sig = Signature("allgather", (("dtypes", tuple(a.dtype.name for a in arrays)),
+                                      ("trailing shapes", tuple(a.shape[1:] for a in arrays))), label)
+        self._agree(sig)
+        rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+        all_rows = np.empty((self.size, len(arrays)), dtype=np.int64)
+        self.comm.Allgather(rows, all_rows)
+        outs = []
+        with self.timeline.phase("MPI_ALLGATHER", label, sum(a.nbytes for a in arrays)):
+            for i, arr in enumerate(arrays):
+                row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+                counts = all_rows[:, i] * row_bytes
+                displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
+                out = np.empty((int(all_rows[:, i].sum()),) + arr.shape[1:], dtype=arr.dtype)
+                self.comm.Allgatherv(_bytes(arr), [out.reshape(-1).view(np.uint8), counts, displs, self.MPI.BYTE])
+                outs.append(out)
+        return outs
+
+    # ------------------------------------------------------------ broadcast
+    def broadcast(self, arrays: list[np.ndarray], root_rank: int, names: list[str]) -> list[np.ndarray]:
+        """Every rank gets root_rank's arrays; all arrays travel in one fused buffer."""
+        self._check_root(root_rank)
+        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
+        sig = Signature("broadcast", (("root_rank", root_rank), ("dtypes", tuple(a.dtype.name for a in arrays)),
+                                      ("shapes", tuple(a.shape for a in arrays))), label)
+        self._agree(sig)
+        nbytes = sum(a.nbytes for a in arrays)
+        buf = np.empty(nbytes, dtype=np.uint8)
+        if self.rank == root_rank:
+            offset = 0
+            for a in arrays:
+                buf[offset:offset + a.nbytes] = _bytes(a)
+                offset += a.nbytes
+        with self.timeline.phase("MPI_BROADCAST", label, nbytes):
+            self.comm.Bcast(buf, root=root_rank)
+        outs, offset = [], 0
+        for a in arrays:
+            outs.append(buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape).copy())
+            offset += a.nbytes
+        return outs
+
+    def _check_root(self, root_rank: int) -> None:
+        if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < self.size:
+            raise ValueError(f"root_rank={root_rank!r} is not a rank: use 0..{self.size - 1}.")
+
+    # ------------------------------------------------------------- alltoall
+    def alltoall(self, arr: np.ndarray, splits: np.ndarray | None, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Send rows ``splits[r]`` of ``arr`` to rank r; return what arrived and from whom how many rows."""
+        if arr.ndim == 0:
+            raise ValueError(f"alltoall of '{name}': the tensor needs at least one dimension.")
+        if splits is None:
+            if arr.shape[0] % self.size:
+                raise ValueError(f"alltoall of '{name}': without splits, the first dimension ({arr.shape[0]}) "
+                                 f"must divide evenly by the number of ranks ({self.size}).")
+            splits = np.full(self.size, arr.shape[0] // self.size, dtype=np.int64)
+        splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+        if splits.size != self.size or splits.min() < 0 or splits.sum() != arr.shape[0]:
+            raise ValueError(f"alltoall of '{name}': splits {splits.tolist()} must have one non-negative entry "
+                             f"per rank ({self.size}) summing to the first dimension ({arr.shape[0]}).")
+        self._agree(Signature("alltoall", (("dtype", arr.dtype.name), ("trailing shape", arr.shape[1:])), name))
+        received = np.empty(self.size, dtype=np.int64)
+        self.comm.Alltoall(splits, received)
+        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+        out = np.empty((int(received.sum()),) + arr.shape[1:], dtype=arr.dtype)
+        send_counts, recv_counts = splits * row_bytes, received * row_bytes
+        with self.timeline.phase("MPI_ALLTOALL", name, arr.nbytes):
+            self.comm.Alltoallv(
+                [_bytes(arr), send_counts, np.concatenate([[0], np.cumsum(send_counts)[:-1]]), self.MPI.BYTE],
+                [out.reshape(-1).view(np.uint8), recv_counts, np.concatenate([[0], np.cumsum(recv_counts)[:-1]]),
+                 self.MPI.BYTE],
+            )
+        return out, received
+
+    # -------------------------------------------------------- reducescatter
+    def reducescatter(self, arrays: list[np.ndarray], op: int, names: list[str]) -> list[np.ndarray]:
+        """Reduce over ranks, then give rank r its block of rows (the first
+        ``rows % size`` ranks get one row more)."""
+        if op not in (Average, Sum, Min, Max, Product):
+            raise ValueError(f"reducescatter supports hvd.Average, Sum, Min, Max and Product, not {op!r}.")
+        outs = []
+        for arr, name in zip(arrays, names):
+            if arr.ndim == 0:
+                raise ValueError(f"reducescatter of '{name}': the tensor needs at least one dimension.")
+            sig = Signature("reducescatter", (("op", OP_NAMES[op]), ("dtype", arr.dtype.name),
+                                              ("shape", arr.shape)), name)
+            self._agree(sig)
+            base, extra = divmod(arr.shape[0], self.size)
+            rows = [base + (1 if r < extra else 0) for r in range(self.size)]
+            row_elems = int(np.prod(arr.shape[1:], dtype=np.int64))
+            work = _reduce_dtype(arr.dtype)
+            send = np.ascontiguousarray(arr, dtype=work).reshape(-1)
+            out = np.empty(rows[self.rank] * row_elems, dtype=work)
+            with self.timeline.phase("MPI_REDUCESCATTER", name, arr.nbytes):
+                self.comm.Reduce_scatter(send, out, [r * row_elems for r in rows], op=self._mpi_ops[op])
+            if op == Average:
+                out = out / self.size if out.dtype.kind in "iub" else _scale(out, 1.0 / self.size)
+            out_dtype = out.dtype if (op == Average and arr.dtype.kind in "iub") else arr.dtype
+            outs.append(out.reshape((rows[self.rank],) + arr.shape[1:]).astype(out_dtype, copy=False))
+        return outs
+
+    # --------------------------------------------------------------- others
+    def broadcast_object(self, obj: Any, root_rank: int, name: str) -> Any:
+        self._check_root(root_rank)
+        self._agree(Signature("broadcast_object", (("root_rank", root_rank),), name))
+        return self.comm.bcast(obj, root=root_rank)
+
+    def allgather_object(self, obj: Any, name: str) -> list[Any]:
+        self._agree(Signature("allgather_object", (), name))
+        return self.comm.allgather(obj)
+
+    def barrier(self) -> None:
+        # agreement needs every rank's contribution: it is a barrier in itself
+        self._agree(Signature("barrier"))
+
+    def join(self) -> int:
+        """Take part, with zeros, in the other ranks' allreduces until every rank
+        has joined; return the rank that joined last."""
+        served = 0
+        while True:
+            signatures = self.negotiator.agree(Signature("join"))
+            if signatures is None:
+                break
+            active = [s for s in signatures if s.kind != "join"]
+            if not all(s == active[0] for s in active) or active[0].kind != "allreduce":
+                raise MismatchError(
+                    "After hvd.join() a rank can only take part in allreduce; " + describe_mismatch(signatures)
+                )
+            fields = dict(active[0].fields)
+            op = next(k for k, v in OP_NAMES.items() if v == fields["op"])
+            dtype = np.dtype(fields["dtype"]) if fields["dtype"] != "bfloat16" else _bfloat16()
+            zeros = [np.zeros(shape, dtype=dtype) for shape in fields["shapes"]]
+            self._reduce(zeros, op, fields["prescale_factor"], fields["postscale_factor"], "join")
+            served += 1
+        return int(self.comm.allreduce(self.rank if served == 0 else -1, op=self.MPI.MAX))
+
+
+def _scale(buf: np.ndarray, factor: float) -> np.ndarray:
+    if buf.dtype.kind == "f":
+        buf *= buf.dtype.type(factor)
+        return buf
+    return (buf * factor).astype(buf.dtype)
+
+
+def _bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_runtime: Runtime | None = None
+_runtime_world: Any = None
+
+
+def runtime() -> Runtime:
+    """The collectives of the current world; raises before ``init()``."""
+    global _runtime, _runtime_world
+    world = basics._w()
+    if _runtime_world is not world:
+        _runtime = Runtime(world.comm)
+        _runtime_world = world
+    return _runtime  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Forget the current world's collectives (``shutdown()``)."""
+    global _runtime, _runtime_world
+    if _runtime is not None:
+        _runtime.free()
+    _runtime, _runtime_world = None, None

@@ -1,0 +1,178 @@
+"""Before any data moves, every rank must be in the same collective with the
+same arguments; otherwise MPI would hang or corrupt memory.
+
+Horovod negotiates each tensor through a coordinator and caches the answers.
+Here each rank hashes its call's signature (cached, so a repeated call costs a
+dict lookup) and the ranks take the MAX of ``[h, -h]`` in one non-blocking
+16-byte allreduce: equal hashes on every rank means agreement. Only when they
+differ are the full signatures gathered, to say which ranks differ in what.
+
+Waiting in that allreduce is where a stall shows: after
+``HOROVOD_STALL_CHECK_TIME_SECONDS`` the waiting rank asks every other rank,
+on a separate communicator, where it is; ranks that are waiting too answer, the
+rest "have not arrived", and a warning names them. After
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default off) the waiting ranks raise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+_QUERY, _HERE = "query", "here"
+_STALL_TAG = 7001
+
+
+class MismatchError(ValueError):
+    """Ranks called different collectives, or the same one with different arguments."""
+
+
+class StallError(RuntimeError):
+    """A collective waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What must be equal on every rank for one collective call."""
+
+    kind: str
+    fields: tuple[tuple[str, Any], ...] = ()
+    name: str = field(default="", compare=False)
+
+    def describe(self) -> str:
+        return f"{self.kind}('{self.name}')" if self.name else self.kind
+
+
+def describe_mismatch(signatures: list[Signature]) -> str:
+    """A sentence naming the ranks and what differed between them."""
+    kinds = {s.kind for s in signatures}
+    if len(kinds) > 1:
+        calls = "; ".join(f"rank {r}: {s.describe()}" for r, s in enumerate(signatures))
+        return (f"Ranks called different collectives at the same point ({calls}). Every rank must call "
+                "the same collectives in the same order.")
+    first = signatures[0]
+    diffs = []
+    keys = [k for k, _ in first.fields]
+    for i, key in enumerate(keys):
+        by_value: dict[str, list[int]] = {}
+        for r, s in enumerate(signatures):
+            by_value.setdefault(repr(s.fields[i][1]) if i < len(s.fields) else "?", []).append(r)
+        if len(by_value) > 1:
+            diffs.append(f"{key}: " + ", ".join(f"rank(s) {ranks} {value}" for value, ranks in by_value.items()))
+    names = {s.name for s in signatures}
+    tensor = f" of tensor '{first.name}'" if len(names) == 1 and first.name else ""
+    return (f"{first.kind}{tensor} does not match across ranks: " + "; ".join(diffs or ["arguments differ"])
+            + f". Every rank must pass the same {', '.join(keys) or 'arguments'}.")
+
+
+def _env_seconds(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class Negotiator:
+    """Agreement check and stall inspector for one communicator."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm
+        self.stall_comm = comm.Dup()
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.seq = 0
+        self._hashes: dict[Signature, int] = {}
+        self._buf = np.zeros(2, dtype=np.int64)
+        self._abandoned: list[tuple[Any, np.ndarray]] = []
+        self.stall_check_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
+        self.stall_shutdown_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        self.stall_check_enabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") in ("0", "", "false")
+
+    def free(self) -> None:
+        self.stall_comm.Free()
+
+    def agree(self, sig: Signature) -> list[Signature] | None:
+        """Wait until every rank reaches a collective; None when all signatures are
+        equal, else every rank's signature (index = rank)."""
+        self.seq += 1
+        h = self._hashes.get(sig)
+        if h is None:
+            digest = hashlib.blake2b(repr((sig.kind, sig.fields)).encode(), digest_size=8).digest()
+            h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
+        buf = self._buf
+        buf[0], buf[1] = h, -h
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+        if not request.Test():
+            self._wait(request, sig)
+        if buf[0] == -buf[1]:
+            return None
+        return self.comm.allgather(sig)
+
+    def _wait(self, request: Any, sig: Signature) -> None:
+        start = time.monotonic()
+        spin_until = start + 50e-6
+        pause = 10e-6
+        warned = False
+        next_probe = start + 1.0
+        while not request.Test():
+            now = time.monotonic()
+            if now < spin_until:
+                continue
+            time.sleep(pause)
+            pause = min(pause * 2, 5e-4)
+            if now >= next_probe:
+                next_probe = now + 0.05
+                self._answer_queries(sig)
+                if self.stall_check_enabled and not warned and now - start >= self.stall_check_s:
+                    warned = True
+                    self._report_stall(request, sig, now - start)
+                if self.stall_shutdown_s > 0 and now - start >= self.stall_shutdown_s:
+                    # MPI cannot cancel a collective: keep the request and its buffer alive
+                    self._abandoned.append((request, self._buf))
+                    self._buf = np.zeros(2, dtype=np.int64)
+                    raise StallError(
+                        f"rank {self.rank} waited {now - start:.0f} s in {sig.describe()} (collective "
+                        f"#{self.seq}) past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}; "
+                        "the runtime cannot continue: restart the ranks (%hvd restart)."
+                    )
+
+    def _answer_queries(self, sig: Signature, collected: dict[int, tuple] | None = None) -> None:
+        status = self.MPI.Status()
+        while self.stall_comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
+            source = status.Get_source()
+            kind, seq, where = self.stall_comm.recv(source=source, tag=_STALL_TAG)
+            if kind == _QUERY:
+                self.stall_comm.isend((_HERE, self.seq, sig.describe()), dest=source, tag=_STALL_TAG)
+            if collected is not None:
+                collected[source] = (seq, where)
+
+    def _report_stall(self, request: Any, sig: Signature, waited: float) -> None:
+        for r in range(self.size):
+            if r != self.rank:
+                self.stall_comm.isend((_QUERY, self.seq, sig.describe()), dest=r, tag=_STALL_TAG)
+        collected: dict[int, tuple] = {}
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and len(collected) < self.size - 1 and not request.Test():
+            self._answer_queries(sig, collected)
+            time.sleep(0.01)
+        if request.Test():
+            return
+        missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != self.seq]
+        elsewhere = [f"rank {r} waits in collective #{seq} {where}" for r, (seq, where) in sorted(collected.items())
+                     if seq != self.seq]
+        print(
+            f"[hvd_notebook] WARNING: stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
+            f"(collective #{self.seq}); rank(s) {missing} have not arrived"
+            + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
+            + ". One or more ranks skipped this collective or are still busy; check that every rank "
+            "calls the same collectives in the same order.",
+            file=sys.stderr, flush=True,
+        )

@@ -1,0 +1,68 @@
+"""Chrome-trace timeline of the runtime's collectives, one track per rank.
+
+Like Horovod's ``HOROVOD_TIMELINE``, each collective is recorded as its
+phases (``NEGOTIATE_ALLREDUCE``, ``MEMCPY_IN_FUSION_BUFFER``,
+``MPI_ALLREDUCE``, ...) with the tensor names and sizes. Unlike Horovod, every
+rank records: ``stop_timeline()`` gathers all ranks' events to rank 0, which
+writes one JSON file that Perfetto and chrome://tracing load, with a process
+track per rank.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+class Timeline:
+    """Records phases while active; cheap no-ops while not."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.events: list[dict[str, Any]] = []
+        self.mark_cycles = False
+
+    @property
+    def active(self) -> bool:
+        return self.path is not None
+
+    def start(self, path: str, mark_cycles: bool = False) -> None:
+        self.path = str(path)
+        self.mark_cycles = mark_cycles
+        self.events = []
+
+    @contextmanager
+    def phase(self, name: str, tensors: str, nbytes: int) -> Iterator[None]:
+        """Record one phase of a collective (a Chrome-trace complete event)."""
+        if self.path is None:
+            yield
+            return
+        start = time.time_ns()
+        try:
+            yield
+        finally:
+            self.events.append({
+                "name": name, "ph": "X", "ts": start / 1000, "dur": (time.time_ns() - start) / 1000,
+                "tid": 0, "args": {"tensors": tensors, "bytes": nbytes},
+            })
+
+    def take(self) -> tuple[str | None, list[dict[str, Any]]]:
+        """Stop recording; return the path and this rank's events."""
+        path, events = self.path, self.events
+        self.path, self.events = None, []
+        return path, events
+
+
+def write_trace(path: str, events_by_rank: list[list[dict[str, Any]]]) -> None:
+    """Write all ranks' events as one Chrome-trace file, a process track per rank."""
+    trace: list[dict[str, Any]] = []
+    for rank, events in enumerate(events_by_rank):
+        trace.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+        trace.append({"name": "process_sort_index", "ph": "M", "pid": rank, "args": {"sort_index": rank}})
+        trace.extend({**e, "pid": rank} for e in events)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"traceEvents": trace, "displayTimeUnit": "ms"}))

@@ -1,0 +1,81 @@
+"""The timeline file and the stall inspector, in a 2-rank world."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import numpy as np
+
+
+def test_timeline_records_phases_of_every_rank(hvd, tmp_path_factory):
+    # every rank must write to the same path: rank 0 broadcasts its temporary folder
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("timeline") / "trace.json"), root_rank=0)
+    hvd.start_timeline(path)
+    hvd.allreduce(np.ones(1000, np.float32), name="dense/kernel")
+    hvd.grouped_allreduce([np.ones(10), np.ones(20)], name="grads")
+    hvd.allgather(np.ones((hvd.rank() + 1, 2)), name="rows")
+    hvd.broadcast(np.ones(3), root_rank=0, name="weights")
+    hvd.stop_timeline()
+    hvd.barrier()
+    if hvd.rank() != 0:
+        return
+    trace = json.loads(open(path).read())
+    events = trace["traceEvents"]
+    tracks = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert tracks == {f"rank {r}" for r in range(hvd.size())}
+    for r in range(hvd.size()):
+        names = [(e["name"], e["args"]["tensors"]) for e in events if e.get("pid") == r and e["ph"] == "X"]
+        assert ("NEGOTIATE_ALLREDUCE", "dense/kernel") in names
+        assert ("MPI_ALLREDUCE", "dense/kernel") in names
+        assert ("MEMCPY_IN_FUSION_BUFFER", "grads.0 +1 fused") in names
+        assert ("MEMCPY_OUT_FUSION_BUFFER", "grads.0 +1 fused") in names
+        assert ("MPI_ALLGATHER", "rows") in names and ("MPI_BROADCAST", "weights") in names
+    sizes = [e["args"]["bytes"] for e in events
+             if e["name"] == "MPI_ALLREDUCE" and e["args"]["tensors"] == "dense/kernel"]
+    assert sizes == [4000] * hvd.size()
+    assert all(e["dur"] >= 0 and e["ts"] > 0 for e in events if e["ph"] == "X")
+
+
+def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
+    from hvd_notebook.runtime import mpi_ops
+
+    negotiator = mpi_ops.runtime().negotiator
+    monkeypatch.setattr(negotiator, "stall_check_s", 1.0)
+    if hvd.rank() == 1:
+        time.sleep(3.0)  # rank 1 is late: rank 0 waits alone
+    hvd.allreduce(np.ones(2), name="late/tensor")
+    hvd.barrier()
+    err = capfd.readouterr().err
+    if hvd.rank() == 0:
+        assert "stall: rank 0 has waited" in err and "allreduce('late/tensor')" in err
+        assert "rank(s) [1] have not arrived" in err
+    else:
+        assert "stall" not in err
+
+
+def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
+    if os.environ.get("HVD_SKIP_SHUTDOWN_TEST"):
+        return
+    negotiator = hvd_negotiator()
+    monkeypatch.setattr(negotiator, "stall_shutdown_s", 1.5)
+    monkeypatch.setattr(negotiator, "stall_check_s", 100.0)
+    raised = None
+    if hvd.rank() == 0:
+        try:
+            hvd.barrier()
+        except hvd.StallError as exc:
+            raised = str(exc)
+        assert raised and "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in raised and "barrier" in raised
+    # the world is now out of step (rank 0 left a barrier pending): rank 1 completes it,
+    # and both carry on with a fresh agreement
+    if hvd.rank() == 1:
+        time.sleep(2.0)
+        hvd.barrier()
+
+
+def hvd_negotiator():
+    from hvd_notebook.runtime import mpi_ops
+
+    return mpi_ops.runtime().negotiator

@@ -1,0 +1,31 @@
+"""Runs tests/parallel/ inside a real 2-rank MPI world and requires every rank to pass."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvd_notebook.cluster import find_mpiexec
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))
+
+
+@pytest.mark.parametrize("test_file", FILES)
+def test_under_mpiexec(test_file, tmp_path):
+    env = {
+        **os.environ,
+        "HVD_PARALLEL": "1",
+        # a rank whose test fails early must not leave the other waiting forever
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    cmd = [find_mpiexec(None), "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=", "-o", "timeout=240", f"tests/parallel/{test_file}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
+    assert proc.stdout.count(" passed") == 2, proc.stdout[-4000:]  # one summary line per rank
