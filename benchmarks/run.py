@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_allreduce  # noqa: E402
 import bench_cluster  # noqa: E402
 from common import Context, Report  # noqa: E402
 
@@ -50,6 +51,11 @@ BENCHMARKS: list[Benchmark] = [
         "cluster",
         "%hvd start -n 2 and empty %%hvd cells vs plain ipyparallel (+ TF import) and %%px",
         bench_cluster.run,
+    ),
+    Benchmark(
+        "allreduce",
+        "hvd.allreduce / grouped_allreduce vs raw mpi4py Allreduce, check and timeline costs",
+        bench_allreduce.run,
     ),
 ]
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,26 +33,44 @@ class Timeline:
         self.mark_cycles = mark_cycles
         self.events = []
 
-    @contextmanager
-    def phase(self, name: str, tensors: str, nbytes: int) -> Iterator[None]:
-        """Record one phase of a collective (a Chrome-trace complete event)."""
+    def phase(self, name: str, tensors: str, nbytes: int) -> _Phase | _NoPhase:
+        """Record one phase of a collective (a Chrome-trace complete event) as a ``with`` block."""
         if self.path is None:
-            yield
-            return
-        start = time.time_ns()
-        try:
-            yield
-        finally:
-            self.events.append({
-                "name": name, "ph": "X", "ts": start / 1000, "dur": (time.time_ns() - start) / 1000,
-                "tid": 0, "args": {"tensors": tensors, "bytes": nbytes},
-            })
+            return _NO_PHASE
+        return _Phase(self.events, name, tensors, nbytes)
 
     def take(self) -> tuple[str | None, list[dict[str, Any]]]:
         """Stop recording; return the path and this rank's events."""
         path, events = self.path, self.events
         self.path, self.events = None, []
         return path, events
+
+
+class _NoPhase:
+    """What ``phase`` returns while the timeline is off: costs one attribute lookup."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NO_PHASE = _NoPhase()
+
+
+class _Phase:
+    def __init__(self, events: list[dict[str, Any]], name: str, tensors: str, nbytes: int) -> None:
+        self.events, self.name, self.tensors, self.nbytes = events, name, tensors, nbytes
+
+    def __enter__(self) -> None:
+        self.start = time.time_ns()
+
+    def __exit__(self, *exc: object) -> None:
+        self.events.append({
+            "name": self.name, "ph": "X", "ts": self.start / 1000, "dur": (time.time_ns() - self.start) / 1000,
+            "tid": 0, "args": {"tensors": self.tensors, "bytes": self.nbytes},
+        })
 
 
 def write_trace(path: str, events_by_rank: list[list[dict[str, Any]]]) -> None:

@@ -1,0 +1,68 @@
+"""The runtime's collectives against raw MPI on the same buffers, 2 ranks.
+
+- hvd.allreduce of a float32 TensorFlow tensor vs mpi4py's Allreduce on numpy
+  buffers of the same size (4 KiB .. 64 MiB): the runtime's overhead on top of
+  the MPI library. Target at >= 1 MiB: within 1.1x. At 4 KiB the per-call time
+  is also set against Horovod 0.28.1's (about 1.1 ms per call, measured on this
+  machine on TF 2.15, see ../shared/DESIGN.md): target under a quarter.
+- one grouped_allreduce of 200 x 16 KiB against 200 single calls: tensor
+  fusion's gain. Target: at least 20x faster.
+- the agreement check and the timeline, as fractions of a 1 MiB allreduce.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import Context, Report, Row
+
+HERE = Path(__file__).resolve().parent
+LARGE_TARGET = 1.1
+HOROVOD_4KIB_S = 1.1e-3  # Horovod 0.28.1, TF 2.15.1, 2 CPU ranks, this machine (DESIGN.md)
+HOROVOD_TARGET = 0.25
+GROUPED_TARGET = 1 / 20
+
+
+def run(ctx: Context) -> Report:
+    sys.path.insert(0, str(HERE.parent))
+    from hvd_notebook.cluster import find_mpiexec
+
+    out = Path(tempfile.mkdtemp()) / "allreduce.json"
+    cmd = [find_mpiexec(None), "-n", "2", sys.executable, str(HERE / "mpi_allreduce_worker.py"), str(out)]
+    if ctx.quick:
+        cmd.append("--quick")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the MPI worker failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    res = json.loads(out.read_text())
+
+    us = 1e6
+    rows = []
+    for nbytes, r in res["sizes"].items():
+        nbytes = int(nbytes)
+        label = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+        rows.append(Row(f"allreduce {label}: hvd (TF tensor) vs mpi4py Allreduce", "us",
+                        r["hvd_s"] * us, r["raw_mpi_s"] * us, LARGE_TARGET if nbytes >= 1 << 20 else None))
+    small = res["sizes"][str(4 << 10)]["hvd_s"]
+    rows.append(Row("allreduce 4 KiB: hvd vs Horovod 0.28.1 (1.1 ms, earlier run)", "us", small * us,
+                    HOROVOD_4KIB_S * us, HOROVOD_TARGET))
+    g = res["grouped"]
+    rows.append(Row("200 x 16 KiB: one grouped_allreduce vs 200 allreduce", "ms", g["grouped_s"] * 1e3,
+                    g["singles_s"] * 1e3, GROUPED_TARGET))
+    o = res["overheads"]
+    rows.append(Row("agreement check vs a 1 MiB allreduce", "us", o["check_s"] * us, o["allreduce_1mib_s"] * us))
+    rows.append(Row("1 MiB allreduce with timeline on vs off", "us", o["allreduce_1mib_timeline_s"] * us,
+                    o["allreduce_1mib_s"] * us))
+    notes = [
+        f"grouped_allreduce is {g['singles_s'] / g['grouped_s']:.0f}x faster than 200 single calls (target >= 20x)",
+        "medians; hvd and raw MPI calls interleaved, each after a barrier",
+    ]
+    if ctx.quick:
+        notes.append("--quick: few samples, figures are rough")
+    return Report(name="allreduce", title="hvd collectives vs raw MPI, 2 CPU ranks", ours_label="hvd",
+                  baseline_label="baseline", rows=rows, notes=notes, data={"raw": res})

@@ -1,0 +1,100 @@
+"""Runs inside `mpiexec -n 2` for bench_allreduce.py: times hvd collectives
+against raw mpi4py on the same buffers, interleaved, and rank 0 writes JSON.
+
+    mpiexec -n 2 python benchmarks/mpi_allreduce_worker.py OUT.json [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import hvd_notebook.runtime as hvd  # noqa: E402
+from hvd_notebook.runtime import mpi_ops  # noqa: E402
+from hvd_notebook.runtime.negotiation import Signature  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+
+def timed(fn, comm) -> float:
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_pair(ours, raw, reps: int, comm) -> tuple[float, float]:
+    """Interleave the two so drift hits both alike; return medians in seconds."""
+    for _ in range(max(2, reps // 10)):  # warm-up
+        ours(), raw()
+    a, b = [], []
+    for _ in range(reps):
+        a.append(timed(ours, comm))
+        b.append(timed(raw, comm))
+    return statistics.median(a), statistics.median(b)
+
+
+def main() -> None:
+    out_path, quick = sys.argv[1], "--quick" in sys.argv
+    hvd.init()
+    comm = MPI.COMM_WORLD.Dup()
+    results: dict = {"sizes": {}}
+
+    reps_for = {4 << 10: 2000, 1 << 20: 200, 16 << 20: 30, 64 << 20: 10}
+    for nbytes, reps in reps_for.items():
+        reps = max(3, reps // 10) if quick else reps
+        n = nbytes // 4
+        tensor = tf.random.uniform([n])
+        send = np.random.rand(n).astype(np.float32)
+        recv = np.empty_like(send)
+        ours, raw = median_pair(lambda tensor=tensor: hvd.allreduce(tensor, op=hvd.Sum),
+                                lambda send=send, recv=recv: comm.Allreduce(send, recv, op=MPI.SUM), reps, comm)
+        results["sizes"][str(nbytes)] = {"hvd_s": ours, "raw_mpi_s": raw, "reps": reps}
+
+    # 200 tensors of 16 KiB: one grouped call against 200 single calls
+    tensors = [tf.random.uniform([4096]) for _ in range(200)]
+    reps = 3 if quick else 10
+    grouped, singles = median_pair(lambda: hvd.grouped_allreduce(tensors, op=hvd.Sum),
+                                   lambda: [hvd.allreduce(t, op=hvd.Sum) for t in tensors], reps, comm)
+    results["grouped"] = {"grouped_s": grouped, "singles_s": singles, "tensors": 200, "bytes_each": 16384}
+
+    # the agreement check alone, repeated with the same signature, and the timeline's cost
+    negotiator = mpi_ops.runtime().negotiator
+    sig = Signature("allreduce", (("op", "Sum"), ("dtype", "float32"), ("shapes", ((262144,),))), "bench")
+    reps = 200 if quick else 2000
+    for _ in range(50):
+        negotiator.agree(sig)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        negotiator.agree(sig)
+    check_s = (time.perf_counter() - t0) / reps
+    mib = tf.random.uniform([1 << 18])
+    reps = 30 if quick else 200
+    off = statistics.median(timed(lambda: hvd.allreduce(mib, op=hvd.Sum), comm) for _ in range(reps))
+    path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "trace.json"), root_rank=0)
+    hvd.start_timeline(path)
+    on = statistics.median(timed(lambda: hvd.allreduce(mib, op=hvd.Sum), comm) for _ in range(reps))
+    hvd.stop_timeline()
+    results["overheads"] = {"check_s": check_s, "allreduce_1mib_s": off, "allreduce_1mib_timeline_s": on}
+
+    if hvd.rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=2)
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
