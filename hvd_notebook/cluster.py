@@ -47,6 +47,7 @@ class ClusterOptions:
     env: tuple[tuple[str, str], ...] = ()
     timeout: float = 120.0
     gpus: str = "auto"  # auto | none | comma-separated ids
+    backend: str = "auto"  # auto | builtin | horovod
 
 
 @dataclass
@@ -62,6 +63,7 @@ class RankInfo:
     local_size: int
     intra_op_threads: int
     inter_op_threads: int
+    backend: str
 
 
 def detect_gpus() -> list[str]:
@@ -254,7 +256,7 @@ class MPICluster:
         from .engine import bootstrap
 
         view = self.client[engine_ids]
-        ar = view.apply_async(bootstrap, self.gpus)
+        ar = view.apply_async(bootstrap, self.gpus, True, self.options.backend)
         if not ar.wait(max(1.0, deadline - time.monotonic())):
             raise ClusterError(
                 f"The engines did not finish setting up (importing TensorFlow, initialising "
@@ -281,6 +283,7 @@ class MPICluster:
                 rank=i["rank"], engine_id=i["engine_id"], host=i["host"], pid=i["pid"],
                 device=i["device"], local_rank=i["local_rank"], local_size=i["local_size"],
                 intra_op_threads=i["intra_op_threads"], inter_op_threads=i["inter_op_threads"],
+                backend=i["backend"],
             ) for i in infos),
             key=lambda r: r.rank,
         )

@@ -20,7 +20,33 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def bootstrap(gpus: list[str], import_tensorflow: bool = True) -> dict[str, Any]:
+BACKENDS = ("auto", "builtin", "horovod")
+
+
+def load_backend(backend: str) -> tuple[Any, str]:
+    """The module cells call ``hvd`` and a label for it: a real ``horovod.tensorflow``
+    for ``horovod`` (and for ``auto`` when it imports), else this package's runtime."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}.")
+    if backend in ("auto", "horovod"):
+        try:
+            import horovod
+            import horovod.tensorflow as horovod_tf
+
+            return horovod_tf, f"horovod {horovod.__version__}"
+        except Exception as exc:  # ImportError, or a horovod built for another TensorFlow
+            if backend == "horovod":
+                raise RuntimeError(
+                    f"--backend horovod: horovod.tensorflow does not import here ({type(exc).__name__}: "
+                    f"{exc}). Horovod 0.28.1 builds against TensorFlow <= 2.15 only; use --backend builtin "
+                    "(or auto) for hvd_notebook's own runtime."
+                ) from None
+    from . import runtime
+
+    return runtime, "builtin"
+
+
+def bootstrap(gpus: list[str], import_tensorflow: bool = True, backend: str = "auto") -> dict[str, Any]:
     """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
 
     ``gpus`` lists the GPU ids of this host that the cluster may use, one per
@@ -28,8 +54,7 @@ def bootstrap(gpus: list[str], import_tensorflow: bool = True) -> dict[str, Any]
     """
     from IPython import get_ipython
 
-    from . import runtime as hvd
-
+    hvd, backend_label = load_backend(backend)
     hvd.init()
     local_rank, local_size = hvd.local_rank(), hvd.local_size()
     if gpus:
@@ -75,6 +100,7 @@ def bootstrap(gpus: list[str], import_tensorflow: bool = True) -> dict[str, Any]
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "device": device,
+        "backend": backend_label,
         "intra_op_threads": intra,
         "inter_op_threads": inter,
     }

@@ -132,6 +132,8 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
                    help="seconds to wait for all engines to connect and set up (default 120)")
     p.add_argument("--gpus", default="auto", metavar="auto|none|LIST",
                    help="GPUs to pin ranks to by local rank (default auto: all visible)")
+    p.add_argument("--backend", default="auto", choices=["auto", "builtin", "horovod"],
+                   help="the hvd runtime: a real horovod where it imports (auto) or hvd_notebook's own")
 
 
 def _build_cell_parser(add_help: bool = True) -> _Parser:
@@ -207,17 +209,18 @@ class HvdMagics(Magics):
         if args.command == "start":
             options = ClusterOptions(
                 n=args.n, mpiexec=args.mpiexec, mpi_args=tuple(shlex.split(args.mpi_args)),
-                env=tuple(args.env), timeout=args.timeout, gpus=args.gpus,
+                env=tuple(args.env), timeout=args.timeout, gpus=args.gpus, backend=args.backend,
             )
             ranks = session.start(options, restart=args.restart)
-            print(f"Started {len(ranks)} MPI ranks.\n{format_rank_table(ranks)}")
+            print(f"Started {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
         elif args.command == "stop":
             print("Cluster stopped." if session.stop() else "No cluster was running.")
         elif args.command == "restart":
             ranks = session.restart()
-            print(f"Restarted {len(ranks)} MPI ranks.\n{format_rank_table(ranks)}")
+            print(f"Restarted {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
         elif args.command == "status":
-            print(format_status(session.status()))
+            rows = session.status()
+            print(f"hvd backend: {session.require().ranks[0].backend}\n{format_status(rows)}")
         elif args.command == "pull":
             self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
             print(f"Pulled {args.name!r} from rank {args.rank}.")

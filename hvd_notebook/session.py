@@ -76,14 +76,18 @@ class RankValue:
         return str(self.data.get("text/plain", ""))
 
 
+RUNTIME_WARNING = "[hvd_notebook] WARNING"  # the runtime's warnings (stalls) are shown from every rank
+
+
 class _Stream:
     """Forwards one rank's accumulated stdout or stderr, a complete line at a time,
-    each line prefixed with the rank."""
+    each line prefixed with the rank; with ``only``, just the lines containing it."""
 
-    def __init__(self, rank: int, name: str, write: Callable[[str], Any]):
+    def __init__(self, rank: int, name: str, write: Callable[[str], Any], only: str | None = None):
         self.prefix = f"[{rank}] "
         self.name = name
         self.write = write
+        self.only = only
         self.sent = 0
 
     def update(self, text: str, final: bool = False) -> None:
@@ -95,7 +99,12 @@ class _Stream:
         chunk = text[self.sent:end]
         self.sent = end
         lines = chunk.splitlines(keepends=True)
-        self.write("".join(self.prefix + line for line in lines) + ("" if chunk.endswith("\n") else "\n"))
+        if self.only is not None:
+            lines = [line for line in lines if self.only in line]
+            if not lines:
+                return
+        text = "".join(self.prefix + line for line in lines)
+        self.write(text if text.endswith("\n") else text + "\n")
 
 
 class Session:
@@ -188,6 +197,9 @@ class Session:
         streams = [
             (req, _Stream(req.rank, name, getattr(sys, name).write))
             for req in requests if req.rank in show for name in ("stdout", "stderr")
+        ] + [
+            (req, _Stream(req.rank, "stderr", sys.stderr.write, only=RUNTIME_WARNING))
+            for req in requests if req.rank not in show
         ]
         self.current_cell = code.strip().splitlines()[0][:60] if code.strip() else ""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -45,7 +45,7 @@ def main() -> int:
     nbformat.write(nb, TARGET)
 
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
-    table = re.search(r"Started \d+ MPI ranks\.\n((?:.+\n?)+?)(?:\n|$)", text)
+    table = re.search(r"Started \d+ MPI ranks[^\n]*\n((?:.+\n?)+?)(?:\n|$)", text)
     accuracies = re.findall(r"\[(\d+)\] test accuracy ([0-9.]+)", text)
     throughput = re.search(r"([0-9.]+) samples/s over (\d+) ranks", text)
 

@@ -193,3 +193,22 @@ def test_starting_twice_is_an_error(cluster, run):
     result, out = run("%hvd start -n 2")
     assert not result.success
     assert "already running" in out and "%hvd stop" in out and "--restart" in out
+
+
+def test_collectives_in_cells(cluster, run):
+    result, out = run("%%hvd\nimport numpy as np\nhvd.allreduce(np.arange(3.0) * (hvd.rank() + 1), op=hvd.Sum)")
+    assert result.success, out
+    assert repr(result.result) == "array([0., 3., 6.])"
+
+
+def test_stall_warning_of_any_rank_is_shown(cluster, run):
+    result, out = run(
+        "%%hvd\nimport time, numpy as np\nfrom hvd_notebook.runtime import mpi_ops\n"
+        "mpi_ops.runtime().negotiator.stall_check_s = 1.0\n"
+        "if hvd.rank() == 0:\n    time.sleep(3)\n"
+        "hvd.allreduce(np.ones(2), name='late')\n"
+        "mpi_ops.runtime().negotiator.stall_check_s = 60.0"
+    )
+    assert result.success, out
+    assert "[1] [hvd_notebook] WARNING: stall: rank 1 has waited" in out
+    assert "allreduce('late')" in out and "rank(s) [0] have not arrived" in out

@@ -27,7 +27,7 @@ def session(ip):
 def test_start_table_status_restart_stop(session, run):
     result, out = run("%hvd start -n 2 --env HVD_TEST_MARK=hello --timeout 90")
     assert result.success, out
-    assert "Started 2 MPI ranks." in out
+    assert "Started 2 MPI ranks (hvd: builtin)." in out
     assert "rank  host" in out and "device" in out and "threads (intra/inter)" in out
     first = session.cluster.pids()
     engine_pids = {r.pid for r in session.cluster.ranks}
@@ -39,7 +39,7 @@ def test_start_table_status_restart_stop(session, run):
     # GPU pinning by local rank: on this CPU-only machine TensorFlow finds no GPU
     # behind the id, but each rank must see exactly its own one
     result, out = run("%hvd start --restart -n 2 --gpus 0,1 --env HVD_TEST_MARK=again")
-    assert result.success and "Started 2 MPI ranks." in out
+    assert result.success and "Started 2 MPI ranks (hvd: builtin)." in out
     assert "GPU 0" in out and "GPU 1" in out
     assert_gone(first)
     second = session.cluster.pids()
@@ -47,7 +47,7 @@ def test_start_table_status_restart_stop(session, run):
     assert "[0] visible 0" in out and "[1] visible 1" in out
 
     result, out = run("%hvd restart")  # same options as the last start
-    assert result.success and "Restarted 2 MPI ranks." in out
+    assert result.success and "Restarted 2 MPI ranks (hvd: builtin)." in out
     assert_gone(second)
     result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
     assert "[1] mark again" in out
@@ -186,3 +186,24 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     assert_gone(first)
     result, out = run("%%hvd --all-output\nprint('back', hvd.rank())")
     assert "[0] back 0" in out and "[1] back 1" in out
+
+
+def test_backend_horovod_where_it_does_not_import(session, run):
+    """Horovod 0.28.1 does not build against TF 2.21: --backend horovod must say so and leave nothing."""
+    pytest.importorskip("tensorflow")
+    try:
+        import horovod.tensorflow  # noqa: F401
+
+        pytest.skip("horovod imports here: covered by make test-horovod")
+    except ImportError:
+        pass
+    with ProcessWatch() as watch:
+        result, out = run("%hvd start -n 2 --backend horovod")
+    assert not result.success
+    assert "--backend horovod: horovod.tensorflow does not import here" in out and "--backend builtin" in out
+    assert session.cluster is None
+    assert_gone(watch.seen)
+    result, out = run("%hvd start -n 2 --backend auto")
+    assert result.success and "(hvd: builtin)" in out
+    result, out = run("%hvd status")
+    assert "hvd backend: builtin" in out

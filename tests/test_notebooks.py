@@ -23,7 +23,7 @@ def test_quickstart_trains_on_two_ranks():
         out.get("text", "") + out.get("data", {}).get("text/plain", "")
         for c in nb.cells if c.cell_type == "code" for out in c.outputs
     )
-    assert "Started 2 MPI ranks." in text
+    assert "Started 2 MPI ranks (hvd: builtin)." in text
     assert "[0] rank 0 of 2: " in text and "[1] rank 1 of 2: " in text
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
     assert set(accuracies) == {0, 1}
