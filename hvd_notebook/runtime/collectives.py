@@ -34,7 +34,7 @@ def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
 def _name(name: str | None, kind: str, tensor: Any = None) -> str:
     if name:
         return str(name)
-    if tensor is not None and _is_tf(tensor):
+    if tensor is not None and _is_tf(tensor) and type(tensor).__name__ != "EagerTensor":  # eager ones have none
         try:
             return tensor.name  # graph tensors and variables have names
         except (AttributeError, ValueError):
@@ -172,15 +172,11 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
         return []
     compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
-    rt = mpi_ops.runtime()
-
-    def reduce_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return rt.allreduce(arrays, op, prescale_factor, postscale_factor, names)
-
     if _is_tf(compressed[0]):
-        reduced = _tf_grouped_allreduce(list(compressed), reduce_np, op, prescale_factor, postscale_factor)
+        reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor)
     else:
-        reduced = reduce_np([np.asarray(t) for t in compressed])
+        reduced = mpi_ops.runtime().allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
+                                              postscale_factor, names)
     return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
@@ -189,16 +185,19 @@ def _allreduce_out_dtype(dtype: Any, op: int) -> Any:
     return tf.float64 if op == Average and dtype.is_integer else dtype
 
 
-def _tf_grouped_allreduce(tensors: list[Any], reduce_np: Any, op: int, prescale: float, postscale: float) -> list[Any]:
+def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
+                          postscale: float) -> list[Any]:
     tf = _tf()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-    out_dtypes = [_allreduce_out_dtype(t.dtype, op) for t in tensors]
+    tensors = [t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in tensors]
     if not _recording():  # eager, no tape: skip custom_gradient's ~0.1 ms
-        return _on_tf(reduce_np, tensors, out_dtypes, [t.shape for t in tensors])
+        return _eager_grouped_allreduce(tensors, names, op, prescale, postscale)
 
     @tf.custom_gradient
     def reduce_tf(*xs: Any) -> Any:
-        outs = _on_tf(reduce_np, list(xs), out_dtypes, [x.shape for x in xs])
+        if tf.executing_eagerly():
+            outs = _eager_grouped_allreduce(list(xs), names, op, prescale, postscale)
+        else:
+            outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale)
 
         def grad(*dys: Any) -> Any:
             # Horovod: the gradient of an allreduce is the same allreduce of the gradient
@@ -207,6 +206,74 @@ def _tf_grouped_allreduce(tensors: list[Any], reduce_np: Any, op: int, prescale:
         return outs, grad
 
     return list(reduce_tf(*tensors))
+
+
+def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
+                             postscale: float) -> list[Any]:
+    """Host tensors are read in place (DLPack); each reduced fusion buffer becomes one
+    tensor without a copy, cut into the results by one ``tf.split``."""
+    tf = _tf()
+    arrays = [_to_numpy(t) for t in tensors]
+    try:
+        fused = mpi_ops.runtime().allreduce_fused(arrays, op, prescale, postscale, names)
+    except MismatchError as exc:
+        raise _tf_error(exc) from None
+    results: list[Any] = [None] * len(tensors)
+    timeline = mpi_ops.runtime().timeline
+    for group, buf, offsets in fused:
+        flat = _to_tf(buf, tf.as_dtype(buf.dtype))
+        if len(group) == 1 and buf.size == arrays[group[0]].size:
+            pieces = [flat]
+        else:  # the buffer holds padding between tensors (each starts 64-byte aligned)
+            sizes, end = [], 0
+            for i, off in zip(group, offsets):
+                sizes += [off - end, arrays[i].size]
+                end = off + arrays[i].size
+            with timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]),
+                                buf.nbytes):
+                pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
+        for i, piece in zip(group, pieces):
+            results[i] = piece if tensors[i].shape.rank == 1 else tf.reshape(piece, tensors[i].shape)
+    return results
+
+
+def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
+                             postscale: float) -> list[Any]:
+    """In a graph: TensorFlow packs each dtype's tensors into one flat tensor, one
+    ``numpy_function`` reduces it, TensorFlow splits it again."""
+    tf = _tf()
+    rt = mpi_ops.runtime()
+    threshold = mpi_ops.fusion_threshold()
+    groups: list[list[int]] = []
+    open_group: dict[Any, tuple[list[int], int]] = {}
+    for i, t in enumerate(tensors):
+        nbytes = (t.shape.num_elements() or 0) * t.dtype.size
+        members, total = open_group.get(t.dtype, ([], 0))
+        if members and (threshold <= 0 or total + nbytes > threshold):
+            members, total = [], 0
+        if not members:
+            groups.append(members)
+        members.append(i)
+        open_group[t.dtype] = (members, total + nbytes)
+    results: list[Any] = [None] * len(tensors)
+    for group in groups:
+        members = [tensors[i] for i in group]
+        shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in members)
+        label = [mpi_ops.fused_label([names[i] for i in group])]
+        out_dtype = _allreduce_out_dtype(members[0].dtype, op)
+
+        def reduce_flat(flat: np.ndarray, shapes: tuple = shapes, label: list[str] = label) -> np.ndarray:
+            ((_, buf, _),) = rt.allreduce_fused([flat], op, prescale, postscale, label, shapes)
+            return buf
+
+        flat = tf.concat([tf.reshape(t, [-1]) for t in members], 0)
+        out = tf.numpy_function(reduce_flat, [flat], Tout=out_dtype, stateful=True)
+        out.set_shape([None])
+        pieces = tf.split(out, [tf.size(t) for t in members]) if len(members) > 1 else [out]
+        for i, t, piece in zip(group, members, pieces):
+            results[i] = tf.reshape(piece, tf.shape(t))
+            results[i].set_shape(t.shape)
+    return results
 
 
 def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:

@@ -25,6 +25,11 @@ OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
 
 
+def fused_label(names: list[str]) -> str:
+    """How the timeline names a fusion buffer: its first tensor and how many more."""
+    return names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
+
+
 def fusion_threshold() -> int:
     """Bytes per fusion buffer, from ``HOROVOD_FUSION_THRESHOLD`` (0: no fusion)."""
     try:
@@ -77,19 +82,31 @@ class Runtime:
                   names: list[str]) -> list[np.ndarray]:
         """Reduce each array over all ranks; arrays of one dtype are fused into
         buffers of up to ``HOROVOD_FUSION_THRESHOLD`` bytes, one MPI call each."""
+        results: list[np.ndarray | None] = [None] * len(arrays)
+        for group, buf, offsets in self.allreduce_fused(arrays, op, prescale, postscale, names):
+            with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", fused_label([names[i] for i in group]), buf.nbytes):
+                for i, off in zip(group, offsets):
+                    results[i] = buf[off:off + arrays[i].size].reshape(arrays[i].shape)
+        return results  # type: ignore[return-value]
+
+    def allreduce_fused(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                        names: list[str], shapes: tuple | None = None) -> list[tuple[list[int], np.ndarray, list[int]]]:
+        """Like ``allreduce`` but returns, per fusion buffer, the indices of the
+        arrays in it, the reduced 1-D buffer and each array's element offset.
+        ``shapes`` replaces the arrays' own shapes in the agreement check (for a
+        buffer that TensorFlow packed from tensors of these shapes)."""
         if op == Adasum:
             raise NotImplementedError(
                 "op=hvd.Adasum is not supported by hvd_notebook's built-in runtime; use hvd.Average or hvd.Sum."
             )
         if op not in self._mpi_ops:
             raise ValueError(f"op={op!r} is not one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product.")
-        results: list[np.ndarray | None] = [None] * len(arrays)
+        out = []
         for group in self._fusion_groups(arrays):
-            outs = self._allreduce_group([arrays[i] for i in group], op, prescale, postscale,
-                                         [names[i] for i in group])
-            for i, out in zip(group, outs):
-                results[i] = out
-        return results  # type: ignore[return-value]
+            buf, offsets = self._allreduce_group([arrays[i] for i in group], op, prescale, postscale,
+                                                 [names[i] for i in group], shapes)
+            out.append((group, buf, offsets))
+        return out
 
     @staticmethod
     def _fusion_groups(arrays: list[np.ndarray]) -> list[list[int]]:
@@ -109,17 +126,17 @@ class Runtime:
         return groups
 
     def _allreduce_group(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
-                         names: list[str]) -> list[np.ndarray]:
+                         names: list[str], shapes: tuple | None = None) -> tuple[np.ndarray, list[int]]:
         dtype = arrays[0].dtype
-        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
+        label = fused_label(names)
         sig = Signature("allreduce", (("op", OP_NAMES[op]), ("dtype", _dtype_name(dtype)),
-                                      ("shapes", tuple(a.shape for a in arrays)),
+                                      ("shapes", shapes or tuple(a.shape for a in arrays)),
                                       ("prescale_factor", prescale), ("postscale_factor", postscale)), label)
         self._agree(sig, allow_joined=True)
         return self._reduce(arrays, op, prescale, postscale, label)
 
     def _reduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
-                label: str) -> list[np.ndarray]:
+                label: str) -> tuple[np.ndarray, list[int]]:
         """The data movement of one (fused) allreduce: the tensors are copied into
         one pooled buffer, each at a 64-byte aligned offset so that every result
         can become a TensorFlow tensor without a copy (``collectives._to_tf``), and
@@ -127,7 +144,8 @@ class Runtime:
         more than the copy costs, also for a single tensor)."""
         dtype = arrays[0].dtype
         work = _reduce_dtype(dtype)
-        offsets, total = _aligned_offsets([a.size for a in arrays], work.itemsize)
+        # offsets aligned for the narrower of the two dtypes the buffer will hold
+        offsets, total = _aligned_offsets([a.size for a in arrays], min(work.itemsize, dtype.itemsize))
         buf = aligned_empty(total, work)
         with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
             end = 0
@@ -144,10 +162,16 @@ class Runtime:
             buf = buf / self.size if buf.dtype.kind in "iub" else _scale(buf, 1.0 / self.size)
         if postscale != 1.0:
             buf = _scale(buf, postscale)
-        out_dtype = buf.dtype if (op == Average and dtype.kind in "iub") else dtype
-        with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, buf.nbytes):
-            return [buf[off:off + a.size].reshape(a.shape).astype(out_dtype, copy=False)
-                    for a, off in zip(arrays, offsets)]
+        if buf.dtype != dtype and not (op == Average and dtype.kind in "iub"):
+            with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, buf.nbytes):
+                half = aligned_empty(buf.size, dtype)  # back from float32 to float16/bfloat16
+                half[:] = buf
+                buf = half
+        elif buf.__array_interface__["data"][0] % ALIGN_BYTES:  # integers averaged into a new float64 array
+            aligned = aligned_empty(buf.size, buf.dtype)
+            aligned[:] = buf
+            buf = aligned
+        return buf, offsets
 
     # ------------------------------------------------------------ allgather
     def allgather(self, arrays: list[np.ndarray], names: list[str]) -> list[np.ndarray]:
