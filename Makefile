@@ -8,7 +8,7 @@ TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test lab bench clean
+.PHONY: install demo test test-horovod lab bench clean
 
 install: $(STAMP)
 
@@ -24,6 +24,13 @@ demo: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The horovod backend against a real Horovod 0.28.1 (built once, ~15 min, cached
+# outside the repository); not part of `make test`.
+HOROVOD_ENV ?= $(HOME)/.cache/hvd_notebook/horovod-tf2.15
+test-horovod:
+	HVD_HOROVOD_ENV=$(HOROVOD_ENV) bash scripts/horovod-env.sh
+	HVD_TEST_BACKEND=horovod HVD_NOTEBOOK_GPUS= $(HOROVOD_ENV)/bin/python -m pytest tests/test_backends.py $(PYTEST_ARGS)
 
 lab: install
 	$(PY) -m ipykernel install --sys-prefix --name hvd-tensorflow --display-name "Python 3 (hvd_notebook)"

@@ -212,3 +212,23 @@ def test_stall_warning_of_any_rank_is_shown(cluster, run):
     assert result.success, out
     assert "[1] [hvd_notebook] WARNING: stall: rank 1 has waited" in out
     assert "allreduce('late')" in out and "rank(s) [0] have not arrived" in out
+
+
+def test_interrupt_in_a_collective_then_a_clear_way_out(cluster, run):
+    """Rank 1 waits in an allreduce that rank 0 never reaches; the timeout interrupts both.
+    MPI cannot cancel rank 1's half-done collective: its next one says to restart, and the
+    rank that is then left inside MPI gets a fresh world."""
+    result, out = run(
+        "%%hvd --timeout 2\nimport time, numpy as np\n"
+        "if hvd.rank() == 0:\n    time.sleep(30)\nelse:\n    hvd.allreduce(np.ones(2))"
+    )
+    assert not result.success and "were still running" in out
+    assert "interrupted; their variables are kept" in out  # both responded: no MPI call was blocking
+    result, out = run("%%hvd\nimport numpy as np\nhvd.allreduce(np.ones(2))")
+    assert not result.success
+    assert "can no longer agree on collectives" in out and "%hvd restart" in out
+    result, out = run("%%hvd --all-output\nimport numpy as np\nprint('ok', hvd.allreduce(np.ones(2), op=hvd.Sum))")
+    if not result.success:  # the session restarted the world after the failed cell
+        result, out = run("%%hvd --all-output\nimport numpy as np\nprint('ok', hvd.allreduce(np.ones(2), op=hvd.Sum))")
+    assert result.success, out
+    assert "[0] ok [2. 2.]" in out and "[1] ok [2. 2.]" in out

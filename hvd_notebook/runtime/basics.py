@@ -59,6 +59,11 @@ def init(comm: Any = None) -> None:
         cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
         local_sizes = comm.allgather(local_comm.Get_size())
         _world = _World(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
+    from . import mpi_ops
+
+    # now, while every rank is here: it duplicates a communicator, a blocking
+    # collective that must not wait for a rank's first hvd.allreduce
+    mpi_ops.runtime()
     timeline = os.environ.get("HOROVOD_TIMELINE")
     if timeline:
         from .collectives import start_timeline

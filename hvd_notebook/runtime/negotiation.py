@@ -92,6 +92,7 @@ class Negotiator:
         self._hashes: dict[Signature, int] = {}
         self._buf = np.zeros(2, dtype=np.int64)
         self._abandoned: list[tuple[Any, np.ndarray]] = []
+        self.broken = ""  # why collectives are refused after one was abandoned
         self.stall_check_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self.stall_check_enabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") in ("0", "", "false")
@@ -109,9 +110,23 @@ class Negotiator:
             h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
         buf = self._buf
         buf[0], buf[1] = h, -h
+        if self.broken:
+            raise StallError(self.broken)
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
         if not request.Test():
-            self._wait(request, sig)
+            try:
+                self._wait(request, sig)
+            except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
+                # MPI cannot cancel a collective: keep the request and its buffer alive, and
+                # refuse further collectives, which would pair with the wrong calls on other ranks
+                self._abandoned.append((request, self._buf))
+                self._buf = np.zeros(2, dtype=np.int64)
+                self.broken = (
+                    f"rank {self.rank} left {sig.describe()} (collective #{self.seq}) before every rank "
+                    f"arrived ({type(exc).__name__}), so the ranks can no longer agree on collectives. "
+                    "Restart the ranks (%hvd restart in a notebook); their variables are lost."
+                )
+                raise
         if buf[0] == -buf[1]:
             return None
         return self.comm.allgather(sig)
@@ -135,9 +150,6 @@ class Negotiator:
                     warned = True
                     self._report_stall(request, sig, now - start)
                 if self.stall_shutdown_s > 0 and now - start >= self.stall_shutdown_s:
-                    # MPI cannot cancel a collective: keep the request and its buffer alive
-                    self._abandoned.append((request, self._buf))
-                    self._buf = np.zeros(2, dtype=np.int64)
                     raise StallError(
                         f"rank {self.rank} waited {now - start:.0f} s in {sig.describe()} (collective "
                         f"#{self.seq}) past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}; "
