@@ -243,18 +243,7 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     ``numpy_function`` reduces it, TensorFlow splits it again."""
     tf = _tf()
     rt = mpi_ops.runtime()
-    threshold = mpi_ops.fusion_threshold()
-    groups: list[list[int]] = []
-    open_group: dict[Any, tuple[list[int], int]] = {}
-    for i, t in enumerate(tensors):
-        nbytes = (t.shape.num_elements() or 0) * t.dtype.size
-        members, total = open_group.get(t.dtype, ([], 0))
-        if members and (threshold <= 0 or total + nbytes > threshold):
-            members, total = [], 0
-        if not members:
-            groups.append(members)
-        members.append(i)
-        open_group[t.dtype] = (members, total + nbytes)
+    groups = mpi_ops.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
         members = [tensors[i] for i in group]

@@ -25,6 +25,23 @@ OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024  # bytes, as Horovod's HOROVOD_FUSION_THRESHOLD
 
 
+def fusion_groups(items: list[tuple[Any, int]]) -> list[list[int]]:
+    """Indices of ``(dtype, nbytes)`` items grouped by dtype, in order, each
+    group's bytes within ``HOROVOD_FUSION_THRESHOLD`` (one tensor per group at 0)."""
+    threshold = fusion_threshold()
+    groups: list[list[int]] = []
+    open_group: dict[Any, tuple[list[int], int]] = {}
+    for i, (key, nbytes) in enumerate(items):
+        members, total = open_group.get(key, ([], 0))
+        if members and (threshold <= 0 or total + nbytes > threshold):
+            members, total = [], 0
+        if not members:
+            groups.append(members)
+        members.append(i)
+        open_group[key] = (members, total + nbytes)
+    return groups
+
+
 def fused_label(names: list[str]) -> str:
     """How the timeline names a fusion buffer: its first tensor and how many more."""
     return names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
@@ -110,20 +127,7 @@ class Runtime:
 
     @staticmethod
     def _fusion_groups(arrays: list[np.ndarray]) -> list[list[int]]:
-        """Indices grouped by dtype, in order, each group's bytes within the threshold."""
-        threshold = fusion_threshold()
-        groups: list[list[int]] = []
-        open_group: dict[str, tuple[list[int], int]] = {}
-        for i, arr in enumerate(arrays):
-            key = arr.dtype.str
-            members, nbytes = open_group.get(key, ([], 0))
-            if members and (threshold <= 0 or nbytes + arr.nbytes > threshold):
-                members, nbytes = [], 0
-            if not members:
-                groups.append(members)
-            members.append(i)
-            open_group[key] = (members, nbytes + arr.nbytes)
-        return groups
+        return fusion_groups([(a.dtype.str, a.nbytes) for a in arrays])
 
     def _allreduce_group(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
                          names: list[str], shapes: tuple | None = None) -> tuple[np.ndarray, list[int]]:
