@@ -35,6 +35,7 @@ from .collectives import (
     Min,
     Product,
     Sum,
+    XLAUnsupportedError,
     allgather,
     allgather_object,
     allreduce,
@@ -54,8 +55,21 @@ from .collectives import (
 from .compression import Compression
 from .negotiation import MismatchError, StallError
 
+
+def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only when used
+    if name in ("DistributedOptimizer", "DistributedGradientTape", "shard", "scale_lr"):
+        from . import training as _training
+
+        return getattr(_training, name)
+    if name == "callbacks":
+        import importlib
+
+        return importlib.import_module(".callbacks", __name__)
+    raise AttributeError(f"module 'hvd_notebook.runtime' has no attribute {name!r}")
+
 __all__ = [
-    "Adasum", "Average", "Compression", "Max", "Min", "MismatchError", "Product", "StallError", "Sum",
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "callbacks",
+    "scale_lr", "shard", "Max", "Min", "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",

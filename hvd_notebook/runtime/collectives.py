@@ -123,6 +123,24 @@ def _recording() -> bool:
     return record.could_possibly_record()
 
 
+class XLAUnsupportedError(TypeError):
+    """An hvd collective was traced into an XLA-compiled function."""
+
+
+def _check_not_xla() -> None:
+    """Collectives run on the host through ``tf.numpy_function``, which XLA cannot
+    compile: say so at trace time, with the fix, instead of XLA's own error."""
+    from tensorflow.python.framework import ops
+    from tensorflow.python.ops import control_flow_util
+
+    if control_flow_util.GraphOrParentsInXlaContext(ops.get_default_graph()):
+        raise XLAUnsupportedError(
+            "hvd collectives cannot run inside an XLA-compiled function (jit_compile=True; Keras turns it on "
+            "by itself where a GPU is visible). Compile the model with model.compile(..., jit_compile=False), "
+            "or use tf.function(jit_compile=False)."
+        )
+
+
 def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any]) -> list[Any]:
     """Run ``fn(list of numpy) -> list of numpy`` on TensorFlow tensors."""
     tf = _tf()
@@ -132,6 +150,8 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
         except MismatchError as exc:
             raise _tf_error(exc) from None
         return [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
+
+    _check_not_xla()
 
     def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(list(arrays)), out_dtypes)]
@@ -242,6 +262,7 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     """In a graph: TensorFlow packs each dtype's tensors into one flat tensor, one
     ``numpy_function`` reduces it, TensorFlow splits it again."""
     tf = _tf()
+    _check_not_xla()
     rt = mpi_ops.runtime()
     groups = mpi_ops.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)

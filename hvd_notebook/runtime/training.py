@@ -1,0 +1,174 @@
+"""Keras 3 training on the runtime: ``DistributedOptimizer``,
+``DistributedGradientTape``, ``shard`` and ``scale_lr``.
+
+Horovod's Keras layer stops at Keras 2. Here ``DistributedOptimizer(opt)``
+returns an optimizer of a subclass of ``type(opt)`` built from the same config,
+whose ``apply`` first averages the gradients over all ranks with one fused
+``grouped_allreduce``: inside ``model.fit``'s compiled step that is a single
+``tf.numpy_function`` around MPI.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from . import basics
+from .collectives import allreduce, grouped_allreduce
+from .compression import Compression
+from .mpi_ops import Adasum, Average, Sum
+
+
+def _reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_dense: bool,
+                      predivide: float) -> list[Any]:
+    """Average (or sum) gradients over ranks: dense ones fused, sparse ones allgathered."""
+    import tensorflow as tf
+
+    if op == Adasum:
+        raise NotImplementedError("op=hvd.Adasum is not supported by hvd_notebook; use hvd.Average or hvd.Sum.")
+    prescale, postscale, reduce_op = 1.0, 1.0, op
+    if op == Average and predivide != 1.0:  # as Horovod: divide before and after the sum
+        prescale, postscale, reduce_op = 1.0 / predivide, predivide / basics.size(), Sum
+    out: list[Any] = list(grads)
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                out[i] = g = tf.convert_to_tensor(g)
+            else:
+                out[i] = allreduce(g, op=op)
+                continue
+        dense.append(i)
+    if dense:
+        reduced = grouped_allreduce([out[i] for i in dense], op=reduce_op, compression=compression,
+                                    prescale_factor=prescale, postscale_factor=postscale)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+    return out
+
+
+def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
+                         gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
+                         device_dense: str = "", device_sparse: str = "", process_set: Any = None) -> Any:
+    """Wrap a Keras 3 optimizer so that gradients are reduced over all ranks before each update.
+
+    >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
+    >>> model.compile(opt, loss="sparse_categorical_crossentropy")
+
+    ``backward_passes_per_step=k`` accumulates k local steps (Keras's own
+    gradient accumulation) and reduces once per k, summing the k gradients
+    unless ``average_aggregated_gradients``.
+    """
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer, not {type(optimizer).__name__}.")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step} must be at least 1.")
+    if op not in (Average, Sum, Adasum):
+        raise ValueError("DistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
+    base = type(optimizer)
+    settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                    predivide=gradient_predivide_factor)
+    k = backward_passes_per_step
+
+    class _Distributed(base):  # type: ignore[misc, valid-type]
+        _hvd_settings = settings
+        _hvd_passes = k
+        _hvd_average_aggregated = average_aggregated_gradients
+
+        def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+            grads = list(grads)
+            if self._hvd_passes == 1:
+                grads = _reduce_gradients(grads, **self._hvd_settings)
+            return super().apply(grads, trainable_variables)
+
+        def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
+            if self._hvd_passes > 1:  # Keras hands over the mean of the k accumulated gradients
+                grads = _reduce_gradients(list(grads), **self._hvd_settings)
+                if not self._hvd_average_aggregated:
+                    grads = [None if g is None else g * self._hvd_passes for g in grads]
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+
+    _Distributed.__name__ = _Distributed.__qualname__ = f"Distributed{base.__name__}"
+    config = optimizer.get_config()
+    if k > 1:
+        config["gradient_accumulation_steps"] = k
+    if name:
+        config["name"] = name
+    return _Distributed.from_config(config)
+
+
+class DistributedGradientTape:
+    """A ``tf.GradientTape`` whose ``gradient()`` returns gradients reduced over all ranks.
+
+    >>> with tf.GradientTape() as tape:
+    ...     loss = loss_fn(model(x), y)
+    >>> tape = hvd.DistributedGradientTape(tape)
+    >>> grads = tape.gradient(loss, model.trainable_variables)
+    """
+
+    def __init__(self, gradtape: Any, device_dense: str = "", device_sparse: str = "",
+                 compression: Any = Compression.none, sparse_as_dense: bool = False, op: int = Average,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                 process_set: Any = None) -> None:
+        self._tape = gradtape
+        self._settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+                              predivide=gradient_predivide_factor)
+
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
+        import tensorflow as tf
+
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
+        flat = tf.nest.flatten(grads)
+        return tf.nest.pack_sequence_as(grads, _reduce_gradients(flat, **self._settings))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tape, name)
+
+    def __enter__(self) -> DistributedGradientTape:
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._tape.__exit__(*exc)
+
+
+def shard(data: Any) -> Any:
+    """This rank's part of ``data``: rows ``rank, rank + size, rank + 2*size, ...``.
+
+    A numpy array (or anything indexable by a slice), a tuple or list of them
+    (sharded alike, so features and labels stay paired), or a
+    ``tf.data.Dataset``. Arrays keep ``len // size`` rows on every rank, so
+    that every rank runs the same number of steps (a rank with one batch more
+    would wait for the others in its extra allreduce); the last ``len % size``
+    rows are dropped. A dataset is ``dataset.shard(size, rank)``, which gives
+    the first ``len % size`` ranks one element more: batch it with
+    ``drop_remainder=True`` or repeat it.
+    """
+    size, rank = basics.size(), basics.rank()
+    if isinstance(data, (tuple, list)):
+        return type(data)(shard(d) for d in data)
+    if type(data).__module__.startswith("tensorflow") and hasattr(data, "shard"):
+        return data.shard(size, rank)
+    keep = (len(data) // size) * size
+    return data[rank:keep:size]
+
+
+def scale_lr(base_lr: float, rule: str = "linear") -> float:
+    """The learning rate for ``size()`` ranks from one tuned for one rank.
+
+    ``linear`` (Goyal et al. 2017: ``base_lr * size``, pair it with
+    ``LearningRateWarmupCallback``) or ``sqrt`` (``base_lr * sqrt(size)``,
+    often better for adaptive optimizers such as Adam)."""
+    if rule == "linear":
+        return base_lr * basics.size()
+    if rule == "sqrt":
+        return base_lr * math.sqrt(basics.size())
+    raise ValueError(f"scale_lr(rule={rule!r}): use 'linear' or 'sqrt'.")
+
+
+__all__ = ["DistributedGradientTape", "DistributedOptimizer", "scale_lr", "shard"]
