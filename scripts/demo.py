@@ -52,7 +52,7 @@ def main() -> int:
     print()
     if table:
         print(table.group(0).rstrip())
-    for rank, acc in accuracies:
+    for rank, acc in sorted(accuracies):
         print(f"rank {rank}: final test accuracy {float(acc):.3f}")
     if throughput:
         print(f"training throughput: {float(throughput.group(1)):.0f} samples/s over {throughput.group(2)} ranks")

@@ -28,6 +28,6 @@ def test_quickstart_trains_on_two_ranks():
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
     assert set(accuracies) == {0, 1}
     assert all(a > 0.85 for a in accuracies.values()), accuracies
-    assert accuracies[0] == accuracies[1]  # the ranks hold the same averaged model
+    assert accuracies[0] == accuracies[1]  # different seeds, one model: the broadcast and the optimizer worked
     assert "Cluster stopped." in text
     assert cluster_processes() <= before
