@@ -57,7 +57,7 @@ from .negotiation import MismatchError, StallError
 
 
 def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only when used
-    if name in ("DistributedOptimizer", "DistributedGradientTape", "shard", "scale_lr"):
+    if name in ("DistributedOptimizer", "DistributedGradientTape", "load_model", "shard", "scale_lr"):
         from . import training as _training
 
         return getattr(_training, name)
@@ -68,11 +68,11 @@ def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only
     raise AttributeError(f"module 'hvd_notebook.runtime' has no attribute {name!r}")
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "callbacks",
-    "scale_lr", "shard", "Max", "Min", "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError",
-    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled",
-    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous",
-    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
-    "nccl_built", "rank", "reducescatter", "shutdown", "size", "start_timeline", "stop_timeline",
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
+    "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError", "allgather", "allgather_object",
+    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "callbacks",
+    "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join",
+    "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "rank", "reducescatter", "scale_lr", "shard", "shutdown", "size", "start_timeline", "stop_timeline",
 ]

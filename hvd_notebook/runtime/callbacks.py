@@ -7,6 +7,7 @@ from typing import Any
 import keras
 import numpy as np
 
+from . import basics
 from .collectives import allreduce, broadcast_variables
 
 
@@ -56,4 +57,116 @@ class MetricAverageCallback(keras.callbacks.Callback):
             logs[k] = float(v)
 
 
-__all__ = ["BroadcastGlobalVariablesCallback", "MetricAverageCallback"]
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from
+    ``start_epoch`` until before ``end_epoch``, as Horovod's callback.
+
+    ``multiplier`` is a number or a function of the epoch. With ``staircase``
+    the rate changes at the start of each epoch; without, at every batch, with
+    the epoch counted fractionally (``epoch + batch / steps_per_epoch``).
+    ``steps_per_epoch`` defaults to what ``fit`` reports.
+
+    ``momentum_correction`` (Goyal et al.) scales momentum by new/old rate for
+    the step where the rate changes; Keras 3 compiles an optimizer's momentum
+    into the training step as a constant, so it applies only to optimizers
+    whose ``momentum`` is a variable, and is skipped otherwise.
+    """
+
+    def __init__(self, initial_lr: float, multiplier: Any, start_epoch: int = 0, end_epoch: int | None = None,
+                 staircase: bool = True, momentum_correction: bool = True, steps_per_epoch: int | None = None,
+                 verbose: int = 0) -> None:
+        super().__init__()
+        self.initial_lr = initial_lr
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch, self.end_epoch = start_epoch, end_epoch
+        self.staircase, self.momentum_correction = staircase, momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.verbose = verbose
+        self.current_epoch = 0
+
+    def _active(self, epoch: float) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _set(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        old = float(optimizer.learning_rate)
+        new = self.initial_lr * self.multiplier(epoch)
+        optimizer.learning_rate = new  # Keras assigns its learning-rate variable
+        momentum = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and old > 0 and hasattr(momentum, "assign"):
+            self._restore_momentum = float(momentum)
+            momentum.assign(float(momentum) * new / old)
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps") or 1
+        self._restore_momentum = None
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.current_epoch = epoch
+        if self.staircase and self._active(epoch):
+            self._set(epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        epoch = self.current_epoch + batch / self.steps_per_epoch
+        if not self.staircase and self._active(self.current_epoch):
+            self._set(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._restore_momentum is not None:
+            self.model.optimizer.momentum.assign(self._restore_momentum)
+            self._restore_momentum = None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = float(self.model.optimizer.learning_rate)
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Warm-up for large batches (Goyal et al. 2017): ramp the learning rate from
+    ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs``, a little
+    at every batch: ``lr = initial_lr / size * (e * (size - 1) / warmup_epochs + 1)``
+    with ``e = epoch + (batch + 1) / steps_per_epoch``, as Horovod computes it.
+
+    >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(hvd.scale_lr(0.01)))
+    >>> callbacks = [hvd.callbacks.LearningRateWarmupCallback(hvd.scale_lr(0.01), warmup_epochs=3)]
+    """
+
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch  # round figures at the end of each epoch, as Horovod
+            return 1.0 / basics.size() * (epoch * (basics.size() - 1) / warmup_epochs + 1)
+
+        super().__init__(initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+                         momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch,
+                         verbose=verbose)
+        self.warmup_epochs = warmup_epochs
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.warmup_epochs - 1 and self.verbose and basics.rank() == 0:
+            print(f"Epoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{float(self.model.optimizer.learning_rate):g}.")
+
+
+class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ``ModelCheckpoint``, saving on rank 0 only (every rank holds the
+    same model; several ranks writing one file would corrupt it)."""
+
+    def _save_model(self, epoch: int, batch: Any, logs: Any) -> None:
+        if basics.rank() == 0:
+            super()._save_model(epoch, batch, logs)
+
+
+class BestModelCheckpoint(ModelCheckpoint):
+    """Save the best model so far (by ``monitor``), on rank 0 only, as Horovod's."""
+
+    def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
+                 save_freq: Any = "epoch") -> None:
+        super().__init__(filepath=filepath, monitor=monitor, verbose=verbose, save_best_only=True,
+                         save_weights_only=False, mode=mode, save_freq=save_freq)
+
+
+__all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback", "LearningRateScheduleCallback",
+           "LearningRateWarmupCallback", "MetricAverageCallback", "ModelCheckpoint"]

@@ -137,6 +137,37 @@ class DistributedGradientTape:
         return self._tape.__exit__(*exc)
 
 
+def load_model(filepath: str, custom_optimizers: list[Any] | None = None, custom_objects: dict | None = None,
+               compression: Any = Compression.none) -> Any:
+    """Load a model saved (on rank 0) with a ``DistributedOptimizer``; its optimizer
+    is wrapped again, with its state (step count, moments) restored.
+
+    Every rank loads the same file: either put it where all ranks see it, or
+    load on rank 0 and broadcast with ``BroadcastGlobalVariablesCallback``.
+    ``custom_optimizers`` lists the classes of your own optimizers.
+    """
+    import keras
+
+    objects = dict(custom_objects or {})
+    classes = [c for c in vars(keras.optimizers).values()
+               if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)]
+    for cls in classes + list(custom_optimizers or []):
+        objects[f"Distributed{cls.__name__}"] = _rewrapping(cls, compression)
+    return keras.models.load_model(filepath, custom_objects=objects)
+
+
+def _rewrapping(cls: Any, compression: Any) -> Any:
+    """A stand-in class that Keras's deserialisation calls to rebuild a wrapped optimizer."""
+
+    def from_config(_: Any, config: dict, custom_objects: Any = None) -> Any:
+        config = dict(config)
+        passes = config.pop("gradient_accumulation_steps", None) or 1
+        return DistributedOptimizer(cls.from_config(config), compression=compression,
+                                    backward_passes_per_step=passes)
+
+    return type(f"Distributed{cls.__name__}", (cls,), {"from_config": classmethod(from_config)})
+
+
 def shard(data: Any) -> Any:
     """This rank's part of ``data``: rows ``rank, rank + size, rank + 2*size, ...``.
 
@@ -171,4 +202,4 @@ def scale_lr(base_lr: float, rule: str = "linear") -> float:
     raise ValueError(f"scale_lr(rule={rule!r}): use 'linear' or 'sqrt'.")
 
 
-__all__ = ["DistributedGradientTape", "DistributedOptimizer", "scale_lr", "shard"]
+__all__ = ["DistributedGradientTape", "DistributedOptimizer", "load_model", "scale_lr", "shard"]

@@ -171,3 +171,97 @@ def test_jit_compile_gives_a_clear_error(hvd, keras):
                   jit_compile=True)
     with pytest.raises(hvd.XLAUnsupportedError, match=r"jit_compile=False"):
         model.fit(*hvd.shard(data()), batch_size=16, epochs=1, verbose=0)
+
+
+class RecordLR:
+    """Records the learning rate each training batch starts with."""
+
+    def __init__(self, keras):
+        outer = self
+        self.rates = []
+
+        class _CB(keras.callbacks.Callback):
+            def on_train_batch_begin(self, batch, logs=None):
+                outer.rates.append(float(self.model.optimizer.learning_rate))
+
+        self.callback = _CB()
+
+
+def test_warmup_follows_goyal_et_al(hvd, keras):
+    x, y = hvd.shard(data(n=64))  # 32 rows per rank, batch 8: 4 steps per epoch
+    model = model_for(keras, seed=8)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy")
+    record = RecordLR(keras)
+    initial, warmup, steps, n = 0.4, 2, 4, hvd.size()
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+              callbacks=[hvd.callbacks.LearningRateWarmupCallback(initial, warmup_epochs=warmup), record.callback])
+    expected = []
+    for epoch in range(3):
+        for batch in range(steps):
+            if epoch < warmup:
+                e = epoch + batch / steps + 1 / steps
+                expected.append(initial / n * (e * (n - 1) / warmup + 1))
+            else:
+                expected.append(expected[-1])  # the schedule stops at the end of the warm-up
+    np.testing.assert_allclose(record.rates, expected, rtol=1e-6)
+    assert record.rates[0] == pytest.approx(initial / n * (0.25 * (n - 1) / warmup + 1))
+    assert record.rates[warmup * steps - 1] == pytest.approx(initial)
+
+
+def test_schedule_callback_staircase_and_smooth(hvd, keras):
+    x, y = hvd.shard(data(n=64))
+    for staircase in (True, False):
+        model = model_for(keras, seed=9)
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy")
+        record = RecordLR(keras)
+        cb = hvd.callbacks.LearningRateScheduleCallback(1.0, lambda e: 0.5 ** e, start_epoch=1, end_epoch=3,
+                                                        staircase=staircase)
+        model.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[cb, record.callback])
+        by_epoch = [record.rates[i * 4:(i + 1) * 4] for i in range(4)]
+        assert by_epoch[0] == [pytest.approx(0.1)] * 4  # before start_epoch: untouched
+        if staircase:
+            assert by_epoch[1] == [pytest.approx(0.5)] * 4 and by_epoch[2] == [pytest.approx(0.25)] * 4
+        else:
+            np.testing.assert_allclose(by_epoch[1], [0.5 ** (1 + b / 4) for b in range(4)], rtol=1e-6)
+        assert by_epoch[3] == [pytest.approx(by_epoch[2][-1])] * 4  # after end_epoch: kept
+
+
+def test_checkpoints_on_rank_0_and_resume(hvd, keras, tmp_path_factory):
+    folder = hvd.broadcast_object(str(tmp_path_factory.mktemp("ckpt")), root_rank=0)
+    x, y = hvd.shard(data(n=64))
+
+    def fresh():
+        model = model_for(keras, seed=11)
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="sparse_categorical_crossentropy")
+        return model
+
+    continuous = fresh()
+    path = f"{folder}/rank{hvd.rank()}-epoch{{epoch}}.keras"
+    continuous.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+                   callbacks=[hvd.callbacks.ModelCheckpoint(path)])
+    hvd.barrier()
+    import os
+
+    written = sorted(os.listdir(folder))
+    assert written == ["rank0-epoch1.keras", "rank0-epoch2.keras"]  # rank 1 wrote nothing
+
+    resumed = hvd.load_model(f"{folder}/rank0-epoch1.keras")
+    assert type(resumed.optimizer).__name__ == "DistributedAdam"
+    assert int(resumed.optimizer.iterations) == 4
+    resumed.fit(x, y, batch_size=8, epochs=2, initial_epoch=1, shuffle=False, verbose=0)
+    for a, b in zip(resumed.get_weights(), continuous.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    same_on_every_rank(hvd, resumed.get_weights())
+
+
+def test_best_model_checkpoint_on_rank_0(hvd, keras, tmp_path_factory):
+    folder = hvd.broadcast_object(str(tmp_path_factory.mktemp("best")), root_rank=0)
+    x, y = hvd.shard(data(n=64))
+    model = model_for(keras, seed=12)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
+              callbacks=[hvd.callbacks.BestModelCheckpoint(f"{folder}/best-rank{hvd.rank()}.keras")])
+    hvd.barrier()
+    import os
+
+    assert sorted(os.listdir(folder)) == ["best-rank0.keras"]
