@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_allreduce  # noqa: E402
 import bench_cluster  # noqa: E402
+import bench_keras  # noqa: E402
 from common import Context, Report  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "build" / "bench"
@@ -56,6 +57,11 @@ BENCHMARKS: list[Benchmark] = [
         "allreduce",
         "hvd.allreduce / grouped_allreduce vs raw mpi4py Allreduce, check and timeline costs",
         bench_allreduce.run,
+    ),
+    Benchmark(
+        "keras",
+        "DistributedOptimizer: 1 -> 2 ranks scaling efficiency, wrapper cost on one rank",
+        bench_keras.run,
     ),
 ]
 
