@@ -256,7 +256,7 @@ class MPICluster:
         from .engine import bootstrap
 
         view = self.client[engine_ids]
-        ar = view.apply_async(bootstrap, self.gpus, True, self.options.backend)
+        ar = view.apply_async(bootstrap, self.gpus, self.options.backend)
         if not ar.wait(max(1.0, deadline - time.monotonic())):
             raise ClusterError(
                 f"The engines did not finish setting up (importing TensorFlow, initialising "

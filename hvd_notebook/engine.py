@@ -46,7 +46,7 @@ def load_backend(backend: str) -> tuple[Any, str]:
     return runtime, "builtin"
 
 
-def bootstrap(gpus: list[str], import_tensorflow: bool = True, backend: str = "auto") -> dict[str, Any]:
+def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
     """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
 
     ``gpus`` lists the GPU ids of this host that the cluster may use, one per
@@ -78,15 +78,14 @@ def bootstrap(gpus: list[str], import_tensorflow: bool = True, backend: str = "a
     os.environ["TF_NUM_INTEROP_THREADS"] = str(inter)
     os.environ.setdefault("OMP_NUM_THREADS", str(intra))
 
-    if import_tensorflow:
-        import tensorflow as tf
+    import tensorflow as tf
 
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-        for gpu in tf.config.list_physical_devices("GPU"):
-            tf.config.experimental.set_memory_growth(gpu, True)
-        intra = tf.config.threading.get_intra_op_parallelism_threads()
-        inter = tf.config.threading.get_inter_op_parallelism_threads()
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    intra = tf.config.threading.get_intra_op_parallelism_threads()
+    inter = tf.config.threading.get_inter_op_parallelism_threads()
 
     shell = get_ipython()
     if shell is not None:
@@ -104,11 +103,3 @@ def bootstrap(gpus: list[str], import_tensorflow: bool = True, backend: str = "a
         "intra_op_threads": intra,
         "inter_op_threads": inter,
     }
-
-
-def probe() -> dict[str, Any]:
-    """Liveness and memory of this engine, for ``%hvd status``."""
-    import psutil
-
-    proc = psutil.Process()
-    return {"pid": proc.pid, "rss": proc.memory_info().rss, "host": socket.gethostname()}

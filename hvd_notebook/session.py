@@ -115,7 +115,6 @@ class Session:
     def __init__(self) -> None:
         self.cluster: MPICluster | None = None
         self.options: ClusterOptions | None = None
-        self.current_cell: str | None = None
         atexit.register(self.shutdown)
 
     @classmethod
@@ -201,7 +200,6 @@ class Session:
             (req, _Stream(req.rank, "stderr", sys.stderr.write, only=RUNTIME_WARNING))
             for req in requests if req.rank not in show
         ]
-        self.current_cell = code.strip().splitlines()[0][:60] if code.strip() else ""
         deadline = None if timeout is None else time.monotonic() + timeout
         next_liveness_check = time.monotonic() + LIVENESS_S
 
@@ -248,8 +246,6 @@ class Session:
             pump(final=True)
             print(f"Rank(s) {running} were still running. {note or _INTERRUPTED}", file=sys.stderr)
             raise
-        finally:
-            self.current_cell = None
 
         died = [req for req in failed if _is_engine_death(req.error)]
         if died:
