@@ -10,6 +10,8 @@ whose ``apply`` first averages the gradients over all ranks with one fused
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from typing import Any
 
@@ -17,6 +19,8 @@ from . import basics
 from .collectives import allreduce, grouped_allreduce
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Sum
+
+log = logging.getLogger(__name__)
 
 
 def _reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_dense: bool,
@@ -93,6 +97,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
                     grads = [None if g is None else g * self._hvd_passes for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
 
+    _install_compile_hook()
     _Distributed.__name__ = _Distributed.__qualname__ = f"Distributed{base.__name__}"
     config = optimizer.get_config()
     if k > 1:
@@ -100,6 +105,41 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     if name:
         config["name"] = name
     return _Distributed.from_config(config)
+
+
+def _install_compile_hook() -> None:
+    """Keras's ``jit_compile="auto"`` turns XLA on wherever a GPU is visible, and
+    XLA cannot compile the host-side reduction. After ``Model.compile`` with a
+    ``DistributedOptimizer`` and jit left at "auto", switch XLA off for that
+    model (once, with one log line); an explicit ``jit_compile=True`` is kept and
+    fails at trace time with ``hvd.XLAUnsupportedError``."""
+    import inspect
+
+    import keras
+
+    # patch the class that defines compile: Keras skips compile() on load for a
+    # model class whose compile differs from that one's
+    owner = next(cls for cls in keras.Model.__mro__ if "compile" in cls.__dict__)
+    original = owner.compile
+    if getattr(original, "_hvd_hook", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            asked = signature.bind_partial(self, *args, **kwargs).arguments.get("jit_compile", "auto")
+        except TypeError:  # arguments this Keras version's signature does not name
+            asked = kwargs.get("jit_compile", "auto")
+        if asked == "auto" and getattr(self.optimizer, "_hvd_settings", None) is not None and self.jit_compile:
+            self.jit_compile = False
+            log.info("hvd: jit_compile='auto' would compile the training step with XLA, which cannot run "
+                     "DistributedOptimizer's reduction; compiling it without XLA.")
+        return result
+
+    compile._hvd_hook = True  # type: ignore[attr-defined]
+    owner.compile = compile
 
 
 class DistributedGradientTape:

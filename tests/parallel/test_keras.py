@@ -265,3 +265,16 @@ def test_best_model_checkpoint_on_rank_0(hvd, keras, tmp_path_factory):
     import os
 
     assert sorted(os.listdir(folder)) == ["best-rank0.keras"]
+
+
+def test_auto_jit_falls_back_without_xla(hvd, keras, monkeypatch):
+    """Where a GPU is visible, Keras resolves jit_compile="auto" to XLA: pretend so on this CPU machine."""
+    monkeypatch.setattr(keras.Model, "_resolve_auto_jit_compile", lambda self: True)
+    plain = model_for(keras, seed=13)
+    plain.compile(keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    assert plain.jit_compile is True  # models without DistributedOptimizer are left alone
+    model = model_for(keras, seed=13)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy")
+    assert model.jit_compile is False
+    history = model.fit(*hvd.shard(data()), batch_size=16, epochs=2, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
