@@ -276,13 +276,18 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
             ((_, buf, _),) = rt.allreduce_fused([flat], op, prescale, postscale, label, shapes)
             return buf
 
-        flat = tf.concat([tf.reshape(t, [-1]) for t in members], 0)
+        static = all(t.shape.is_fully_defined() for t in members)
+        flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
+        flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
         out = tf.numpy_function(reduce_flat, [flat], Tout=out_dtype, stateful=True)
         out.set_shape([None])
-        pieces = tf.split(out, [tf.size(t) for t in members]) if len(members) > 1 else [out]
+        sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
+        pieces = tf.split(out, sizes) if len(members) > 1 else [out]
         for i, t, piece in zip(group, members, pieces):
-            results[i] = tf.reshape(piece, tf.shape(t))
-            results[i].set_shape(t.shape)
+            if t.shape.rank != 1 or not static:
+                piece = tf.reshape(piece, t.shape if static else tf.shape(t))
+            piece.set_shape(t.shape)
+            results[i] = piece
     return results
 
 
