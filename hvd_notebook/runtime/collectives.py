@@ -2,9 +2,11 @@
 numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
 
 A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
-tensor out. TensorFlow tensors reach the numpy collectives of ``mpi_ops`` by
-``Tensor.numpy()`` when eager and through ``tf.numpy_function`` in a graph;
-gradients are registered with ``tf.custom_gradient`` as Horovod defines them.
+tensor out. Eager host tensors reach the numpy collectives of ``mpi_ops``
+through DLPack (no copy) and results come back the same way; in a graph a
+collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
+graph first, so a step makes one call). Gradients are registered with
+``tf.custom_gradient`` as Horovod defines them.
 """
 
 from __future__ import annotations
