@@ -329,9 +329,6 @@ class MPICluster:
             return [by_rank[r] for r in sorted(by_rank)]
         return [by_rank[r] for r in ranks]
 
-    def rank_of_engine(self, engine_id: int) -> int:
-        return next(r.rank for r in self.ranks if r.engine_id == engine_id)
-
     def pids(self) -> set[int]:
         """Every process of this cluster seen so far (controller, mpiexec, its
         helpers, engines and their nannies, the reaper)."""

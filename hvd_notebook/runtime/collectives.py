@@ -301,7 +301,7 @@ def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
     values = allgather(slices.values, name=name and f"{name}.values")
     indices = allgather(slices.indices, name=name and f"{name}.indices")
     if op == Average:
-        values = values / tf.cast(size(), values.dtype)
+        values = values / tf.cast(basics.size(), values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -336,8 +336,8 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
             grads = []
             for x, dy in zip(xs, summed):
                 rows = tf.reshape(tf.shape(x)[0], [1])
-                all_rows = tf.reshape(allgather(rows), [size()])
-                grads.append(tf.split(dy, all_rows, axis=0)[rank()])
+                all_rows = tf.reshape(allgather(rows), [basics.size()])
+                grads.append(tf.split(dy, all_rows, axis=0)[basics.rank()])
             return grads
 
         return outs, grad
@@ -367,7 +367,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
         def grad(dy: Any) -> Any:
             # Horovod: the summed gradient flows back to the root only
             summed = allreduce(dy, op=Sum)
-            return summed if rank() == root_rank else summed * 0
+            return summed if basics.rank() == root_rank else summed * 0
 
         return out, grad
 
@@ -426,7 +426,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
         return [out, received.astype(np.int32)]
 
     out, received = _on_tf(a2a_np, [tensor, splits_t], [tensor.dtype, tf.int32],
-                           [[None] + tensor.shape[1:].as_list(), [size()]])
+                           [[None] + tensor.shape[1:].as_list(), [basics.size()]])
     return out if splits is None else (out, received)
 
 
@@ -485,14 +485,6 @@ def stop_timeline() -> None:
     gathered = rt.comm.gather(events, root=0)
     if rt.rank == 0 and path is not None:
         write_trace(path, gathered)
-
-
-def size() -> int:
-    return basics.size()
-
-
-def rank() -> int:
-    return basics.rank()
 
 
 def _shutdown_flush() -> None:
