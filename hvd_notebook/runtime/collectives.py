@@ -30,6 +30,9 @@ def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
     """One name per tensor of a grouped call: ``name`` itself for a single tensor."""
     if name and len(tensors) == 1:
         return [str(name)]
+    if not name and (not _is_tf(tensors[0]) or type(tensors[0]).__name__ == "EagerTensor"):
+        first = next(_counter)  # nameless tensors: numbered without a look at each one
+        return [f"{kind}.{first + i}" for i in range(len(tensors))]
     return [_name(name and f"{name}.{i}", kind, t) for i, t in enumerate(tensors)]
 
 
@@ -83,10 +86,15 @@ class _DLPackTensor:
 
 
 def _to_numpy(tensor: Any) -> np.ndarray:
-    """A host tensor's memory as numpy without a copy where DLPack allows it."""
-    if not _DLPACK_DTYPES:
-        _init_dlpack_dtypes()
-    if tensor.dtype in _DLPACK_DTYPES and tensor.device.endswith("CPU:0"):
+    """A tensor's host memory as numpy without a copy (a device tensor is copied
+    to the host once). The runtime only reads these arrays, never writes them."""
+    if type(tensor).__name__ == "EagerTensor":
+        try:
+            # EagerTensor.numpy() is this plus a copy; _numpy() shares the host buffer and keeps it alive
+            return tensor._numpy()
+        except (AttributeError, TypeError, ValueError):
+            pass
+    if tensor.dtype in _dlpack_dtypes() and tensor.device.endswith("CPU:0"):
         try:
             return np.from_dlpack(_DLPackTensor(tensor))
         except (TypeError, ValueError, RuntimeError, BufferError):
@@ -99,7 +107,7 @@ def _to_tf(array: np.ndarray, dtype: Any) -> Any:
     tf = _tf()
     # TensorFlow aborts the process on a misaligned adopted buffer: check first
     if (array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0 and array.size and array.flags.c_contiguous
-            and dtype in _DLPACK_DTYPES and array.dtype == dtype.as_numpy_dtype):
+            and dtype in _dlpack_dtypes() and array.dtype == dtype.as_numpy_dtype):
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except (TypeError, ValueError, RuntimeError, BufferError):
@@ -110,9 +118,12 @@ def _to_tf(array: np.ndarray, dtype: Any) -> Any:
 _DLPACK_DTYPES: set[Any] = set()
 
 
-def _init_dlpack_dtypes() -> None:
-    tf = _tf()
-    _DLPACK_DTYPES.update({tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8})
+def _dlpack_dtypes() -> set[Any]:
+    """The dtypes that TensorFlow and numpy exchange through DLPack."""
+    if not _DLPACK_DTYPES:
+        tf = _tf()
+        _DLPACK_DTYPES.update({tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8})
+    return _DLPACK_DTYPES
 
 
 def _recording() -> bool:

@@ -141,27 +141,36 @@ class Runtime:
 
     def _reduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
                 label: str) -> tuple[np.ndarray, list[int]]:
-        """The data movement of one (fused) allreduce: the tensors are copied into
-        one pooled buffer, each at a 64-byte aligned offset so that every result
-        can become a TensorFlow tensor without a copy (``collectives._to_tf``), and
-        reduced in place (MPICH's in-place Allreduce is faster than out of place by
-        more than the copy costs, also for a single tensor)."""
+        """The data movement of one (fused) allreduce into a pooled buffer whose
+        tensors each start at a 64-byte aligned offset, so that every result can
+        become a TensorFlow tensor without a copy (``collectives._to_tf``).
+
+        A single tensor of a type MPI reduces is reduced straight from its own
+        memory into the buffer (out of place: no copy at all); several tensors
+        are copied into the buffer and reduced in place."""
         dtype = arrays[0].dtype
         work = _reduce_dtype(dtype)
-        # offsets aligned for the narrower of the two dtypes the buffer will hold
-        offsets, total = _aligned_offsets([a.size for a in arrays], min(work.itemsize, dtype.itemsize))
-        buf = aligned_empty(total, work)
-        with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
-            end = 0
-            for a, off in zip(arrays, offsets):
-                if off > end:
-                    buf[end:off] = 0  # padding between tensors
-                buf[off:off + a.size] = a.reshape(-1)
-                end = off + a.size
-        if prescale != 1.0:
-            buf = _scale(buf, prescale)
-        with self.timeline.phase("MPI_ALLREDUCE", label, buf.nbytes):
-            self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self._mpi_ops[op])
+        mpi_op = self._mpi_ops[op]
+        if len(arrays) == 1 and work == dtype and prescale == 1.0 and arrays[0].flags.c_contiguous:
+            src = arrays[0]
+            offsets, buf = [0], aligned_empty(src.size, dtype)
+            with self.timeline.phase("MPI_ALLREDUCE", label, buf.nbytes):
+                self.comm.Allreduce(src.reshape(-1) if src.ndim != 1 else src, buf, op=mpi_op)
+        else:
+            # offsets aligned for the narrower of the two dtypes the buffer will hold
+            offsets, total = _aligned_offsets([a.size for a in arrays], min(work.itemsize, dtype.itemsize))
+            buf = aligned_empty(total, work)
+            with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
+                end = 0
+                for a, off in zip(arrays, offsets):
+                    if off > end:
+                        buf[end:off] = 0  # padding between tensors
+                    buf[off:off + a.size] = a.reshape(-1)
+                    end = off + a.size
+            if prescale != 1.0:
+                buf = _scale(buf, prescale)
+            with self.timeline.phase("MPI_ALLREDUCE", label, buf.nbytes):
+                self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=mpi_op)
         if op == Average:
             buf = buf / self.size if buf.dtype.kind in "iub" else _scale(buf, 1.0 / self.size)
         if postscale != 1.0:
