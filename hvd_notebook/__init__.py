@@ -13,6 +13,19 @@ from typing import Any
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> Any:
+    """``hvd_notebook.ProgressCallback`` (on the engines: it imports Keras) and ``hvd_notebook.progress``."""
+    if name == "ProgressCallback":
+        from .progress import callback_class
+
+        return callback_class()
+    if name == "progress":
+        import importlib
+
+        return importlib.import_module(".progress", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``)."""
     from .magics import HvdMagics

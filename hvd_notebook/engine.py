@@ -91,6 +91,10 @@ def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
     if shell is not None:
         shell.user_ns["hvd"] = hvd
 
+    from . import progress
+
+    progress.install(hvd.rank())  # fit/evaluate/predict report to the notebook's dashboard
+
     return {
         "rank": hvd.rank(),
         "size": hvd.size(),

@@ -11,6 +11,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .cluster import ClusterOptions, RankInfo
+from .dashboard import MODES
 from .session import HvdError, Session
 
 
@@ -147,6 +148,13 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
     out.add_argument("--all-output", action="store_true", help="show every rank's output")
     out.add_argument("--output-ranks", type=_rank_list, default=None, metavar="LIST",
                      help="show these ranks' output (default: rank 0 only)")
+    prog = cell.add_mutually_exclusive_group()
+    prog.add_argument("--no-progress", action="store_const", const="none", dest="progress",
+                      help="no dashboard, and no progress callback on the ranks")
+    prog.add_argument("--progress", choices=MODES, default="auto",
+                      help="the dashboard of fit/evaluate/predict: widgets (live, in JupyterLab), text (a line "
+                           "per epoch), none; auto picks widgets under a Jupyter server, else text "
+                           "(env HVD_NOTEBOOK_PROGRESS sets the default)")
     return cell
 
 
@@ -244,4 +252,5 @@ class HvdMagics(Magics):
         output_ranks = args.output_ranks
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]
-        return session.run_cell(cell, ranks=args.ranks, output_ranks=output_ranks, timeout=args.timeout)
+        return session.run_cell(cell, ranks=args.ranks, output_ranks=output_ranks, timeout=args.timeout,
+                                progress=args.progress)

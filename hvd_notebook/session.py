@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
+from .dashboard import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,8 @@ class Session:
     def __init__(self) -> None:
         self.cluster: MPICluster | None = None
         self.options: ClusterOptions | None = None
+        self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
+        self.last_progress: Progress | None = None  # the dashboard of the last cell, for tests
         atexit.register(self.shutdown)
 
     @classmethod
@@ -172,9 +175,15 @@ class Session:
         ranks: list[int] | None = None,
         output_ranks: list[int] | None = None,
         timeout: float | None = None,
+        progress: str | None = "auto",
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
-        on the first rank that raises; return rank 0's value of the last expression."""
+        on the first rank that raises; return rank 0's value of the last expression.
+        ``progress`` is the dashboard's mode (``dashboard.MODES``)."""
+        try:
+            mode = resolve_mode(progress)
+        except ValueError as exc:
+            raise HvdError(str(exc)) from None
         cluster = self.require()
         all_ranks = [r.rank for r in cluster.ranks]
         ranks = all_ranks if ranks is None else ranks
@@ -189,6 +198,7 @@ class Session:
                            "of the same shape (every rank's variables are lost).")
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         client = cluster.client
+        self._set_engine_progress(cluster, mode != "none")
         ar = client[cluster.engine_ids(ranks)].execute(code, silent=False, block=False)
         # ipyparallel drops its client-side records of a request once its output is
         # complete; the AsyncResult keeps its own references to them.
@@ -202,8 +212,11 @@ class Session:
         ]
         deadline = None if timeout is None else time.monotonic() + timeout
         next_liveness_check = time.monotonic() + LIVENESS_S
+        board = self.last_progress = Progress(mode, ranks) if mode != "none" else None
 
         def pump(final: bool = False) -> None:
+            if board is not None:
+                board.poll({req.rank: req.md["data"] for req in requests}, force=final)
             for req, stream in streams:
                 stream.update(req.md[stream.name] or "", final)
             for req in requests:
@@ -213,6 +226,16 @@ class Session:
                         _publish(out)
                     req.displayed = len(outputs)
 
+        try:
+            return self._wait_cell(ar, requests, ranks, pump, board, deadline, next_liveness_check, timeout)
+        finally:
+            if board is not None:
+                board.finish()
+
+    def _wait_cell(self, ar: Any, requests: list[_Request], ranks: list[int], pump: Callable[..., None],
+                   board: Progress | None, deadline: float | None, next_liveness_check: float,
+                   timeout: float | None) -> RankValue | None:
+        cluster = self.require()
         try:
             while True:
                 pending = [req.future for req in requests if not req.done]
@@ -231,6 +254,8 @@ class Session:
                     dead = [r for r, ok in cluster.alive().items() if not ok and r in ranks]
                     if dead:
                         pump(final=True)
+                        for rank in dead if board is not None else ():
+                            board.fail(rank, "the rank's process died")
                         raise self._ranks_died(dead, requests)
                 if deadline is not None and time.monotonic() > deadline:
                     running = [req.rank for req in requests if not req.done]
@@ -248,6 +273,11 @@ class Session:
             raise
 
         died = [req for req in failed if _is_engine_death(req.error)]
+        for req in failed:
+            if board is not None:
+                board.fail(req.rank, "the rank's process died" if _is_engine_death(req.error) else
+                           f"{getattr(req.error, 'ename', type(req.error).__name__)}: "
+                           f"{getattr(req.error, 'evalue', req.error)}")
         if died:
             pump(final=True)
             # MPI ends the other ranks when one dies: name the one(s) that died first
@@ -269,6 +299,18 @@ class Session:
             if result:
                 return RankValue(result["data"], result.get("metadata", {}))
         return None
+
+    def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
+        """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when
+        it changes; queued ahead of the cell on each engine, so no round trip."""
+        state = (id(cluster.client), enabled)
+        if self._engine_progress == state or (self._engine_progress is None and enabled):
+            self._engine_progress = state
+            return
+        from . import progress
+
+        cluster.client[cluster.engine_ids([r.rank for r in cluster.ranks])].apply_async(progress.set_enabled, enabled)
+        self._engine_progress = state
 
     def _ranks_died(self, dead: list[int], requests: list[_Request]) -> RankDied:
         """A rank's process is gone (os._exit, a signal, out of memory); MPI cannot

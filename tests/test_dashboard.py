@@ -1,0 +1,110 @@
+"""The dashboard on a real 2-rank cluster driven through IPython: the ranks'
+published updates reach the session, and the widgets change while the cell runs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hvd_notebook.dashboard import WidgetView
+from hvd_notebook.session import Session
+
+SETUP = """%%hvd
+import time
+import numpy as np, keras
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(2048, 8)).astype('float32'); y = (x[:, 0] > 0).astype('int64')
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'),
+                          keras.layers.Dense(2, activation='softmax')])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+              loss='sparse_categorical_crossentropy', metrics=['accuracy'])
+
+class Slow(keras.callbacks.Callback):  # stretches training to a few seconds
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.01)
+"""
+
+
+@pytest.fixture(scope="module")
+def model(cluster, ip):
+    result = ip.run_cell(SETUP)
+    assert result.success
+    return True
+
+
+def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, monkeypatch):
+    seen: list[tuple[float, list[int], list[int], int]] = []
+    original = WidgetView.render
+
+    def recording_render(self):
+        original(self)
+        bars = [self.bars[r][0] for r in sorted(self.bars)]
+        loss = self.figures.get("loss")
+        seen.append((time.monotonic(), [b.value for b in bars], [b.max for b in bars],
+                     len(loss[1].x) if loss else 0))
+
+    monkeypatch.setattr(WidgetView, "render", recording_render)
+    start = time.monotonic()
+    result, out = run("%%hvd --progress widgets\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0, "
+                      "callbacks=[Slow()])")
+    seconds = time.monotonic() - start
+    assert result.success, out
+    progress = Session.get().last_progress
+    view = progress.view
+    assert isinstance(view, WidgetView)
+    # while training: several redraws with the bars part-way, moving forward
+    during = [values for _, values, maxes, _ in seen if all(0 < v < m for v, m in zip(values, maxes))]
+    assert len(during) >= 3, seen
+    assert during == sorted(during) and len({tuple(v) for v in during}) >= 3
+    # at the end: every rank at its last step (2 epochs x 128 steps), green, curves drawn
+    for bar, _ in view.bars.values():
+        assert bar.value == bar.max == 256 and bar.bar_style == "success"
+    assert seen[-1][3] >= 5, "the loss curve has too few points"
+    assert set(view.figures) >= {"loss", "accuracy"}
+    assert "done" in view.headline.value and "samples/s over 2 rank(s)" in view.headline.value
+    assert "hvd-epochs" in view.table.value
+    # no rank sent more than about 10 updates a second (plus its epoch and end updates)
+    for rank in (0, 1):
+        assert progress.seen[rank] + 1 <= 10 * seconds + 8, (progress.seen, seconds)
+    # frozen: the live view was replaced by the static summary (printed as text in a terminal)
+    assert progress.frozen and "rank 1: epoch 2/2" in out
+
+
+def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
+    result, out = run("%%hvd --progress text\nmodel.fit(x, y, batch_size=64, epochs=2, verbose=0)\n"
+                      "_ = model.evaluate(x, y, verbose=0)")
+    assert result.success, out
+    lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
+    assert len(lines) == 3, out
+    assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | ") and "samples/s | loss " in lines[0]
+    assert lines[1].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[1]
+    assert lines[2].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[2]
+
+
+def test_no_progress_removes_the_callback_and_the_dashboard(model, run):
+    result, out = run("%%hvd --no-progress\nimport hvd_notebook.progress as p\nmodel.fit(x, y, epochs=1, verbose=0)\n"
+                      "print('enabled', p._State.enabled)")
+    assert result.success, out
+    assert "[0] enabled False" in out and "[hvd]" not in out
+    assert Session.get().last_progress is None
+    result, out = run("%%hvd\nprint('enabled', p._State.enabled)")
+    assert "[0] enabled True" in out
+
+
+def test_a_failed_rank_turns_red_with_its_error(model, run):
+    result, out = run(
+        "%%hvd --progress widgets\n"
+        "class Fail(keras.callbacks.Callback):\n"
+        "    def on_epoch_end(self, epoch, logs=None):\n"
+        "        if hvd.rank() == 1 and epoch == 1:\n"
+        "            raise RuntimeError('rank 1 gave up')\n"
+        "model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Fail()])"
+    )
+    assert not result.success
+    progress = Session.get().last_progress
+    assert progress.board.failed == {1: "RuntimeError: rank 1 gave up"}
+    bar, text = progress.view.bars[1]
+    assert bar.bar_style == "danger" and "rank 1 gave up" in text.value
+    assert progress.frozen
