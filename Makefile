@@ -14,6 +14,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	@bash scripts/ensure-python.sh $(VENV)
+	@bash scripts/ensure-chromium.sh
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),mpich,test,lab]"
 	$(PY) -c "import tensorflow, keras, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"

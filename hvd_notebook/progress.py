@@ -246,7 +246,6 @@ def _make_callback_class() -> type:
             run.end_epoch(logs)
 
         def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-            run = self._run
             self._end("fit", logs)
 
         # -- evaluate and predict

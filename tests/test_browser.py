@@ -1,0 +1,171 @@
+"""The dashboard in a real JupyterLab in a real browser (Debian's chromium,
+driven by Playwright): it appears under the running cell, its bars move and
+reach 100 %, its curve has points, and it freezes into a static summary.
+
+Screenshots go to build/test-artifacts/."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from conftest import assert_gone
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+CHROMIUM = "/usr/bin/chromium"
+
+CELLS = [
+    "%load_ext hvd_notebook",
+    "%hvd start -n 2",
+    """%%hvd
+import time
+import numpy as np, keras
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(2048, 8)).astype('float32'); y = (x[:, 0] > 0).astype('int64')
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'),
+                          keras.layers.Dense(2, activation='softmax')])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)),
+              loss='sparse_categorical_crossentropy', metrics=['accuracy'])
+
+class Slow(keras.callbacks.Callback):  # a few seconds of training, to watch
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(0.02)""",
+    "%%hvd\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[Slow()])",
+    "%hvd stop",
+]
+
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && k.status === 'idle';
+}"""
+
+SAMPLE = """() => {
+  const bars = [...document.querySelectorAll('.hvd-dashboard .hvd-rank-bar .progress-bar')]
+    .map(b => parseFloat(b.style.width || b.style.height || '0'));
+  const paths = [...document.querySelectorAll('.hvd-dashboard .hvd-curve path')]
+    .map(p => (p.getAttribute('d') || '').split(/[LM]/).length - 1);
+  return {bars, points: Math.max(0, ...paths), summary: !!document.querySelector('.hvd-summary')};
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cluster_pids(root: psutil.Process) -> set[int]:
+    pids = set()
+    for p in root.children(recursive=True):
+        try:
+            if any(n in " ".join(p.cmdline()) for n in ("ipyparallel", "hydra_pmi_proxy", "mpiexec")):
+                pids.add(p.pid)
+        except psutil.Error:
+            pass
+    return pids
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """JupyterLab on a free localhost port, in a private directory, with the test notebook."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run `make install` (it installs Debian's chromium) as root.")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    port, token = _free_port(), secrets.token_hex(16)
+    env = {**os.environ, "HVD_NOTEBOOK_GPUS": "", "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+    env.pop("HVD_NOTEBOOK_PROGRESS", None)
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+           "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2).read()
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
+            time.sleep(0.3)
+    lab_process = psutil.Process(proc.pid)
+    seen: set[int] = set()
+    yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),
+           "log": tmp_path / "lab.log"}
+    seen |= _cluster_pids(lab_process)
+    proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    if seen:
+        assert_gone(seen, timeout=30)
+
+
+def test_dashboard_in_jupyterlab(lab):
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    samples = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{lab['url']}/lab/tree/dashboard.ipynb?token={lab['token']}")
+            page.wait_for_function(KERNEL_IDLE, timeout=90_000, polling=250)
+            # not awaited: the command's promise resolves only when every cell has run
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            try:
+                page.wait_for_selector(".hvd-dashboard", timeout=120_000)
+            except Exception:
+                page.screenshot(path=str(ARTIFACTS / "dashboard-missing.png"), full_page=True)
+                raise AssertionError("no dashboard appeared; lab log:\n" + lab["log"].read_text()[-3000:]) from None
+            shot_taken = False
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                lab["watch"]()
+                sample = page.evaluate(SAMPLE)
+                samples.append(sample)
+                if sample["summary"]:
+                    break
+                if not shot_taken and any(0 < b < 100 for b in sample["bars"]) and sample["points"] > 2:
+                    page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+                    shot_taken = True
+                time.sleep(0.2)
+            page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=30_000)
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # %hvd stop ran
+            page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+            percents = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
+                                                 "els => els.map(e => e.dataset.percent)")
+            outputs = page.inner_text(".jp-Notebook")
+        finally:
+            browser.close()
+
+    live = [s for s in samples if len(s["bars"]) == 2 and not s["summary"]]
+    assert live, f"the dashboard never showed two bars: {samples[:5]}"
+    moving = [tuple(s["bars"]) for s in live if all(0 < b < 100 for b in s["bars"])]
+    assert len(set(moving)) >= 3, f"the bars did not move during training: {[s['bars'] for s in live]}"
+    assert max(s["points"] for s in live) >= 3, "the loss curve had no points"
+    assert percents == ["100", "100"], percents
+    assert re.search(r"fit \| epoch 2/2 \| [\d,]+ samples/s over 2 rank\(s\)", outputs), outputs[-2000:]
+    assert "Cluster stopped." in outputs
