@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_allreduce  # noqa: E402
 import bench_cluster  # noqa: E402
 import bench_keras  # noqa: E402
+import bench_progress  # noqa: E402
 from common import Context, Report  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "build" / "bench"
@@ -62,6 +63,11 @@ BENCHMARKS: list[Benchmark] = [
         "keras",
         "DistributedOptimizer: 1 -> 2 ranks scaling efficiency, wrapper cost on one rank",
         bench_keras.run,
+    ),
+    Benchmark(
+        "progress",
+        "the same 2-rank fit with the live dashboard on and with --no-progress",
+        bench_progress.run,
     ),
 ]
 

@@ -110,7 +110,7 @@ def lab(tmp_path):
     lab_process = psutil.Process(proc.pid)
     seen: set[int] = set()
     yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),
-           "log": tmp_path / "lab.log"}
+           "log": tmp_path / "lab.log", "notebook": tmp_path / "dashboard.ipynb"}
     seen |= _cluster_pids(lab_process)
     proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
     try:
@@ -158,6 +158,12 @@ def test_dashboard_in_jupyterlab(lab):
             percents = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
             outputs = page.inner_text(".jp-Notebook")
+            # the frozen summary is an ordinary output: saved, and shown again after a reload
+            page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+            page.reload()
+            page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=60_000)
+            reloaded = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
+                                                 "els => els.map(e => e.dataset.percent)")
         finally:
             browser.close()
 
@@ -169,3 +175,11 @@ def test_dashboard_in_jupyterlab(lab):
     assert percents == ["100", "100"], percents
     assert re.search(r"fit \| epoch 2/2 \| [\d,]+ samples/s over 2 rank\(s\)", outputs), outputs[-2000:]
     assert "Cluster stopped." in outputs
+    assert reloaded == ["100", "100"]
+    saved = nbformat.read(lab["notebook"], as_version=4)
+    bundles = [o.get("data", {}) for o in saved.cells[3].outputs]
+    assert any("hvd-summary" in b.get("text/html", "") and "image/png" in b for b in bundles), bundles
+    html_out = subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", "--stdout",
+                               str(lab["notebook"])], capture_output=True, text=True, timeout=120)
+    assert html_out.returncode == 0, html_out.stderr[-2000:]
+    assert "hvd-summary" in html_out.stdout and "data:image/png;base64," in html_out.stdout
