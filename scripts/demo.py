@@ -47,15 +47,15 @@ def main() -> int:
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     table = re.search(r"Started \d+ MPI ranks[^\n]*\n((?:.+\n?)+?)(?:\n|$)", text)
     accuracies = re.findall(r"\[(\d+)\] test accuracy ([0-9.]+)", text)
-    throughput = re.search(r"([0-9.]+) samples/s over (\d+) ranks", text)
+    epochs = re.findall(r"^\[hvd\] fit epoch .*$", text, flags=re.M)  # the dashboard's text lines
 
     print()
     if table:
         print(table.group(0).rstrip())
+    if epochs:
+        print("\n".join(epochs))
     for rank, acc in sorted(accuracies):
         print(f"rank {rank}: final test accuracy {float(acc):.3f}")
-    if throughput:
-        print(f"training throughput: {float(throughput.group(1)):.0f} samples/s over {throughput.group(2)} ranks")
     print(f"wall time: {wall:.1f} s for the whole notebook")
     print(f"executed notebook: {TARGET.relative_to(ROOT)}")
     if failed is not None:
