@@ -108,3 +108,26 @@ def test_a_failed_rank_turns_red_with_its_error(model, run):
     bar, text = progress.view.bars[1]
     assert bar.bar_style == "danger" and "rank 1 gave up" in text.value
     assert progress.frozen
+
+
+def test_a_rank_far_behind_the_others_is_marked_as_a_straggler(model, run, monkeypatch):
+    styles: list[dict[int, str]] = []
+    original = WidgetView.render
+
+    def recording_render(self):
+        original(self)
+        styles.append({r: bar.bar_style for r, (bar, _) in self.bars.items()})
+
+    monkeypatch.setattr(WidgetView, "render", recording_render)
+    # predict runs no collectives, so a slow rank really falls behind
+    result, out = run(
+        "%%hvd --progress widgets\n"
+        "class Lag(keras.callbacks.Callback):\n"
+        "    def on_predict_batch_end(self, batch, logs=None):\n"
+        "        time.sleep(0.02 if hvd.rank() == 1 else 0.002)\n"
+        "_ = model.predict(x, batch_size=8, verbose=0, callbacks=[Lag()])"
+    )
+    assert result.success, out
+    assert any(s.get(1) == "warning" for s in styles), styles
+    assert not any(s.get(0) == "warning" for s in styles)
+    assert styles[-1] == {0: "success", 1: "success"}
