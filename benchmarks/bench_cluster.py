@@ -42,7 +42,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import Context, Report, Row, Samples, descendants, foreign_cluster_processes, kill, still_running
+from common import (
+    Context,
+    Report,
+    Row,
+    Samples,
+    descendants,
+    foreign_cluster_processes,
+    ipython_shell,
+    kill,
+    still_running,
+)
 
 N_RANKS = 2
 START_TARGET = 1.2
@@ -132,7 +142,6 @@ def run(ctx: Context) -> Report:
 
     # Import everything both sides use before timing, so neither pays it in a start.
     import ipyparallel as ipp
-    from IPython.testing.globalipapp import start_ipython
     from traitlets.config import Config
 
     from hvd_notebook.cluster import find_mpiexec
@@ -152,8 +161,7 @@ def run(ctx: Context) -> Report:
     print("   warming the disk cache: importing tensorflow once in a subprocess", flush=True)
     subprocess.run([sys.executable, "-c", "import tensorflow"], capture_output=True, check=True)
 
-    ip = start_ipython()
-    ip.run_line_magic("load_ext", "hvd_notebook")
+    ip = ipython_shell()
     session = Session.get()
 
     hvd = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct")}

@@ -13,7 +13,7 @@ import os
 import statistics
 from typing import Any
 
-from common import Context, Report, Row
+from common import Context, Report, Row, ipython_shell
 
 TARGET = 1.03
 
@@ -49,13 +49,10 @@ def _check(result: Any) -> None:
 
 def run(ctx: Context) -> Report:
     os.environ["HVD_NOTEBOOK_GPUS"] = ""
-    from IPython.testing.globalipapp import start_ipython
-
     from hvd_notebook.session import Session
 
     rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
-    ip = start_ipython()
-    ip.run_line_magic("load_ext", "hvd_notebook")
+    ip = ipython_shell()
     session = Session.get()
     quiet = contextlib.ExitStack()
     quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))

@@ -170,3 +170,14 @@ def foreign_cluster_processes() -> dict[int, str]:
         ):
             out[p.info["pid"]] = cmd[:120]
     return out
+
+
+def ipython_shell() -> Any:
+    """The real IPython shell IPython's own tests use, with ``%load_ext hvd_notebook``
+    (one per process: the benchmarks that drive magics share it)."""
+    from IPython.testing import globalipapp
+
+    shell = globalipapp.start_ipython() or globalipapp.get_ipython()
+    if "hvd_notebook" not in shell.extension_manager.loaded:
+        shell.run_line_magic("load_ext", "hvd_notebook")
+    return shell

@@ -128,6 +128,9 @@ def find_mpiexec(requested: str | None) -> str:
     return found
 
 
+OWNER_FILE = "owner"  # "pid create_time" of the kernel that started the cluster
+
+
 def clusters_dir() -> Path:
     """Per-user folder holding each running cluster's private profile directory."""
     base = Path(tempfile.gettempdir()) / f"hvd_notebook-{getpass.getuser()}"
@@ -186,6 +189,8 @@ class MPICluster:
         cluster_id = f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         self.workdir = clusters_dir() / cluster_id
         self.workdir.mkdir(mode=0o700)
+        # which kernel owns the cluster: `hvd-notebook clean` stops clusters whose kernel is gone
+        (self.workdir / OWNER_FILE).write_text(f"{os.getpid()} {psutil.Process().create_time()}")
         cfg = Config()
         cfg.MPILauncher.mpi_cmd = [self.mpiexec]
         cfg.MPILauncher.mpi_args = list(self.options.mpi_args)

@@ -1,0 +1,104 @@
+"""``hvd-notebook``: the command line beside the magics.
+
+    hvd-notebook list             this user's clusters, with the kernel that owns each
+    hvd-notebook clean            stop this user's orphaned clusters (their kernel is gone)
+    hvd-notebook clean --dry-run  only say what would be stopped
+
+A cluster lives in its own directory under ``$TMPDIR/hvd_notebook-$USER/``
+(readable by its owner only), which records the kernel that started it and
+every process of the cluster with its start time; ``clean`` kills only
+processes that are still the ones recorded (a reused PID is left alone), and
+never touches another user's clusters (their directories are not ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from .cluster import OWNER_FILE, clusters_dir
+from .reaper import read_pid_file, reap
+
+
+@dataclass
+class ClusterDir:
+    path: Path
+    kernel_pid: int | None
+    kernel_alive: bool
+    processes: list[psutil.Process]
+
+    @property
+    def orphaned(self) -> bool:
+        return not self.kernel_alive
+
+
+def _owner(path: Path) -> tuple[int | None, bool]:
+    """The kernel that started the cluster, and whether it is still that process."""
+    try:
+        pid_text, created = (path / OWNER_FILE).read_text().split()
+        pid = int(pid_text)
+        proc = psutil.Process(pid)
+        alive = abs(proc.create_time() - float(created)) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
+        return pid, alive
+    except (OSError, ValueError):
+        return None, False
+    except psutil.Error:
+        return int(pid_text), False
+
+
+def find_clusters(base: Path | None = None) -> list[ClusterDir]:
+    base = base or clusters_dir()
+    found = []
+    for path in sorted(p for p in base.iterdir() if p.is_dir()):
+        pid, alive = _owner(path)
+        found.append(ClusterDir(path, pid, alive, read_pid_file(path)))
+    return found
+
+
+def _describe(c: ClusterDir) -> str:
+    owner = f"kernel {c.kernel_pid}" if c.kernel_pid else "unknown kernel"
+    state = "running" if c.kernel_alive else "gone"
+    return f"{c.path.name}: {owner} ({state}), {len(c.processes)} live process(es)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hvd-notebook", description="Manage hvd_notebook clusters of this user.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("list", help="list this user's clusters and the kernels that own them")
+    clean = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
+    clean.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
+    args = parser.parse_args(argv)
+
+    clusters = find_clusters()
+    if args.command == "list":
+        if not clusters:
+            print(f"No clusters in {clusters_dir()}.")
+        for c in clusters:
+            print(_describe(c))
+        return 0
+
+    orphans = [c for c in clusters if c.orphaned]
+    if not orphans:
+        kept = len(clusters)
+        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels." if kept else ""))
+        return 0
+    for c in orphans:
+        if args.dry_run:
+            print(f"would stop {_describe(c)}")
+            continue
+        pids = sorted(p.pid for p in c.processes)
+        killed = reap(c.path)
+        print(f"stopped {c.path.name} (kernel {c.kernel_pid or '?'} is gone): killed {killed} process(es)"
+              + (f" {pids}" if pids else "") + f", removed {c.path}")
+    for c in clusters:
+        if not c.orphaned:
+            print(f"left alone: {_describe(c)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
