@@ -1,0 +1,107 @@
+"""A shared node: orphaned clusters and `hvd-notebook clean`, GPU leases between
+notebooks, isolation of two kernels' clusters, and who can reach them.
+
+Each "kernel" here is a separate Python process holding a Session, as a notebook
+kernel does; every test proves by PID that what it started is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import assert_gone
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "hvd_notebook.cli"]
+
+KERNEL = """
+import sys
+from hvd_notebook.cluster import ClusterOptions
+from hvd_notebook.session import Session
+session = Session.get()
+session.start(ClusterOptions(n=1, gpus={gpus!r}))
+cluster = session.cluster
+print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
+      ",".join(r.device for r in cluster.ranks), flush=True)
+sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
+"""
+
+
+class Kernel:
+    """A process standing in for a notebook kernel with a running cluster."""
+
+    def __init__(self, gpus: str = "none", env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus)], cwd=ROOT,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {})})
+        self.workdir: Path | None = None
+        self.pids: set[int] = set()
+        self.devices: list[str] = []
+        self.error = ""
+
+    def wait_ready(self, timeout: float = 120) -> Kernel:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("READY"):
+                parts = line.split()  # READY workdir pid pid ... devices
+                self.workdir = Path(parts[1])
+                self.pids = {int(p) for p in parts[2:-1]}
+                self.devices = parts[-1].split(",")
+                return self
+            if not line and self.proc.poll() is not None:
+                self.error = self.proc.stderr.read()
+                return self
+        raise AssertionError("the kernel did not start its cluster in time")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
+    orphan, live = Kernel(), Kernel()
+    try:
+        orphan.wait_ready(), live.wait_ready()
+        assert orphan.workdir and live.workdir and orphan.workdir.stat().st_mode & 0o777 == 0o700
+        # the kernel dies so hard that neither its atexit nor its watchdog runs
+        reapers = [p for p in psutil.process_iter(["cmdline"])
+                   if "hvd_notebook.reaper" in " ".join(p.info["cmdline"] or []) and
+                   str(orphan.workdir) in " ".join(p.info["cmdline"] or [])]
+        assert reapers, "the cluster has no watchdog"
+        for p in reapers + [psutil.Process(orphan.proc.pid)]:
+            p.kill()
+        orphan.proc.wait(10)
+        survivors = {pid for pid in orphan.pids if psutil.pid_exists(pid)} - {orphan.proc.pid}
+        assert survivors, "nothing of the cluster outlived its kernel: the test proves nothing"
+
+        listed = subprocess.run(CLI + ["list"], capture_output=True, text=True, timeout=60)
+        assert f"{orphan.workdir.name}: kernel {orphan.proc.pid} (gone)" in listed.stdout, listed.stdout
+        assert f"{live.workdir.name}: kernel {live.proc.pid} (running)" in listed.stdout, listed.stdout
+        dry = subprocess.run(CLI + ["clean", "--dry-run"], capture_output=True, text=True, timeout=60)
+        assert f"would stop {orphan.workdir.name}" in dry.stdout and orphan.workdir.exists()
+
+        t0 = time.monotonic()
+        cleaned = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=60)
+        assert cleaned.returncode == 0, cleaned.stderr
+        assert f"stopped {orphan.workdir.name} (kernel {orphan.proc.pid} is gone)" in cleaned.stdout
+        assert f"left alone: {live.workdir.name}" in cleaned.stdout
+        assert_gone(survivors, timeout=10)
+        assert time.monotonic() - t0 < 15 and not orphan.workdir.exists()
+        assert all(psutil.pid_exists(pid) for pid in live.pids - {live.proc.pid}), "clean touched a live cluster"
+        again = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=60)
+        assert "No orphaned clusters. 1 cluster(s) belong to running kernels." in again.stdout
+    finally:
+        for kernel in (orphan, live):
+            kernel.close()
+    assert_gone(live.pids | orphan.pids, timeout=20)
