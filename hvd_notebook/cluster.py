@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from . import leases
 from .reaper import PID_FILE
 
 log = logging.getLogger(__name__)
@@ -154,14 +155,17 @@ class MPICluster:
     """
 
     def __init__(self, options: ClusterOptions) -> None:
-        self.gpus = resolve_gpus(options.gpus)
-        n = options.n if options.n is not None else (len(self.gpus) or DEFAULT_RANKS_WITHOUT_GPU)
+        self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() leases the free ones
+        self.gpus: list[str] = []
+        self._lease: leases.Lease | None = None
+        self._n_asked = options.n
+        n = options.n if options.n is not None else (len(self.host_gpus) or DEFAULT_RANKS_WITHOUT_GPU)
         if n < 1:
             raise ClusterError(f"-n {n}: a cluster needs at least one rank; try -n 2.")
-        if self.gpus and n > len(self.gpus):
+        if self.host_gpus and n > len(self.host_gpus):
             raise ClusterError(
-                f"-n {n} ranks but only {len(self.gpus)} GPU(s) ({','.join(self.gpus)}) on this "
-                f"host: one rank per GPU. Use -n {len(self.gpus)}, or --gpus none to run on CPUs."
+                f"-n {n} ranks but only {len(self.host_gpus)} GPU(s) ({','.join(self.host_gpus)}) on this "
+                f"host: one rank per GPU. Use -n {len(self.host_gpus)}, or --gpus none to run on CPUs."
             )
         if options.timeout <= 0:
             raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
@@ -187,6 +191,14 @@ class MPICluster:
 
         deadline = time.monotonic() + self.options.timeout
         cluster_id = f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+        if self.host_gpus:  # GPUs held by other notebooks' clusters are skipped (hvd_notebook.leases)
+            try:
+                self._lease = leases.acquire(self.host_gpus, self._n_asked, f"kernel {os.getpid()}, {cluster_id}")
+            except leases.LeaseError as exc:
+                raise ClusterError(str(exc)) from None
+            self.gpus = self._lease.gpus
+            self.options = replace(self.options, n=len(self.gpus))
+            self._n_asked = len(self.gpus)  # a restart of this cluster keeps its shape
         self.workdir = clusters_dir() / cluster_id
         self.workdir.mkdir(mode=0o700)
         # which kernel owns the cluster: `hvd-notebook clean` stops clusters whose kernel is gone
@@ -396,6 +408,9 @@ class MPICluster:
             self._reaper.kill()
             self._reaper.wait()
             self._reaper = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
 
 def _kill_all(pids: set[int], grace: float) -> None:

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 from conftest import assert_gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,10 +24,10 @@ import sys
 from hvd_notebook.cluster import ClusterOptions
 from hvd_notebook.session import Session
 session = Session.get()
-session.start(ClusterOptions(n=1, gpus={gpus!r}))
+session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
 cluster = session.cluster
 print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
-      ",".join(r.device for r in cluster.ranks), flush=True)
+      ",".join(r.device.replace(" ", "") for r in cluster.ranks), flush=True)
 sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
 """
 
@@ -36,8 +35,8 @@ sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
 class Kernel:
     """A process standing in for a notebook kernel with a running cluster."""
 
-    def __init__(self, gpus: str = "none", env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus)], cwd=ROOT,
+    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n)], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})
         self.workdir: Path | None = None
@@ -105,3 +104,44 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         for kernel in (orphan, live):
             kernel.close()
     assert_gone(live.pids | orphan.pids, timeout=20)
+
+
+def test_gpus_are_leased_between_notebooks(tmp_path):
+    """Three GPUs (listed, as on a node that restricts them): a second notebook
+    gets the free ones or an error naming the holder; leases end with the cluster
+    or with the kernel, however it dies."""
+    from hvd_notebook import leases
+
+    env = {"HVD_NOTEBOOK_GPUS": "0,1,2", "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "leases")}
+    a = Kernel("auto", n=2, env=env).wait_ready()
+    kernels = [a]
+    try:
+        assert a.devices == ["GPU0", "GPU1"], a.error
+        b = Kernel("auto", n=2, env=env).wait_ready()
+        kernels.append(b)
+        assert b.workdir is None and b.proc.returncode != 0
+        assert "-n 2 needs 2 GPU(s), but only 1 of this host's 3 (2) are free" in b.error, b.error
+        assert "GPU 0 by " in b.error and "GPU 1 by " in b.error
+        assert f"kernel {a.proc.pid}" in b.error and "-n 1" in b.error
+        c = Kernel("auto", n=None, env=env).wait_ready()  # a rank per free GPU
+        kernels.append(c)
+        assert c.devices == ["GPU2"], c.error
+
+        a.close()  # the cluster stops with its kernel: GPUs 0 and 1 are free again
+        d = Kernel("auto", n=2, env=env).wait_ready()
+        kernels.append(d)
+        assert d.devices == ["GPU0", "GPU1"], d.error
+
+        os.kill(c.proc.pid, signal.SIGKILL)  # no clean-up code runs; the lease goes with the process
+        c.proc.wait(10)
+        os.environ["HVD_NOTEBOOK_LEASE_DIR"] = env["HVD_NOTEBOOK_LEASE_DIR"]
+        try:
+            lease = leases.acquire(["0", "1", "2"], None, "test")
+            assert lease.gpus == ["2"]
+            lease.release()
+        finally:
+            del os.environ["HVD_NOTEBOOK_LEASE_DIR"]
+    finally:
+        for kernel in kernels:
+            kernel.close()
+    assert_gone(set().union(*(k.pids for k in kernels)) - {c.proc.pid}, timeout=30)
