@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -49,6 +50,7 @@ class ClusterOptions:
     timeout: float = 120.0
     gpus: str = "auto"  # auto | none | comma-separated ids
     backend: str = "auto"  # auto | builtin | horovod
+    secure: bool = False  # CurveZMQ between controller, engines and client
 
 
 @dataclass
@@ -129,6 +131,23 @@ def find_mpiexec(requested: str | None) -> str:
     return found
 
 
+def _single_host_launcher(mpiexec: str) -> str:
+    """MPICH's ``mpiexec.gforker`` beside its ``mpiexec``, where there is one.
+
+    All ranks of a cluster run on this host. Hydra, MPICH's default launcher,
+    listens for its proxies on a TCP port on every interface and has no option
+    to keep it on loopback; gforker forks the ranks itself and listens on no
+    port at all."""
+    gforker = Path(mpiexec).parent / "mpiexec.gforker"
+    return str(gforker) if gforker.is_file() and os.access(gforker, os.X_OK) else mpiexec
+
+
+# MPI between ranks of one host over shared memory only: UCX (MPICH's default
+# netmod in the wheel) otherwise opens a TCP listener on the host's network
+# interface. The user's own --env or environment wins.
+LOOPBACK_ENV = {k: v for k, v in {"UCX_TLS": "self,sm"}.items() if k not in os.environ}
+
+
 OWNER_FILE = "owner"  # "pid create_time" of the kernel that started the cluster
 
 
@@ -171,6 +190,8 @@ class MPICluster:
             raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
         self.options = replace(options, n=n)
         self.mpiexec = find_mpiexec(options.mpiexec)
+        if options.mpiexec is None:
+            self.mpiexec = _single_host_launcher(self.mpiexec)
         self.ipp_cluster: Any = None
         self.client: Any = None
         self.ranks: list[RankInfo] = []
@@ -205,8 +226,10 @@ class MPICluster:
         (self.workdir / OWNER_FILE).write_text(f"{os.getpid()} {psutil.Process().create_time()}")
         cfg = Config()
         cfg.MPILauncher.mpi_cmd = [self.mpiexec]
-        cfg.MPILauncher.mpi_args = list(self.options.mpi_args)
-        cfg.MPIEngineSetLauncher.environment = dict(self.options.env)
+        # gforker reports each rank's exit code or signal when the world ends
+        exitinfo = ["-exitinfo"] if self.mpiexec.endswith("mpiexec.gforker") else []
+        cfg.MPILauncher.mpi_args = exitinfo + list(self.options.mpi_args)
+        cfg.MPIEngineSetLauncher.environment = {**LOOPBACK_ENV, **dict(self.options.env)}
         try:
             self.ipp_cluster = ipp.Cluster(
                 engines="mpi",
@@ -215,6 +238,8 @@ class MPICluster:
                 profile_dir=str(self.workdir / "profile"),
                 shutdown_atexit=False,  # the session's own atexit stops it, leftovers included
                 log_level=logging.ERROR,
+                controller_ip="127.0.0.1",  # one host: nothing of the controller listens beyond loopback
+                controller_args=["--IPController.enable_curve=True"] if self.options.secure else [],
                 config=cfg,
             )
             self._start_reaper()
@@ -222,10 +247,17 @@ class MPICluster:
             self._pids.add(self.ipp_cluster.controller.pid)
             self._remember_descendants()
             self._start_engines(deadline)
+            self._make_files_private()
         except BaseException:
             self.stop()
             raise
         return self.ranks
+
+    def _make_files_private(self) -> None:
+        """Connection files (they hold the key that signs every message) and the
+        rest of the profile: readable by their owner only."""
+        for path in (self.workdir / "profile").rglob("*"):
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
     def _start_engines(self, deadline: float) -> None:
         """Launch one mpiexec world, wait until every rank registers, bootstrap it."""
@@ -368,6 +400,27 @@ class MPICluster:
             except psutil.NoSuchProcess:
                 out[r.rank] = False
         return out
+
+    def end_world(self, timeout: float = 2.0) -> None:
+        """Kill the ranks still alive (an MPI world cannot go on once one of its
+        ranks died) and give mpiexec a moment to report how each one ended."""
+        _kill_all({r.pid for r in self.ranks}, grace=0.0)
+        try:
+            launcher = self._engine_launcher()
+            psutil.Process(launcher.pid).wait(timeout)
+        except (psutil.Error, ValueError, AttributeError):
+            pass
+
+    def exit_reports(self) -> dict[int, str]:
+        """How each rank ended, where mpiexec said so (gforker's ``-exitinfo``):
+        rank -> "exit code 7" or "signal Kill"."""
+        reports = {}
+        for line in self.mpiexec_output_tail(200).splitlines():
+            m = re.match(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?", line)
+            if m:
+                rank, code, sig = int(m.group(1)), int(m.group(2)), m.group(3)
+                reports[rank] = f"signal {sig}" if sig else f"exit code {code}"
+        return reports
 
     # ------------------------------------------------------------------ stop
     def restart(self) -> list[RankInfo]:

@@ -135,6 +135,8 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
                    help="GPUs to pin ranks to by local rank (default auto: all visible)")
     p.add_argument("--backend", default="auto", choices=["auto", "builtin", "horovod"],
                    help="the hvd runtime: a real horovod where it imports (auto) or hvd_notebook's own")
+    p.add_argument("--secure", action="store_true",
+                   help="encrypt and authenticate the cluster's traffic with CurveZMQ (ipyparallel's enable_curve)")
 
 
 def _build_cell_parser(add_help: bool = True) -> _Parser:
@@ -218,6 +220,7 @@ class HvdMagics(Magics):
             options = ClusterOptions(
                 n=args.n, mpiexec=args.mpiexec, mpi_args=tuple(shlex.split(args.mpi_args)),
                 env=tuple(args.env), timeout=args.timeout, gpus=args.gpus, backend=args.backend,
+                secure=args.secure,
             )
             ranks = session.start(options, restart=args.restart)
             print(f"Started {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")

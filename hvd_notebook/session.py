@@ -316,18 +316,22 @@ class Session:
         """A rank's process is gone (os._exit, a signal, out of memory); MPI cannot
         go on without it, so the user is told to restart."""
         cluster = self.require()
-        time.sleep(0.5)  # let mpiexec write its report of the death
+        # An MPI world cannot go on without a rank: end the others too, so that none
+        # stays blocked in a collective, and let mpiexec report how each one ended.
+        cluster.end_world()
+        ended = cluster.exit_reports()
         mpiexec_tail = cluster.mpiexec_output_tail()
         others = [req.rank for req in requests if req.rank not in dead]
+        how = "; ".join(f"rank {r}: {ended[r]}" for r in dead if r in ended)
         last_lines = []
         for req in requests:
             if req.rank in dead:
                 printed = ((req.md["stdout"] or "") + (req.md["stderr"] or "")).strip().splitlines()[-5:]
                 last_lines += [f"  [{req.rank}] {line}" for line in printed] or [f"  [{req.rank}] (nothing)"]
         return RankDied(
-            f"rank(s) {dead} died while running the cell (the process exited or was killed; "
+            f"rank(s) {dead} died while running the cell ({how or 'the process exited or was killed'}; "
             "out of memory is a common cause). An MPI world cannot go on without a rank"
-            + (f" (MPI may end rank(s) {others} with it)" if others else "") + ": run "
+            + (f", so rank(s) {others} were ended too" if others else "") + ": run "
             "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells. "
             "%hvd status shows which ranks are dead.\nLast lines the rank(s) printed:\n" + "\n".join(last_lines)
             + "\nLast lines of mpiexec's output:\n" + mpiexec_tail

@@ -174,7 +174,7 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
         "    time.sleep(0.3)\n    os._exit(7)\ntime.sleep(60)"
     )
     assert not result.success and time.monotonic() - t0 < 10
-    assert "RankDied: rank(s) [1] died while running the cell" in out
+    assert "RankDied: rank(s) [1] died while running the cell (rank 1: exit code 7;" in out, out
     assert "[1] last words" in out and "%hvd restart" in out
     assert "Last lines of mpiexec's output" in out
     rows = session.status()

@@ -6,6 +6,7 @@ kernel does; every test proves by PID that what it started is gone."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import assert_gone
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,3 +147,82 @@ def test_gpus_are_leased_between_notebooks(tmp_path):
         for kernel in kernels:
             kernel.close()
     assert_gone(set().union(*(k.pids for k in kernels)) - {c.proc.pid}, timeout=30)
+
+
+def _listeners(pids: set[int]) -> dict[tuple[str, int], set[int]]:
+    found: dict[tuple[str, int], set[int]] = {}
+    for pid in pids:
+        try:
+            for conn in psutil.Process(pid).net_connections("inet"):
+                if conn.status == psutil.CONN_LISTEN:
+                    found.setdefault((conn.laddr.ip, conn.laddr.port), set()).add(pid)
+        except psutil.Error:
+            pass
+    return found
+
+
+def _forged_client(cluster, tmp_path, **changes):
+    """A client built from the cluster's connection file with some fields changed
+    (what a process without the real file could at best put together)."""
+    import ipyparallel as ipp
+
+    (client_file,) = (cluster.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
+    info = json.loads(client_file.read_text())
+    info.update(changes)
+    forged = tmp_path / "forged-client.json"
+    forged.write_text(json.dumps(info))
+    return ipp.Client(connection_info=str(forged), timeout=5)
+
+
+def test_only_loopback_private_files_and_signed_messages(tmp_path):
+    from hvd_notebook.cluster import ClusterOptions, MPICluster
+
+    cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
+    cluster.start()
+    pids = cluster.pids()
+    try:
+        listening = _listeners(pids)
+        assert listening, "no listening socket found: the check proves nothing"
+        beyond = {addr: who for addr, who in listening.items() if addr[0] not in ("127.0.0.1", "::1")}
+        assert beyond == {}, f"listening beyond loopback: {beyond}"
+        assert cluster.workdir.stat().st_mode & 0o777 == 0o700
+        files = [p for p in (cluster.workdir / "profile").rglob("*") if p.is_file()]
+        assert any(p.name.endswith("-client.json") for p in files)
+        assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}, files
+
+        # the right key runs code; the wrong key is not even answered
+        marker = tmp_path / "ran"
+        assert sorted(cluster.client[:].apply_sync(os.getpid)) == sorted(r.pid for r in cluster.ranks)
+        honest = _forged_client(cluster, tmp_path)  # the same file unchanged connects: the check can fail
+        assert sorted(honest.ids) == sorted(cluster.engine_ids())
+        honest.close()
+        with pytest.raises(TimeoutError):
+            client = _forged_client(cluster, tmp_path, key="0" * 36)
+            client[:].apply_sync(open, str(marker), "w")
+        time.sleep(1)
+        assert not marker.exists()
+    finally:
+        cluster.stop()
+    assert_gone(pids)
+
+
+def test_secure_start_encrypts_with_curve(tmp_path, ip, capsys):
+    from hvd_notebook.session import Session
+
+    ip.run_line_magic("hvd", "start -n 2 --secure")
+    session = Session.get()
+    pids = session.cluster.pids()
+    try:
+        (client_file,) = (session.cluster.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
+        info = json.loads(client_file.read_text())
+        assert info.get("curve_serverkey"), "no CurveZMQ server key: encryption is off"
+        result = ip.run_cell("%%hvd\nimport numpy as np\nprint('sum', hvd.allreduce(np.array([hvd.rank() + 1.0]), "
+                             "op=hvd.Sum))")
+        assert result.success
+        assert "[0] sum [3.]" in capsys.readouterr().out
+        _forged_client(session.cluster, tmp_path).close()  # unchanged, it connects
+        with pytest.raises(TimeoutError):  # the signing key alone is not enough without the server's curve key
+            _forged_client(session.cluster, tmp_path, curve_serverkey=None)
+    finally:
+        ip.run_line_magic("hvd", "stop")
+    assert_gone(pids)
