@@ -36,6 +36,7 @@ import bench_allreduce  # noqa: E402
 import bench_cluster  # noqa: E402
 import bench_keras  # noqa: E402
 import bench_progress  # noqa: E402
+import bench_soak  # noqa: E402
 from common import Context, Report  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "build" / "bench"
@@ -68,6 +69,11 @@ BENCHMARKS: list[Benchmark] = [
         "progress",
         "the same 2-rank fit with the live dashboard on and with --no-progress",
         bench_progress.run,
+    ),
+    Benchmark(
+        "soak",
+        "20 cycles of start, training, interrupt of a blocked collective, restart: recovery time and leaks",
+        bench_soak.run,
     ),
 ]
 

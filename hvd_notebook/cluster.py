@@ -148,6 +148,8 @@ def _single_host_launcher(mpiexec: str) -> str:
 LOOPBACK_ENV = {k: v for k, v in {"UCX_TLS": "self,sm"}.items() if k not in os.environ}
 
 
+ENGINE_HEARTBEAT_MISSES = 7  # the controller pings every 3 s; the engine checks every 3.5 s
+
 OWNER_FILE = "owner"  # "pid create_time" of the kernel that started the cluster
 
 
@@ -230,6 +232,9 @@ class MPICluster:
         exitinfo = ["-exitinfo"] if self.mpiexec.endswith("mpiexec.gforker") else []
         cfg.MPILauncher.mpi_args = exitinfo + list(self.options.mpi_args)
         cfg.MPIEngineSetLauncher.environment = {**LOOPBACK_ENV, **dict(self.options.env)}
+        # an idle engine whose controller is gone exits by itself after 7 missed
+        # heartbeats (about 25 s), even if the kernel and its watchdog were killed too
+        cfg.MPIEngineSetLauncher.engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
         try:
             self.ipp_cluster = ipp.Cluster(
                 engines="mpi",

@@ -126,7 +126,46 @@ def test_kernel_shutdown_stops_the_cluster(how):
             while km.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert not km.is_alive()
+        t0 = time.monotonic()
         assert_gone(pids, timeout=30)
+        print(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
+    """JupyterLab's stop button during a cell where rank 0 waits in a barrier that
+    rank 1 never joins: MPI does not return on SIGINT, so the session escalates."""
+    km, kc = _start_kernel()
+    try:
+        reply, out = _execute(kc, KERNEL_CODE)
+        assert reply["content"]["status"] == "ok", out
+        _, out = _execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
+        old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
+        msg_id = kc.execute("%%hvd\nfrom mpi4py import MPI\nimport time\nif hvd.rank() == 0:\n"
+                            "    MPI.COMM_WORLD.barrier()\nelse:\n    time.sleep(600)")
+        time.sleep(3)  # the cell is running; rank 0 is inside MPI
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
+            assert time.monotonic() - t0 < 10, "the ranks were not stopped within 10 s of the interrupt"
+            time.sleep(0.1)
+        stopped = time.monotonic() - t0
+        reply, out = _collect(kc, msg_id)
+        back = time.monotonic() - t0
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        assert "did not respond to an interrupt" in out and "every rank's variables are lost" in out, out
+        assert "re-run your set-up cells" in out
+        reply, out = _execute(kc, "%%hvd --all-output\nimport numpy as np\n"
+                                  "print('fresh', hvd.allreduce(np.ones(1), op=hvd.Sum))")
+        assert reply["content"]["status"] == "ok" and "[1] fresh [2.]" in out, out
+        print(f"interrupt: ranks stopped in {stopped:.1f} s, cell returned with a fresh world in {back:.1f} s")
+        _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
+        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        km.shutdown_kernel(now=False)
+        assert_gone(pids | old, timeout=30)
     finally:
         kc.stop_channels()
         if km.is_alive():
@@ -147,6 +186,11 @@ def _execute(kc, code, wait=True):
     msg_id = kc.execute(code)
     if not wait:
         return None, ""
+    return _collect(kc, msg_id)
+
+
+def _collect(kc, msg_id):
+    """The shell reply and the text output (streams and tracebacks) of one request."""
     out = []
     reply = kc.get_shell_msg(timeout=180)
     while reply["parent_header"].get("msg_id") != msg_id:
@@ -174,6 +218,7 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
         "    time.sleep(0.3)\n    os._exit(7)\ntime.sleep(60)"
     )
     assert not result.success and time.monotonic() - t0 < 10
+    print(f"os._exit(7) on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
     assert "RankDied: rank(s) [1] died while running the cell (rank 1: exit code 7;" in out, out
     assert "[1] last words" in out and "%hvd restart" in out
     assert "Last lines of mpiexec's output" in out
@@ -186,6 +231,43 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     assert_gone(first)
     result, out = run("%%hvd --all-output\nprint('back', hvd.rank())")
     assert "[0] back 0" in out and "[1] back 1" in out
+
+
+def test_segfault_and_sigkill_of_a_rank_are_reported_with_the_signal(session, run):
+    """The other two ways a rank dies: a crash in native code, and SIGKILL from
+    outside (what the kernel's out-of-memory killer sends). The other rank is
+    blocked in a collective that the dead one never joins."""
+    import os
+    import signal
+    import threading
+
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    t0 = time.monotonic()
+    result, out = run(
+        "%%hvd\nimport ctypes, numpy as np\nif hvd.rank() == 1:\n    ctypes.string_at(0)\n"
+        "hvd.allreduce(np.ones(2))"
+    )
+    assert not result.success and time.monotonic() - t0 < 10
+    print(f"segfault on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
+    assert "rank(s) [1] died while running the cell (rank 1: signal Segmentation" in out, out
+    assert "so rank(s) [0] were ended too" in out
+    assert [r["state"] for r in session.status()] == ["dead", "dead"]
+
+    result, out = run("%hvd restart")
+    assert result.success, out
+    victim = session.cluster.ranks[0].pid
+    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+    t0 = time.monotonic()
+    result, out = run("%%hvd\nimport numpy as np, time\nfor _ in range(60):\n    hvd.allreduce(np.ones(2))\n"
+                      "    time.sleep(0.5)")
+    assert not result.success and time.monotonic() - t0 < 11
+    print(f"SIGKILL of rank 0 (1 s into the cell): the cell failed after {time.monotonic() - t0:.1f} s")
+    assert "rank(s) [0] died while running the cell (rank 0: signal Kill" in out, out
+    result, out = run("%hvd restart")
+    assert result.success, out
+    result, out = run("%%hvd --all-output\nimport numpy as np\nprint('sum', hvd.allreduce(np.ones(2), op=hvd.Sum))")
+    assert "[0] sum [2. 2.]" in out and "[1] sum [2. 2.]" in out
 
 
 def test_backend_horovod_where_it_does_not_import(session, run):

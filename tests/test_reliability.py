@@ -6,6 +6,7 @@ kernel does; every test proves by PID that what it started is gone."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,8 @@ session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
 cluster = session.cluster
 print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
       ",".join(r.device.replace(" ", "") for r in cluster.ranks), flush=True)
+session.run_cell({cell!r}) if {cell!r} else None
+print("CELL-DONE", flush=True)
 sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
 """
 
@@ -37,8 +40,8 @@ sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
 class Kernel:
     """A process standing in for a notebook kernel with a running cluster."""
 
-    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n)], cwd=ROOT,
+    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None, cell: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n, cell=cell)], cwd=ROOT,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})
         self.workdir: Path | None = None
@@ -99,6 +102,7 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         assert f"left alone: {live.workdir.name}" in cleaned.stdout
         assert_gone(survivors, timeout=10)
         assert time.monotonic() - t0 < 15 and not orphan.workdir.exists()
+        print(f"hvd-notebook clean: orphaned cluster gone {time.monotonic() - t0:.1f} s after the command started")
         assert all(psutil.pid_exists(pid) for pid in live.pids - {live.proc.pid}), "clean touched a live cluster"
         again = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=60)
         assert "No orphaned clusters. 1 cluster(s) belong to running kernels." in again.stdout
@@ -226,3 +230,67 @@ def test_secure_start_encrypts_with_curve(tmp_path, ip, capsys):
     finally:
         ip.run_line_magic("hvd", "stop")
     assert_gone(pids)
+
+
+def test_two_kernels_clusters_are_isolated_from_each_other_and_from_other_users(tmp_path):
+    cell = ("import numpy as np, time, os\n"
+            "for i in range(20):\n"
+            "    total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)\n"
+            "    time.sleep(0.05)\n"
+            "print('SUM', total, os.environ.get('IPP_CLUSTER_ID', ''), flush=True)")
+    a, b = Kernel(n=2, cell=cell), Kernel(n=2, cell=cell)  # both start and train at the same time
+    try:
+        a.wait_ready(), b.wait_ready()
+        outs = []
+        for k in (a, b):
+            lines = []
+            while "CELL-DONE" not in (line := k.proc.stdout.readline()):
+                assert line, k.proc.stderr.read()
+                lines.append(line)
+            outs.append("".join(lines))
+        assert all("[0] SUM [3.]" in out for out in outs), outs  # each world has exactly its own 2 ranks
+        assert a.workdir != b.workdir and not (a.pids & b.pids)
+
+        def ports(kernel):
+            (f,) = (kernel.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
+            info = json.loads(f.read_text())
+            return {v for k, v in info.items() if isinstance(v, int) and k not in ("pack", "unpack")}
+
+        assert ports(a) and not (ports(a) & ports(b))
+
+        if os.geteuid() == 0:  # another user on the same host: no way in to the key or the directory
+            probe = ("import sys, pathlib\n"
+                     "d = pathlib.Path(sys.argv[1])\n"
+                     "for action in (lambda: list(d.iterdir()), lambda: (d / 'owner').read_text()):\n"
+                     "    try:\n        action(); print('READABLE')\n"
+                     "    except PermissionError:\n        print('DENIED')\n")
+            other = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                                    "/usr/bin/python3", "-c", probe, str(a.workdir)],
+                                   capture_output=True, text=True, timeout=30)
+            assert other.stdout.split() == ["DENIED", "DENIED"], other.stdout + other.stderr
+    finally:
+        a.close(), b.close()
+    assert_gone(a.pids | b.pids, timeout=20)
+
+
+def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_killed():
+    """The worst case: nothing that could stop the cluster is left. Idle engines
+    notice the lost controller (missed heartbeats) and exit within 30 s."""
+    kernel = Kernel(n=2).wait_ready()
+    try:
+        procs = {pid: psutil.Process(pid) for pid in kernel.pids if psutil.pid_exists(pid)}
+        engines = {pid for pid, p in procs.items() if p.cmdline()[1:3] == ["-m", "ipyparallel.engine"]}
+        assert len(engines) == 2, {pid: p.cmdline() for pid, p in procs.items()}
+        for pid, p in procs.items():
+            cmd = " ".join(p.cmdline())
+            if pid == kernel.proc.pid or "hvd_notebook.reaper" in cmd or "ipyparallel.controller" in cmd:
+                p.kill()
+        t0 = time.monotonic()
+        assert_gone(engines, timeout=30)
+        print(f"engines exited {time.monotonic() - t0:.1f} s after their controller was killed")
+    finally:
+        kernel.close()
+        for pid in kernel.pids:  # whatever else is left (the launcher)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+    assert_gone(kernel.pids, timeout=10)
