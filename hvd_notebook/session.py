@@ -319,7 +319,9 @@ class Session:
         # An MPI world cannot go on without a rank: end the others too, so that none
         # stays blocked in a collective, and let mpiexec report how each one ended.
         cluster.end_world()
-        ended = cluster.exit_reports()
+        deadline = time.monotonic() + 3.0
+        while not all(r in (ended := cluster.exit_reports()) for r in dead) and time.monotonic() < deadline:
+            time.sleep(0.1)  # mpiexec's last words reach its log a moment after it exits
         mpiexec_tail = cluster.mpiexec_output_tail()
         others = [req.rank for req in requests if req.rank not in dead]
         how = "; ".join(f"rank {r}: {ended[r]}" for r in dead if r in ended)
