@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -19,6 +20,12 @@ from hvd_notebook.session import Session
 collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
 
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
+
+
+def figure(text: str) -> None:
+    """A measured figure that README.md's tables quote: shown even when pytest
+    captures output (run with -s, or read it in the log)."""
+    sys.__stderr__.write(f"\n[figure] {text}\n")
 
 
 def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:

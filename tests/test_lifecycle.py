@@ -8,7 +8,7 @@ import time
 
 import psutil
 import pytest
-from conftest import ProcessWatch, assert_gone
+from conftest import ProcessWatch, assert_gone, figure
 
 from hvd_notebook.session import Session
 
@@ -128,7 +128,7 @@ def test_kernel_shutdown_stops_the_cluster(how):
             assert not km.is_alive()
         t0 = time.monotonic()
         assert_gone(pids, timeout=30)
-        print(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
+        figure(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
     finally:
         kc.stop_channels()
         if km.is_alive():
@@ -161,7 +161,7 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
         reply, out = _execute(kc, "%%hvd --all-output\nimport numpy as np\n"
                                   "print('fresh', hvd.allreduce(np.ones(1), op=hvd.Sum))")
         assert reply["content"]["status"] == "ok" and "[1] fresh [2.]" in out, out
-        print(f"interrupt: ranks stopped in {stopped:.1f} s, cell returned with a fresh world in {back:.1f} s")
+        figure(f"interrupt: ranks stopped in {stopped:.1f} s, cell returned with a fresh world in {back:.1f} s")
         _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
         pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
         km.shutdown_kernel(now=False)
@@ -218,7 +218,7 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
         "    time.sleep(0.3)\n    os._exit(7)\ntime.sleep(60)"
     )
     assert not result.success and time.monotonic() - t0 < 10
-    print(f"os._exit(7) on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
+    figure(f"os._exit(7) on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
     assert "RankDied: rank(s) [1] died while running the cell (rank 1: exit code 7;" in out, out
     assert "[1] last words" in out and "%hvd restart" in out
     assert "Last lines of mpiexec's output" in out
@@ -249,7 +249,7 @@ def test_segfault_and_sigkill_of_a_rank_are_reported_with_the_signal(session, ru
         "hvd.allreduce(np.ones(2))"
     )
     assert not result.success and time.monotonic() - t0 < 10
-    print(f"segfault on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
+    figure(f"segfault on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
     assert "rank(s) [1] died while running the cell (rank 1: signal Segmentation" in out, out
     assert "so rank(s) [0] were ended too" in out
     assert [r["state"] for r in session.status()] == ["dead", "dead"]
@@ -262,7 +262,7 @@ def test_segfault_and_sigkill_of_a_rank_are_reported_with_the_signal(session, ru
     result, out = run("%%hvd\nimport numpy as np, time\nfor _ in range(60):\n    hvd.allreduce(np.ones(2))\n"
                       "    time.sleep(0.5)")
     assert not result.success and time.monotonic() - t0 < 11
-    print(f"SIGKILL of rank 0 (1 s into the cell): the cell failed after {time.monotonic() - t0:.1f} s")
+    figure(f"SIGKILL of rank 0 (1 s into the cell): the cell failed after {time.monotonic() - t0:.1f} s")
     assert "rank(s) [0] died while running the cell (rank 0: signal Kill" in out, out
     result, out = run("%hvd restart")
     assert result.success, out

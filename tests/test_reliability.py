@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import assert_gone
+from conftest import assert_gone, figure
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "hvd_notebook.cli"]
@@ -102,7 +102,7 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         assert f"left alone: {live.workdir.name}" in cleaned.stdout
         assert_gone(survivors, timeout=10)
         assert time.monotonic() - t0 < 15 and not orphan.workdir.exists()
-        print(f"hvd-notebook clean: orphaned cluster gone {time.monotonic() - t0:.1f} s after the command started")
+        figure(f"hvd-notebook clean: orphaned cluster gone {time.monotonic() - t0:.1f} s after the command started")
         assert all(psutil.pid_exists(pid) for pid in live.pids - {live.proc.pid}), "clean touched a live cluster"
         again = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=60)
         assert "No orphaned clusters. 1 cluster(s) belong to running kernels." in again.stdout
@@ -287,7 +287,7 @@ def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_
                 p.kill()
         t0 = time.monotonic()
         assert_gone(engines, timeout=30)
-        print(f"engines exited {time.monotonic() - t0:.1f} s after their controller was killed")
+        figure(f"engines exited {time.monotonic() - t0:.1f} s after their controller was killed")
     finally:
         kernel.close()
         for pid in kernel.pids:  # whatever else is left (the launcher)
