@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import psutil
 import pytest
@@ -22,9 +23,15 @@ collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
 
 
+FIGURES = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "figures.txt"
+
+
 def figure(text: str) -> None:
-    """A measured figure that README.md's tables quote: shown even when pytest
-    captures output (run with -s, or read it in the log)."""
+    """A measured figure that README.md's tables quote: appended to
+    build/test-artifacts/figures.txt (and shown with pytest -s)."""
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    with FIGURES.open("a") as f:
+        f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
     sys.__stderr__.write(f"\n[figure] {text}\n")
 
 
