@@ -34,7 +34,7 @@ test-horovod:
 	HVD_TEST_BACKEND=horovod HVD_NOTEBOOK_GPUS= $(HOROVOD_ENV)/bin/python -m pytest tests/test_backends.py $(PYTEST_ARGS)
 
 lab: install
-	$(PY) -m ipykernel install --sys-prefix --name hvd-tensorflow --display-name "Python 3 (hvd_notebook)"
+	$(VENV)/bin/hvd-notebook install-kernel --sys-prefix
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: install
