@@ -13,16 +13,23 @@ from nbclient import NotebookClient
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
-def test_quickstart_trains_on_two_ranks():
+def execute(name: str, workdir: Path | None = None) -> str:
+    """Run a notebook top to bottom as `make demo` does; return its text output.
+    Fails if it was committed with outputs or leaves cluster processes behind."""
     before = cluster_processes()
-    nb = nbformat.read(NOTEBOOKS / "01-quickstart.ipynb", as_version=4)
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "committed with outputs"
     NotebookClient(nb, timeout=600, kernel_name="python3",
-                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    text = "".join(
+                   resources={"metadata": {"path": str(workdir or NOTEBOOKS)}}).execute()
+    assert cluster_processes() <= before
+    return "".join(
         out.get("text", "") + out.get("data", {}).get("text/plain", "")
         for c in nb.cells if c.cell_type == "code" for out in c.outputs
     )
+
+
+def test_quickstart_trains_on_two_ranks():
+    text = execute("01-quickstart.ipynb")
     assert "Started 2 MPI ranks (hvd: builtin)." in text
     assert "[0] rank 0 of 2: " in text and "[1] rank 1 of 2: " in text
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
@@ -30,4 +37,38 @@ def test_quickstart_trains_on_two_ranks():
     assert all(a > 0.85 for a in accuracies.values()), accuracies
     assert accuracies[0] == accuracies[1]  # different seeds, one model: the broadcast and the optimizer worked
     assert "Cluster stopped." in text
-    assert cluster_processes() <= before
+    assert re.search(r"\[hvd\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", text), text
+
+
+def test_large_batch_sweep():
+    text = execute("02-large-batch.ipynb")
+    runs = re.findall(r"\[0\] global batch +(\d+) +lr ([0-9.]+) +warm-up (yes|no) +test accuracy ([0-9.]+)", text)
+    assert [(int(b), w) for b, _, w, _ in runs] == [(32, "no"), (32, "yes"), (128, "no"), (128, "yes"),
+                                                    (512, "no"), (512, "yes")], text
+    assert [float(lr) for _, lr, _, _ in runs[::2]] == [0.01, 0.04, 0.16]  # the linear scaling rule
+    assert all(float(a) > 0.5 for *_, a in runs), runs
+    assert "Pulled 'results' from rank 0." in text and "<Figure" in text
+
+
+def test_timeline_chart_and_fusion():
+    text = execute("03-timeline-and-fusion.ipynb")
+    phases = re.search(r"(\d+) phases recorded; phases: (.*)", text)
+    assert phases and int(phases.group(1)) > 10, text
+    assert {"NEGOTIATE_ALLREDUCE", "MPI_ALLREDUCE"} <= set(phases.group(2).split(", ")), phases.group(2)
+    assert re.search(r"step time: fused [0-9.]+ ms, one reduction per tensor [0-9.]+ ms \([0-9.]+x\)", text), text
+
+
+def test_custom_loop_with_distributed_gradient_tape():
+    text = execute("04-custom-loop.ipynb")
+    accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
+    assert set(accuracies) == {0, 1} and accuracies[0] == accuracies[1], text
+    assert accuracies[0] > 0.85, accuracies
+    assert "[hvd] custom epoch 6/6 | 2 ranks | " in text and "samples/s | loss " in text, text
+
+
+def test_notebook_code_runs_unchanged_as_a_batch_job(tmp_path):
+    text = execute("05-from-notebook-to-batch.ipynb", workdir=tmp_path)  # train.py is written there
+    notebook = re.search(r"notebook: final accuracy ([0-9.]+)", text)
+    batch = re.search(r"batch job: final accuracy ([0-9.]+) on 2 ranks", text)
+    assert notebook and batch, text
+    assert abs(float(notebook.group(1)) - float(batch.group(1))) <= 0.02, text
