@@ -126,6 +126,7 @@ class _Run:
         self.steps: int | None = None
         self.samples_before = 0  # samples of the completed epochs
         self.epoch_closed = False  # the current epoch's samples are in samples_before already
+        self.epoch_first_sample = 0  # custom loops: samples reported when the epoch began
         self.logs: dict[str, float] = {}
         self.epoch_logs: dict[int, dict[str, float]] = {}
         self.epoch_start = self.start
@@ -328,18 +329,27 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
         run.epochs = epochs or 1
     last_epoch = (epoch or 0) + 1 >= (epochs or 1)
     if epoch is not None and epoch != run.epoch:
-        run.epoch_logs[run.epoch] = dict(run.logs, time=time.monotonic() - run.epoch_start)
+        if run.epoch not in run.epoch_logs:  # the loop moved on without reporting the last step
+            run.epoch_logs[run.epoch] = _custom_epoch_record(run)
         run.epoch, run.epoch_start = epoch, time.monotonic()
+        run.epoch_first_sample = run.samples_before
     run.step, run.steps = int(step), total
     run.logs.update(_floats(metrics))
     if samples is not None:
-        run.samples_before, run.batch_size = int(samples), 0
+        run.samples_before, run.batch_size = int(samples), 0  # samples so far, as told
     finished = total is not None and step >= total
     if finished:
-        run.epoch_logs[run.epoch] = dict(run.logs, time=time.monotonic() - run.epoch_start)
+        run.epoch_logs[run.epoch] = _custom_epoch_record(run, samples is not None)
     run.update("done" if finished and last_epoch else "epoch_end" if finished else "running")
     if finished and last_epoch:
         _Custom.run = None
+
+
+def _custom_epoch_record(run: _Run, with_samples: bool = True) -> dict[str, float]:
+    record = dict(run.logs, time=time.monotonic() - run.epoch_start)
+    if with_samples and run.batch_size == 0:  # report() was given samples
+        record["samples"] = run.samples_before - run.epoch_first_sample
+    return record
 
 
 # ------------------------------------------------------------------ Keras hook
