@@ -4,13 +4,16 @@ and reach the figures they promise."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
 from conftest import cluster_processes
 from nbclient import NotebookClient
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
 
 
 def execute(name: str, workdir: Path | None = None) -> str:
@@ -28,8 +31,22 @@ def execute(name: str, workdir: Path | None = None) -> str:
     )
 
 
-def test_quickstart_trains_on_two_ranks():
-    text = execute("01-quickstart.ipynb")
+def test_make_demo_runs_the_quickstart_and_prints_its_summary():
+    """What `make demo` runs (CI runs this suite on a fresh clone): its summary,
+    and the executed notebook it leaves in build/."""
+    before = cluster_processes()
+    proc = subprocess.run([sys.executable, "scripts/demo.py"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = proc.stdout
+    assert re.search(r"rank +host +pid +device", summary) and "Started 2 MPI ranks" in summary, summary
+    assert re.search(r"\[hvd\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", summary), summary
+    assert re.search(r"rank 0: final test accuracy 0\.\d+\nrank 1: final test accuracy 0\.\d+", summary), summary
+    assert re.search(r"wall time: [\d.]+ s", summary) and "executed notebook: build/01-quickstart.ipynb" in summary
+    assert cluster_processes() <= before
+
+    nb = nbformat.read(ROOT / "build" / "01-quickstart.ipynb", as_version=4)
+    text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "")
+                   for c in nb.cells if c.cell_type == "code" for out in c.outputs)
     assert "Started 2 MPI ranks (hvd: builtin)." in text
     assert "[0] rank 0 of 2: " in text and "[1] rank 1 of 2: " in text
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
@@ -72,3 +89,12 @@ def test_notebook_code_runs_unchanged_as_a_batch_job(tmp_path):
     batch = re.search(r"batch job: final accuracy ([0-9.]+) on 2 ranks", text)
     assert notebook and batch, text
     assert abs(float(notebook.group(1)) - float(batch.group(1))) <= 0.02, text
+
+
+def test_every_notebook_is_stored_without_outputs_and_is_tested():
+    names = sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
+    assert names == ["01-quickstart.ipynb", "02-large-batch.ipynb", "03-timeline-and-fusion.ipynb",
+                     "04-custom-loop.ipynb", "05-from-notebook-to-batch.ipynb"]
+    for name in names:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        assert not any(c.get("outputs") or c.get("execution_count") for c in nb.cells if c.cell_type == "code"), name
