@@ -145,7 +145,7 @@ def _single_host_launcher(mpiexec: str) -> str:
 # MPI between ranks of one host over shared memory only: UCX (MPICH's default
 # netmod in the wheel) otherwise opens a TCP listener on the host's network
 # interface. The user's own --env or environment wins.
-LOOPBACK_ENV = {k: v for k, v in {"UCX_TLS": "self,sm"}.items() if k not in os.environ}
+LOOPBACK_ENV = {"UCX_TLS": "self,sm"}
 
 
 ENGINE_HEARTBEAT_MISSES = 7  # the controller pings every 3 s; the engine checks every 3.5 s
@@ -231,7 +231,8 @@ class MPICluster:
         # gforker reports each rank's exit code or signal when the world ends
         exitinfo = ["-exitinfo"] if self.mpiexec.endswith("mpiexec.gforker") else []
         cfg.MPILauncher.mpi_args = exitinfo + list(self.options.mpi_args)
-        cfg.MPIEngineSetLauncher.environment = {**LOOPBACK_ENV, **dict(self.options.env)}
+        defaults = {k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ}
+        cfg.MPIEngineSetLauncher.environment = {**defaults, **dict(self.options.env)}
         # an idle engine whose controller is gone exits by itself after 7 missed
         # heartbeats (about 25 s), even if the kernel and its watchdog were killed too
         cfg.MPIEngineSetLauncher.engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
