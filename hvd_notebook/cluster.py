@@ -179,7 +179,6 @@ class MPICluster:
         self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() leases the free ones
         self.gpus: list[str] = []
         self._lease: leases.Lease | None = None
-        self._n_asked = options.n
         n = options.n if options.n is not None else (len(self.host_gpus) or DEFAULT_RANKS_WITHOUT_GPU)
         if n < 1:
             raise ClusterError(f"-n {n}: a cluster needs at least one rank; try -n 2.")
@@ -190,7 +189,8 @@ class MPICluster:
             )
         if options.timeout <= 0:
             raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
-        self.options = replace(options, n=n)
+        # with GPUs and no -n, start() settles n: one rank per GPU that is free then
+        self.options = options if self.host_gpus and options.n is None else replace(options, n=n)
         self.mpiexec = find_mpiexec(options.mpiexec)
         if options.mpiexec is None:
             self.mpiexec = _single_host_launcher(self.mpiexec)
@@ -216,12 +216,11 @@ class MPICluster:
         cluster_id = f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
         if self.host_gpus:  # GPUs held by other notebooks' clusters are skipped (hvd_notebook.leases)
             try:
-                self._lease = leases.acquire(self.host_gpus, self._n_asked, f"kernel {os.getpid()}, {cluster_id}")
+                self._lease = leases.acquire(self.host_gpus, self.options.n, f"kernel {os.getpid()}, {cluster_id}")
             except leases.LeaseError as exc:
                 raise ClusterError(str(exc)) from None
             self.gpus = self._lease.gpus
-            self.options = replace(self.options, n=len(self.gpus))
-            self._n_asked = len(self.gpus)  # a restart of this cluster keeps its shape
+            self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
         self.workdir = clusters_dir() / cluster_id
         self.workdir.mkdir(mode=0o700)
         # which kernel owns the cluster: `hvd-notebook clean` stops clusters whose kernel is gone

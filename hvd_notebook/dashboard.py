@@ -277,22 +277,24 @@ class Board:
             rows.append(row)
         return rows
 
+    @property
+    def curve_run(self) -> Run | None:
+        """The latest run with curves (a fit or a custom loop; evaluate/predict have none)."""
+        return next((run for run in reversed(self.runs) if run.kind in ("fit", "custom")), None)
+
     def metrics(self, run: Run | None = None) -> list[str]:
-        run = run or self.current
+        """The metrics with curves, loss first (of the latest curve run by default)."""
+        run = run or self.curve_run
         names: list[str] = []
         for rp in (run.ranks.values() if run else ()):
             names += [n for n in rp.points if n not in names]
         return sorted(names, key=lambda n: (n != "loss", n))
 
-    def curve_runs(self) -> list[Run]:
-        return [run for run in self.runs if run.kind in ("fit", "custom")]
-
     def curve(self, metric: str, run: Run | None = None) -> tuple[dict[int, tuple[list[int], list[float]]],
                                                                  tuple[list[int], list[float]]]:
         """Each rank's (steps, values) of ``metric``, and their mean over ranks at
         every step where each rank has a value at or before it."""
-        runs = self.curve_runs()
-        run = run or (runs[-1] if runs else None)
+        run = run or self.curve_run
         per_rank: dict[int, tuple[list[int], list[float]]] = {}
         for r, rp in sorted((run.ranks if run else {}).items()):
             points = rp.points.get(metric, [])
@@ -501,7 +503,7 @@ class WidgetView:
             if label and rp.state != "failed":
                 line = f"<b>{html.escape(label)}</b> " + line
             text.value = f"<span style='font-family:monospace'>{line}</span>"
-        for metric in board.metrics(board.curve_runs()[-1] if board.curve_runs() else None):
+        for metric in board.metrics():
             per_rank, (mx, my) = board.curve(metric)
             fig, mean, lines = self._figure(metric)
             with fig.hold_sync():
@@ -552,7 +554,7 @@ def _cell(value: Any) -> str:
 
 def curves_png(board: Board) -> bytes | None:
     """The curves of every metric (mean over ranks, each rank faint) as a PNG."""
-    metrics = board.metrics(board.curve_runs()[-1] if board.curve_runs() else None)
+    metrics = board.metrics()
     if not metrics:
         return None
     try:

@@ -126,7 +126,8 @@ class _Run:
         self.steps: int | None = None
         self.samples_before = 0  # samples of the completed epochs
         self.epoch_closed = False  # the current epoch's samples are in samples_before already
-        self.epoch_first_sample = 0  # custom loops: samples reported when the epoch began
+        self.told_samples: int | None = None  # custom loops: the samples report() was given
+        self.epoch_first_sample = 0  # custom loops: told_samples when the epoch began
         self.logs: dict[str, float] = {}
         self.epoch_logs: dict[int, dict[str, float]] = {}
         self.epoch_start = self.start
@@ -139,6 +140,8 @@ class _Run:
         return min(done, self.num_samples) if self.num_samples else done
 
     def samples(self) -> int | None:
+        if self.told_samples is not None:
+            return self.told_samples
         current = self.epoch_samples()
         if current is None:
             return None
@@ -332,11 +335,11 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
         if run.epoch not in run.epoch_logs:  # the loop moved on without reporting the last step
             run.epoch_logs[run.epoch] = _custom_epoch_record(run)
         run.epoch, run.epoch_start = epoch, time.monotonic()
-        run.epoch_first_sample = run.samples_before
+        run.epoch_first_sample = run.told_samples or 0
     run.step, run.steps = int(step), total
     run.logs.update(_floats(metrics))
     if samples is not None:
-        run.samples_before, run.batch_size = int(samples), 0  # samples so far, as told
+        run.told_samples = int(samples)
     finished = total is not None and step >= total
     if finished:
         run.epoch_logs[run.epoch] = _custom_epoch_record(run, samples is not None)
@@ -347,8 +350,8 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
 
 def _custom_epoch_record(run: _Run, with_samples: bool = True) -> dict[str, float]:
     record = dict(run.logs, time=time.monotonic() - run.epoch_start)
-    if with_samples and run.batch_size == 0:  # report() was given samples
-        record["samples"] = run.samples_before - run.epoch_first_sample
+    if with_samples and run.told_samples is not None:
+        record["samples"] = run.told_samples - run.epoch_first_sample
     return record
 
 

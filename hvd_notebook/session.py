@@ -24,6 +24,7 @@ LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes ex
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 
 
+_DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 _INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
 
 
@@ -254,8 +255,9 @@ class Session:
                     dead = [r for r, ok in cluster.alive().items() if not ok and r in ranks]
                     if dead:
                         pump(final=True)
-                        for rank in dead if board is not None else ():
-                            board.fail(rank, "the rank's process died")
+                        if board is not None:
+                            for rank in dead:
+                                board.fail(rank, _DIED)
                         raise self._ranks_died(dead, requests)
                 if deadline is not None and time.monotonic() > deadline:
                     running = [req.rank for req in requests if not req.done]
@@ -273,9 +275,9 @@ class Session:
             raise
 
         died = [req for req in failed if _is_engine_death(req.error)]
-        for req in failed:
-            if board is not None:
-                board.fail(req.rank, "the rank's process died" if _is_engine_death(req.error) else
+        if board is not None:
+            for req in failed:
+                board.fail(req.rank, _DIED if _is_engine_death(req.error) else
                            f"{getattr(req.error, 'ename', type(req.error).__name__)}: "
                            f"{getattr(req.error, 'evalue', req.error)}")
         if died:
@@ -303,14 +305,14 @@ class Session:
     def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
         """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when
         it changes; queued ahead of the cell on each engine, so no round trip."""
-        state = (id(cluster.client), enabled)
-        if self._engine_progress == state or (self._engine_progress is None and enabled):
-            self._engine_progress = state
-            return
-        from . import progress
+        client_id = id(cluster.client)
+        known = self._engine_progress
+        current = known[1] if known and known[0] == client_id else True  # fresh engines start with it on
+        if enabled != current:
+            from . import progress
 
-        cluster.client[cluster.engine_ids([r.rank for r in cluster.ranks])].apply_async(progress.set_enabled, enabled)
-        self._engine_progress = state
+            cluster.client[cluster.engine_ids()].apply_async(progress.set_enabled, enabled)
+        self._engine_progress = (client_id, enabled)
 
     def _ranks_died(self, dead: list[int], requests: list[_Request]) -> RankDied:
         """A rank's process is gone (os._exit, a signal, out of memory); MPI cannot
