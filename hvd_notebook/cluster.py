@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from typing import Any
 
 import psutil
 
+from . import hosts as hostlib
 from . import leases
 from .reaper import PID_FILE
 
@@ -50,7 +52,11 @@ class ClusterOptions:
     timeout: float = 120.0
     gpus: str = "auto"  # auto | none | comma-separated ids
     backend: str = "auto"  # auto | builtin | horovod
-    secure: bool = False  # CurveZMQ between controller, engines and client
+    secure: bool = False  # CurveZMQ between controller, engines and client (always on beyond loopback)
+    hosts: str | None = None  # -H host1:4,host2:4
+    hostfile: str | None = None
+    ip: str | None = None  # where the controller listens for engines on other hosts
+    launcher: str = "auto"  # auto | mpiexec | srun (auto: srun inside a Slurm allocation)
 
 
 @dataclass
@@ -67,6 +73,8 @@ class RankInfo:
     intra_op_threads: int
     inter_op_threads: int
     backend: str
+    ip: str = ""  # the rank's address on its route to the controller
+    here: bool = True  # on the kernel's host (its pid means something here)
 
 
 def detect_gpus() -> list[str]:
@@ -89,6 +97,32 @@ def detect_gpus() -> list[str]:
     except (subprocess.SubprocessError, OSError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_memory_by_pid() -> dict[int, int]:
+    """Bytes of GPU memory each process holds on this host, from ``nvidia-smi``
+    (empty where there is none). Asked of the driver, so busy ranks need not answer."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+    try:
+        out = subprocess.run(
+            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    return parse_gpu_memory(out)
+
+
+def parse_gpu_memory(csv_text: str) -> dict[int, int]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory`` output (MiB) as pid -> bytes."""
+    used: dict[int, int] = {}
+    for line in csv_text.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and mib.strip().isdigit():
+            used[int(pid)] = used.get(int(pid), 0) + int(mib) * 2**20
+    return used
 
 
 def resolve_gpus(spec: str) -> list[str]:
@@ -160,6 +194,50 @@ def clusters_dir() -> Path:
     return base
 
 
+def _placement(options: ClusterOptions) -> tuple[str, list[hostlib.Host]]:
+    """Where the ranks go: "local" (this host), "hosts" (-H or --hostfile, through
+    mpiexec) or "srun" (inside a Slurm allocation), and the hosts of -H."""
+    if options.launcher not in ("auto", "mpiexec", "srun"):
+        raise hostlib.HostError(f"--launcher {options.launcher!r}: use auto, mpiexec or srun.")
+    if options.hosts and options.hostfile:
+        raise hostlib.HostError("give the hosts with -H or with --hostfile, not both.")
+    if options.hosts or options.hostfile:
+        if options.launcher == "srun":
+            raise hostlib.HostError("--launcher srun places the ranks on the allocation's nodes itself; "
+                                    "drop -H/--hostfile, or use --launcher mpiexec.")
+        hosts = hostlib.parse_hosts(options.hosts) if options.hosts else hostlib.read_hostfile(options.hostfile)
+        return "hosts", hosts
+    if options.launcher == "srun" or (options.launcher == "auto" and hostlib.in_slurm_allocation()
+                                      and shutil.which("srun") and options.mpiexec is None):
+        if not hostlib.in_slurm_allocation():
+            raise hostlib.HostError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID is not set): run the "
+                                    "notebook server or kernel inside salloc/sbatch, or use --launcher mpiexec.")
+        if shutil.which("srun") is None:
+            raise hostlib.HostError("--launcher srun: srun is not on PATH; load Slurm's environment first.")
+        return "srun", []
+    return "local", []
+
+
+def _srun_ranks(n: int | None) -> int:
+    """-n inside an allocation: the allocation's tasks by default, and no more than those."""
+    tasks = hostlib.slurm_tasks()
+    if n is None:
+        return tasks or DEFAULT_RANKS_WITHOUT_GPU
+    if tasks is not None and n > tasks:
+        raise ClusterError(f"-n {n} ranks but the Slurm allocation has {tasks} task(s) (SLURM_NTASKS). Ask "
+                           f"salloc/sbatch for more (-n {n}) or start fewer ranks (-n {tasks}).")
+    return n
+
+
+def _is_open_mpi(mpiexec: str) -> bool:
+    """Open MPI's mpiexec takes --host; MPICH's hydra takes -hosts."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (subprocess.SubprocessError, OSError):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
+
+
 def _tail(text: str, lines: int = 20) -> str:
     kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
     return "\n".join("    " + line for line in kept) or "    (mpiexec printed nothing)"
@@ -179,21 +257,34 @@ class MPICluster:
         self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() leases the free ones
         self.gpus: list[str] = []
         self._lease: leases.Lease | None = None
-        n = options.n if options.n is not None else (len(self.host_gpus) or DEFAULT_RANKS_WITHOUT_GPU)
+        if options.timeout <= 0:
+            raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
+        try:
+            self.mode, self.hosts = _placement(options)
+        except hostlib.HostError as exc:
+            raise ClusterError(str(exc)) from None
+        if self.mode == "local":
+            n = options.n if options.n is not None else (len(self.host_gpus) or DEFAULT_RANKS_WITHOUT_GPU)
+        elif self.mode == "hosts":
+            n = hostlib.check_slots(self.hosts, options.n)
+        else:
+            n = _srun_ranks(options.n)
         if n < 1:
             raise ClusterError(f"-n {n}: a cluster needs at least one rank; try -n 2.")
-        if self.host_gpus and n > len(self.host_gpus):
+        if self.mode == "local" and self.host_gpus and n > len(self.host_gpus):
             raise ClusterError(
                 f"-n {n} ranks but only {len(self.host_gpus)} GPU(s) ({','.join(self.host_gpus)}) on this "
                 f"host: one rank per GPU. Use -n {len(self.host_gpus)}, or --gpus none to run on CPUs."
             )
-        if options.timeout <= 0:
-            raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
-        # with GPUs and no -n, start() settles n: one rank per GPU that is free then
-        self.options = options if self.host_gpus and options.n is None else replace(options, n=n)
-        self.mpiexec = find_mpiexec(options.mpiexec)
-        if options.mpiexec is None:
-            self.mpiexec = _single_host_launcher(self.mpiexec)
+        # on this host with GPUs and no -n, start() settles n: one rank per GPU that is free then
+        leasing = self.mode == "local" and self.host_gpus and options.n is None
+        self.options = options if leasing else replace(options, n=n)
+        if self.mode == "srun":
+            self.mpiexec = shutil.which("srun") or "srun"
+        else:
+            self.mpiexec = find_mpiexec(options.mpiexec)
+            if options.mpiexec is None and self.mode == "local":
+                self.mpiexec = _single_host_launcher(self.mpiexec)
         self.ipp_cluster: Any = None
         self.client: Any = None
         self.ranks: list[RankInfo] = []
@@ -214,13 +305,20 @@ class MPICluster:
 
         deadline = time.monotonic() + self.options.timeout
         cluster_id = f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
-        if self.host_gpus:  # GPUs held by other notebooks' clusters are skipped (hvd_notebook.leases)
+        try:
+            controller_ip = self._controller_ip()
+        except hostlib.HostError as exc:
+            raise ClusterError(str(exc)) from None
+        beyond_loopback = controller_ip != "127.0.0.1"
+        if self.host_gpus and self.mode == "local":  # GPUs held by other notebooks' clusters are skipped
             try:
                 self._lease = leases.acquire(self.host_gpus, self.options.n, f"kernel {os.getpid()}, {cluster_id}")
             except leases.LeaseError as exc:
                 raise ClusterError(str(exc)) from None
             self.gpus = self._lease.gpus
             self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
+        elif self.host_gpus:  # other hosts: the same GPU ids on each (leases cover this host's GPUs only)
+            self.gpus = list(self.host_gpus)
         self.workdir = clusters_dir() / cluster_id
         self.workdir.mkdir(mode=0o700)
         # which kernel owns the cluster: `hvd-notebook clean` stops clusters whose kernel is gone
@@ -229,8 +327,8 @@ class MPICluster:
         cfg.MPILauncher.mpi_cmd = [self.mpiexec]
         # gforker reports each rank's exit code or signal when the world ends
         exitinfo = ["-exitinfo"] if self.mpiexec.endswith("mpiexec.gforker") else []
-        cfg.MPILauncher.mpi_args = exitinfo + list(self.options.mpi_args)
-        defaults = {k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ}
+        cfg.MPILauncher.mpi_args = exitinfo + self._placement_args() + list(self.options.mpi_args)
+        defaults = {k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ} if self.mode == "local" else {}
         cfg.MPIEngineSetLauncher.environment = {**defaults, **dict(self.options.env)}
         # an idle engine whose controller is gone exits by itself after 7 missed
         # heartbeats (about 25 s), even if the kernel and its watchdog were killed too
@@ -243,8 +341,10 @@ class MPICluster:
                 profile_dir=str(self.workdir / "profile"),
                 shutdown_atexit=False,  # the session's own atexit stops it, leftovers included
                 log_level=logging.ERROR,
-                controller_ip="127.0.0.1",  # one host: nothing of the controller listens beyond loopback
-                controller_args=["--IPController.enable_curve=True"] if self.options.secure else [],
+                # one host: nothing of the controller listens beyond loopback; several: CurveZMQ always
+                controller_ip=controller_ip,
+                controller_args=(["--IPController.enable_curve=True"]
+                                 if self.options.secure or beyond_loopback else []),
                 config=cfg,
             )
             self._start_reaper()
@@ -257,6 +357,26 @@ class MPICluster:
             self.stop()
             raise
         return self.ranks
+
+    def _controller_ip(self) -> str:
+        """Loopback on one host; else the address the other hosts reach this one by."""
+        if self.mode == "hosts":
+            return hostlib.controller_address([h.name for h in self.hosts], self.options.ip)
+        if self.mode == "srun":
+            return hostlib.controller_address(hostlib.slurm_nodes(), self.options.ip)
+        return self.options.ip or "127.0.0.1"
+
+    def _placement_args(self) -> list[str]:
+        """The launcher's own options that put the ranks on the hosts."""
+        if self.mode == "hosts":
+            listed = ",".join(f"{h.name}:{h.slots}" for h in self.hosts)
+            if _is_open_mpi(self.mpiexec):
+                return ["--host", listed]
+            return ["-hosts", listed]
+        if self.mode == "srun":
+            # MPICH's wheel speaks PMI-2 with Slurm; the ranks inherit the kernel's environment
+            return [f"--mpi={os.environ.get('HVD_NOTEBOOK_SRUN_MPI', 'pmi2')}", "--kill-on-bad-exit=1"]
+        return []
 
     def _make_files_private(self) -> None:
         """Connection files (they hold the key that signs every message) and the
@@ -277,10 +397,13 @@ class MPICluster:
                 break
             code = launcher._popen_process.poll()  # the launcher's own Popen of mpiexec
             if code is not None:
+                output = launcher.get_output()
+                causes = "".join(f"\n  - {c}" for c in hostlib.diagnose_launch(output))
+                name = Path(self.mpiexec).name
                 raise ClusterError(
-                    f"mpiexec exited (code {code}) before all {self.n} engines connected "
-                    f"({len(new)} did). Command: {shlex.join(launcher.args)}\n"
-                    f"Last lines of its output:\n{_tail(launcher.get_output())}\n"
+                    f"{name} exited (code {code}) before all {self.n} engines connected "
+                    f"({len(new)} did).{causes}\nCommand: {shlex.join(launcher.args)}\n"
+                    f"Last lines of its output:\n{_tail(output)}\n"
                     "Check --mpiexec and --mpi-args, and that this environment's mpi4py "
                     "was built for that MPI."
                 )
@@ -310,7 +433,7 @@ class MPICluster:
         from .engine import bootstrap
 
         view = self.client[engine_ids]
-        ar = view.apply_async(bootstrap, self.gpus, self.options.backend)
+        ar = view.apply_async(bootstrap, self.gpus, self.options.backend, self.ipp_cluster.controller_ip)
         if not ar.wait(max(1.0, deadline - time.monotonic())):
             raise ClusterError(
                 f"The engines did not finish setting up (importing TensorFlow, initialising "
@@ -337,11 +460,11 @@ class MPICluster:
                 rank=i["rank"], engine_id=i["engine_id"], host=i["host"], pid=i["pid"],
                 device=i["device"], local_rank=i["local_rank"], local_size=i["local_size"],
                 intra_op_threads=i["intra_op_threads"], inter_op_threads=i["inter_op_threads"],
-                backend=i["backend"],
+                backend=i["backend"], ip=i["ip"], here=i["host"] == socket.gethostname(),
             ) for i in infos),
             key=lambda r: r.rank,
         )
-        self._pids.update(r.pid for r in self.ranks)
+        self._pids.update(r.pid for r in self.ranks if r.here)  # a pid on another host is not ours to kill
 
     def _remember_descendants(self) -> None:
         """Add the children of every known process, and tell the reaper."""
@@ -396,9 +519,14 @@ class MPICluster:
         return _tail(self._read_output(self._engine_launcher()), lines)
 
     def alive(self) -> dict[int, bool]:
-        """Per rank: is its engine process still there?"""
+        """Per rank: is its engine process still there? (On another host: is its
+        engine still registered, i.e. answering the controller's heartbeats?)"""
         out = {}
+        registered = set(self.client.ids) if self.client is not None else set()
         for r in self.ranks:
+            if not r.here:
+                out[r.rank] = r.engine_id in registered
+                continue
             try:
                 p = psutil.Process(r.pid)
                 out[r.rank] = p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -409,7 +537,7 @@ class MPICluster:
     def end_world(self, timeout: float = 2.0) -> None:
         """Kill the ranks still alive (an MPI world cannot go on once one of its
         ranks died) and give mpiexec a moment to report how each one ended."""
-        _kill_all({r.pid for r in self.ranks}, grace=0.0)
+        _kill_all({r.pid for r in self.ranks if r.here}, grace=0.0)  # mpiexec ends the ranks elsewhere
         try:
             launcher = self._engine_launcher()
             psutil.Process(launcher.pid).wait(timeout)

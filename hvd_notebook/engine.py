@@ -46,7 +46,29 @@ def load_backend(backend: str) -> tuple[Any, str]:
     return runtime, "builtin"
 
 
-def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
+def _local_rank() -> tuple[int, int, int]:
+    """World rank, and rank and size among the ranks on this host, from MPI itself."""
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        return world.Get_rank(), local.Get_rank(), local.Get_size()
+    finally:
+        local.Free()
+
+
+def _address_towards(host: str) -> str:
+    """This host's address on the route to ``host`` (a UDP connect sends nothing)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+    except OSError:
+        return ""
+
+
+def bootstrap(gpus: list[str], backend: str = "auto", controller_ip: str = "127.0.0.1") -> dict[str, Any]:
     """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
 
     ``gpus`` lists the GPU ids of this host that the cluster may use, one per
@@ -55,12 +77,12 @@ def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
     from IPython import get_ipython
 
     hvd, backend_label = load_backend(backend)
-    hvd.init()
-    local_rank, local_size = hvd.local_rank(), hvd.local_size()
+    # the device is pinned before hvd.init(), which creates the NCCL communicator on it
+    world_rank, local_rank, local_size = _local_rank()
     if gpus:
         if local_rank >= len(gpus):
             raise RuntimeError(
-                f"rank {hvd.rank()} on {socket.gethostname()} has local rank {local_rank} but "
+                f"rank {world_rank} on {socket.gethostname()} has local rank {local_rank} but "
                 f"only {len(gpus)} GPU(s) were given ({','.join(gpus)}); start fewer ranks "
                 "per host or pass --gpus none to run on CPUs."
             )
@@ -83,7 +105,12 @@ def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
     for gpu in tf.config.list_physical_devices("GPU"):
+        # take GPU memory as needed, not all of it: other notebooks may share the card
         tf.config.experimental.set_memory_growth(gpu, True)
+        details = tf.config.experimental.get_device_details(gpu)
+        if details.get("device_name"):
+            device = f"{device} ({details['device_name']})"
+    hvd.init()
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
 
@@ -101,6 +128,7 @@ def bootstrap(gpus: list[str], backend: str = "auto") -> dict[str, Any]:
         "local_rank": local_rank,
         "local_size": local_size,
         "host": socket.gethostname(),
+        "ip": _address_towards(controller_ip),
         "pid": os.getpid(),
         "device": device,
         "backend": backend_label,

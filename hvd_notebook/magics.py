@@ -136,7 +136,19 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "builtin", "horovod"],
                    help="the hvd runtime: a real horovod where it imports (auto) or hvd_notebook's own")
     p.add_argument("--secure", action="store_true",
-                   help="encrypt and authenticate the cluster's traffic with CurveZMQ (ipyparallel's enable_curve)")
+                   help="encrypt and authenticate the cluster's traffic with CurveZMQ (ipyparallel's enable_curve; "
+                        "always on when ranks run on other hosts)")
+    p.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", default=None,
+                   help="run the ranks on these hosts through mpiexec, e.g. -H node1:4,node2:4 (-n defaults to "
+                        "the slots)")
+    p.add_argument("--hostfile", metavar="FILE", default=None,
+                   help="hosts from a file, one 'HOST:SLOTS' or 'HOST slots=SLOTS' per line")
+    p.add_argument("--ip", metavar="ADDRESS", default=None,
+                   help="address the controller listens on for engines on other hosts (default: this machine's "
+                        "address on the route to the first other host)")
+    p.add_argument("--launcher", choices=["auto", "mpiexec", "srun"], default="auto",
+                   help="how ranks start: mpiexec, or srun inside a Slurm allocation (auto: srun where "
+                        "SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)")
 
 
 def _build_cell_parser(add_help: bool = True) -> _Parser:
@@ -174,18 +186,26 @@ def usage() -> str:
 
 
 def format_rank_table(ranks: Sequence[RankInfo]) -> str:
-    rows = [("rank", "host", "pid", "device", "threads (intra/inter)")]
-    rows += [(str(r.rank), r.host, str(r.pid), r.device, f"{r.intra_op_threads}/{r.inter_op_threads}")
-             for r in ranks]
+    """One line per rank; with ranks on other hosts, each rank's address too."""
+    spread = any(not r.here for r in ranks)
+    rows = [("rank", "host") + (("address",) if spread else ()) + ("pid", "device", "threads (intra/inter)")]
+    rows += [(str(r.rank), r.host) + ((r.ip,) if spread else ())
+             + (str(r.pid), r.device, f"{r.intra_op_threads}/{r.inter_op_threads}") for r in ranks]
     return _table(rows)
 
 
 def format_status(rows: list[dict[str, Any]]) -> str:
-    table = [("rank", "state", "host", "pid", "device", "memory", "running")]
+    gpus = any(r.get("gpu_memory") is not None or r["device"].startswith("GPU") for r in rows)
+    table = [("rank", "state", "host", "pid", "device", "memory") + (("GPU memory",) if gpus else ()) + ("running",)]
     for r in rows:
-        mem = "-" if r["rss"] is None else f"{r['rss'] / 2**20:.0f} MiB"
-        table.append((str(r["rank"]), r["state"], r["host"], str(r["pid"]), r["device"], mem, r["running"]))
+        row = (str(r["rank"]), r["state"], r["host"], str(r["pid"]), r["device"], _mib(r["rss"]))
+        row += (_mib(r.get("gpu_memory")),) if gpus else ()
+        table.append(row + (r["running"],))
     return _table(table)
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
@@ -220,7 +240,7 @@ class HvdMagics(Magics):
             options = ClusterOptions(
                 n=args.n, mpiexec=args.mpiexec, mpi_args=tuple(shlex.split(args.mpi_args)),
                 env=tuple(args.env), timeout=args.timeout, gpus=args.gpus, backend=args.backend,
-                secure=args.secure,
+                secure=args.secure, hosts=args.hosts, hostfile=args.hostfile, ip=args.ip, launcher=args.launcher,
             )
             ranks = session.start(options, restart=args.restart)
             print(f"Started {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")

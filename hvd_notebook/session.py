@@ -393,7 +393,8 @@ class Session:
                            "The object must be picklable.") from None
 
     def status(self) -> list[dict[str, Any]]:
-        """One row per rank: alive or dead, host, pid, device, memory, what it runs."""
+        """One row per rank: alive or dead, host, pid, device, memory (host, and GPU
+        where the ranks have GPUs), what it runs."""
         import psutil
 
         cluster = self.require()
@@ -402,10 +403,13 @@ class Session:
             queues = cluster.client.queue_status()
         except Exception:
             queues = {}
+        from .cluster import gpu_memory_by_pid
+
+        gpu_memory = gpu_memory_by_pid() if cluster.gpus else {}
         rows = []
         for r in cluster.ranks:
             rss = None
-            if alive[r.rank]:
+            if alive[r.rank] and r.here:
                 try:
                     rss = psutil.Process(r.pid).memory_info().rss
                 except psutil.NoSuchProcess:
@@ -415,6 +419,7 @@ class Session:
             rows.append({
                 "rank": r.rank, "state": "alive" if alive[r.rank] else "dead", "host": r.host,
                 "pid": r.pid, "device": r.device, "rss": rss,
+                "gpu_memory": gpu_memory.get(r.pid) if cluster.gpus else None,
                 "running": ("dead" if not alive[r.rank] else "busy" if busy else "idle"),
             })
         return rows

@@ -74,3 +74,19 @@ def test_bad_cell_options(ip, run):
     assert not result.success and "UsageError" in out and "comma-separated list of ranks" in out
     result, out = run("%%hvd --all-output --output-ranks 0\nprint(1)")
     assert not result.success and "not allowed with argument" in out
+
+
+def test_status_shows_gpu_memory_from_the_driver():
+    from hvd_notebook.cluster import parse_gpu_memory
+    from hvd_notebook.magics import format_status
+
+    # the format nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits prints
+    used = parse_gpu_memory("4242, 1530\n4243, 812\nNo running processes found\n")
+    assert used == {4242: 1530 * 2**20, 4243: 812 * 2**20}
+    rows = [{"rank": r, "state": "alive", "host": "n1", "pid": pid, "device": f"GPU {r} (NVIDIA H200)",
+             "rss": 2**30, "gpu_memory": used.get(pid), "running": "idle"} for r, pid in enumerate((4242, 4243))]
+    table = format_status(rows)
+    assert "GPU memory" in table.splitlines()[0]
+    assert "GPU 0 (NVIDIA H200)" in table and "1530 MiB" in table and "812 MiB" in table
+    cpu = format_status([{**rows[0], "device": "CPU", "gpu_memory": None}])
+    assert "GPU memory" not in cpu

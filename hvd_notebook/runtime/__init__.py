@@ -24,6 +24,7 @@ from .basics import (
     mpi_enabled,
     mpi_threads_supported,
     nccl_built,
+    nccl_enabled,
     rank,
     shutdown,
     size,
@@ -74,5 +75,6 @@ __all__ = [
     "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join",
     "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "nccl_enabled",
     "rank", "reducescatter", "scale_lr", "shard", "shutdown", "size", "start_timeline", "stop_timeline",
 ]

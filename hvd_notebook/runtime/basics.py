@@ -63,7 +63,9 @@ def init(comm: Any = None) -> None:
 
     # now, while every rank is here: it duplicates a communicator, a blocking
     # collective that must not wait for a rank's first hvd.allreduce
-    mpi_ops.runtime()
+    rt = mpi_ops.runtime()
+    # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
+    rt.start_nccl(_world.local_comm.Get_rank())
     timeline = os.environ.get("HOROVOD_TIMELINE")
     if timeline:
         from .collectives import start_timeline
@@ -172,8 +174,19 @@ def mpi_built() -> bool:
 
 
 def nccl_built() -> bool:
-    """False: this build reduces on the host with MPI (GPU reductions with NCCL are a later backend)."""
-    return False
+    """True where cupy's NCCL bindings are installed (the ``[gpu]`` extra): GPU tensors
+    are then reduced by NCCL on every rank that has a GPU. Found without importing cupy."""
+    from .nccl_ops import cupy_importable
+
+    return cupy_importable()
+
+
+def nccl_enabled() -> bool:
+    """True when this world has an NCCL communicator (every rank has a GPU)."""
+    from . import mpi_ops
+
+    _w()
+    return mpi_ops.runtime().nccl is not None
 
 
 def gloo_enabled() -> bool:

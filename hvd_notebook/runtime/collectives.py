@@ -154,22 +154,84 @@ def _check_not_xla() -> None:
         )
 
 
-def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any]) -> list[Any]:
-    """Run ``fn(list of numpy) -> list of numpy`` on TensorFlow tensors."""
+def _nccl() -> Any:
+    """The world's NCCL runtime (``nccl_ops``), or None where GPU tensors go through the host."""
+    return mpi_ops.runtime().nccl
+
+
+def _on_gpus(tensors: list[Any]) -> bool:
+    """Eager tensors that all live in GPU memory, in a world that reduces GPU tensors with NCCL.
+    (TensorFlow keeps int32 tensors of a GPU device in host memory: those go through MPI.)"""
+    from .nccl_ops import is_gpu_tensor
+
+    return _nccl() is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
+
+
+_HAS_GPUS: list[bool] = []
+
+
+def _has_gpus() -> bool:
+    """Does TensorFlow see a GPU in this process? (Asked once: CPU-only ranks then
+    skip every per-tensor device check.)"""
+    if not _HAS_GPUS:
+        _HAS_GPUS.append(bool(_tf().config.list_logical_devices("GPU")))
+    return _HAS_GPUS[0]
+
+
+def _back_on_devices(results: list[Any], tensors: list[Any]) -> list[Any]:
+    """Host results of GPU-placed inputs (int32, or a world without NCCL) placed
+    where their inputs were, as the same op on the device would have left them."""
+    from .nccl_ops import is_gpu_tensor
+
+    tf = _tf()
+    if not _has_gpus() or not any(is_gpu_tensor(t) for t in tensors):
+        return results
+    placed = []
+    for r, t in zip(results, tensors):
+        if is_gpu_tensor(t):
+            with tf.device(t.device):
+                r = tf.identity(r)
+        placed.append(r)
+    return placed
+
+
+def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any],
+           gpu_fn: Any = None) -> list[Any]:
+    """Run ``fn(list of numpy) -> list of numpy`` on TensorFlow tensors; where they
+    are on GPUs and NCCL runs, ``gpu_fn(list of tensors) -> list of tensors`` instead."""
     tf = _tf()
     if tf.executing_eagerly():
         try:
+            if gpu_fn is not None and _on_gpus(tensors):
+                return list(gpu_fn(tensors))
             outs = fn([_to_numpy(t) for t in tensors])
         except MismatchError as exc:
             raise _tf_error(exc) from None
-        return [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
+        results = [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
+        return _back_on_devices(results, tensors[:len(results)]) if gpu_fn is not None else results
 
     _check_not_xla()
+    if gpu_fn is not None and _nccl() is not None:
+        # a py_function keeps its inputs where TensorFlow placed them (on the GPU),
+        # where a numpy_function would copy them to the host
+        return _py_function(lambda xs: _on_tf(fn, xs, out_dtypes, out_shapes, gpu_fn), tensors, out_dtypes,
+                            out_shapes)
 
     def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(list(arrays)), out_dtypes)]
 
     outs = tf.numpy_function(graph_fn, tensors, Tout=out_dtypes, stateful=True)
+    if not isinstance(outs, (list, tuple)):
+        outs = [outs]
+    for o, shape in zip(outs, out_shapes):
+        o.set_shape(shape)
+    return list(outs)
+
+
+def _py_function(eager_fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any]) -> list[Any]:
+    """``eager_fn(list of eager tensors) -> list of tensors`` as one op of a graph."""
+    tf = _tf()
+    outs = tf.py_function(lambda *xs: eager_fn(list(xs)), tensors, Tout=list(out_dtypes))
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     for o, shape in zip(outs, out_shapes):
@@ -244,8 +306,14 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
 def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
                              postscale: float) -> list[Any]:
     """Host tensors are read in place (DLPack); each reduced fusion buffer becomes one
-    tensor without a copy, cut into the results by one ``tf.split``."""
+    tensor without a copy, cut into the results by one ``tf.split``. GPU tensors
+    go to NCCL where it runs (``nccl_ops``)."""
     tf = _tf()
+    if _on_gpus(tensors):
+        try:
+            return _nccl().allreduce(tensors, op, prescale, postscale, names)
+        except MismatchError as exc:
+            raise _tf_error(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
     try:
         fused = mpi_ops.runtime().allreduce_fused(arrays, op, prescale, postscale, names)
@@ -267,7 +335,7 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
                 pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
         for i, piece in zip(group, pieces):
             results[i] = piece if tensors[i].shape.rank == 1 else tf.reshape(piece, tensors[i].shape)
-    return results
+    return _back_on_devices(results, tensors)
 
 
 def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
@@ -277,6 +345,9 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     tf = _tf()
     _check_not_xla()
     rt = mpi_ops.runtime()
+    if rt.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
+        return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale), tensors,
+                            [_allreduce_out_dtype(t.dtype, op) for t in tensors], [t.shape for t in tensors])
     groups = mpi_ops.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
@@ -339,7 +410,8 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 
     @tf.custom_gradient
     def gather_tf(*xs: Any) -> Any:
-        outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs])
+        outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs],
+                      gpu_fn=lambda ts: _nccl().allgather(ts, names))
 
         def grad(*dys: Any) -> Any:
             # Horovod: sum the gradient over ranks, then keep this rank's rows
@@ -373,7 +445,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
     @tf.custom_gradient
     def bcast_tf(x: Any) -> Any:
-        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape])[0]
+        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape], gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, nm))[0]
 
         def grad(dy: Any) -> Any:
             # Horovod: the summed gradient flows back to the root only
@@ -401,7 +473,7 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
     values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
                                for v in variables],
                     [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
-                    [v.shape for v in variables])
+                    [v.shape for v in variables], gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, names))
     assigns = [v.assign(x) for v, x in zip(variables, values)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
@@ -467,8 +539,13 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
         return rs_np([np.asarray(t) for t in tensors])
     tf = _tf()
     tensors = [tf.convert_to_tensor(t) for t in tensors]
+    def rs_gpu(ts: list[Any]) -> list[Any]:
+        scaled = [t * prescale_factor if prescale_factor != 1.0 else t for t in ts]
+        outs = _nccl().reducescatter(scaled, op, names)
+        return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+
     return _on_tf(rs_np, tensors, [_allreduce_out_dtype(t.dtype, op) for t in tensors],
-                  [[None] + t.shape[1:].as_list() for t in tensors])
+                  [[None] + t.shape[1:].as_list() for t in tensors], gpu_fn=rs_gpu)
 
 
 def join() -> int:

@@ -42,6 +42,15 @@ def fusion_groups(items: list[tuple[Any, int]]) -> list[list[int]]:
     return groups
 
 
+def allreduce_signature(op: int, dtype: str, shapes: tuple, prescale: float, postscale: float, label: str,
+                        via: str = "MPI") -> Signature:
+    """What must match across ranks for one (fused) allreduce; ``via`` is where the
+    data goes (MPI on the host, NCCL on the GPU): every rank must take the same road."""
+    return Signature("allreduce", (("op", OP_NAMES[op]), ("dtype", dtype), ("shapes", shapes),
+                                   ("prescale_factor", prescale), ("postscale_factor", postscale),
+                                   ("via", via)), label)
+
+
 def fused_label(names: list[str]) -> str:
     """How the timeline names a fusion buffer: its first tensor and how many more."""
     return names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} fused"
@@ -78,9 +87,19 @@ class Runtime:
         self.negotiator = Negotiator(comm)
         self.timeline = Timeline()
         self.joined = False
+        self.nccl: Any = None  # nccl_ops.NcclRuntime where every rank has a GPU (start_nccl)
         self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
+    def start_nccl(self, local_rank: int) -> None:
+        """Create the NCCL communicator where every rank has a GPU (collective)."""
+        from . import nccl_ops
+
+        self.nccl = nccl_ops.start(self.comm, local_rank, self.timeline, self._agree)
+
     def free(self) -> None:
+        if self.nccl is not None:
+            self.nccl.free()
+            self.nccl = None
         self.negotiator.free()
 
     # ------------------------------------------------------------ agreement
@@ -133,9 +152,8 @@ class Runtime:
                          names: list[str], shapes: tuple | None = None) -> tuple[np.ndarray, list[int]]:
         dtype = arrays[0].dtype
         label = fused_label(names)
-        sig = Signature("allreduce", (("op", OP_NAMES[op]), ("dtype", _dtype_name(dtype)),
-                                      ("shapes", shapes or tuple(a.shape for a in arrays)),
-                                      ("prescale_factor", prescale), ("postscale_factor", postscale)), label)
+        sig = allreduce_signature(op, _dtype_name(dtype), shapes or tuple(a.shape for a in arrays), prescale,
+                                  postscale, label)
         self._agree(sig, allow_joined=True)
         return self._reduce(arrays, op, prescale, postscale, label)
 
@@ -322,8 +340,12 @@ class Runtime:
             fields = dict(active[0].fields)
             op = next(k for k, v in OP_NAMES.items() if v == fields["op"])
             dtype = np.dtype(fields["dtype"]) if fields["dtype"] != "bfloat16" else _bfloat16()
-            zeros = [np.zeros(shape, dtype=dtype) for shape in fields["shapes"]]
-            self._reduce(zeros, op, fields["prescale_factor"], fields["postscale_factor"], "join")
+            if fields.get("via") == "NCCL":
+                elements = sum(int(np.prod(shape, dtype=np.int64)) for shape in fields["shapes"])
+                self.nccl.allreduce_zeros(fields["dtype"], elements, op)
+            else:
+                zeros = [np.zeros(shape, dtype=dtype) for shape in fields["shapes"]]
+                self._reduce(zeros, op, fields["prescale_factor"], fields["postscale_factor"], "join")
             served += 1
         return int(self.comm.allreduce(self.rank if served == 0 else -1, op=self.MPI.MAX))
 
