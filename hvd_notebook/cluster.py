@@ -545,14 +545,17 @@ class MPICluster:
             pass
 
     def exit_reports(self) -> dict[int, str]:
-        """How each rank ended, where mpiexec said so (gforker's ``-exitinfo``):
-        rank -> "exit code 7" or "signal Kill"."""
+        """How each rank ended, where the launcher said so (gforker's ``-exitinfo``,
+        srun's task errors): rank -> "exit code 7" or "signal Kill"."""
         reports = {}
         for line in self.mpiexec_output_tail(200).splitlines():
             m = re.match(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?", line)
             if m:
                 rank, code, sig = int(m.group(1)), int(m.group(2)), m.group(3)
                 reports[rank] = f"signal {sig}" if sig else f"exit code {code}"
+            m = re.search(r"srun: error: \S+: task (\d+): (?:Exited with exit code (\d+)|(\w[\w ]*))", line)
+            if m:
+                reports.setdefault(int(m.group(1)), f"exit code {m.group(2)}" if m.group(2) else m.group(3).strip())
         return reports
 
     # ------------------------------------------------------------------ stop
