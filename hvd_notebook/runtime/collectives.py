@@ -250,10 +250,32 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     array([3., 6.])
     """
     op = _resolve_op(op, average)
+    if compression is Compression.none and type(tensor).__name__ == "EagerTensor":
+        out = _eager_allreduce_one(tensor, op, prescale_factor, postscale_factor, name)
+        if out is not None:
+            return out
     if _is_tf(tensor) and isinstance(tensor, _tf().IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name)
     return grouped_allreduce([tensor], op=op, compression=compression, prescale_factor=prescale_factor,
                              postscale_factor=postscale_factor, name=name)[0]
+
+
+def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float, name: str | None) -> Any:
+    """One eager host tensor outside any gradient tape, the commonest call: read in
+    place, reduced by ``Runtime.allreduce_one`` into a pooled buffer that becomes
+    the result without a copy. None where the general path must take it."""
+    rt = mpi_ops.runtime()
+    if rt.nccl is not None or _has_gpus() or _recording():
+        return None
+    arr = _to_numpy(tensor)
+    try:
+        out = rt.allreduce_one(arr, op, prescale, postscale, str(name) if name else f"allreduce.{next(_counter)}")
+    except MismatchError as exc:
+        raise _tf_error(exc) from None
+    if out is None:
+        return None
+    result = _to_tf(out, _allreduce_out_dtype(tensor.dtype, op))
+    return result if arr.ndim == 1 else _tf().reshape(result, arr.shape)
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",
@@ -325,16 +347,19 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
         flat = _to_tf(buf, tf.as_dtype(buf.dtype))
         if len(group) == 1 and buf.size == arrays[group[0]].size:
             pieces = [flat]
-        else:  # the buffer holds padding between tensors (each starts 64-byte aligned)
+        else:  # each tensor starts 64-byte aligned, with padding before it where needed
             sizes, end = [], 0
             for i, off in zip(group, offsets):
                 sizes += [off - end, arrays[i].size]
                 end = off + arrays[i].size
             with timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]),
                                 buf.nbytes):
-                pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
-        for i, piece in zip(group, pieces):
-            results[i] = piece if tensors[i].shape.rank == 1 else tf.reshape(piece, tensors[i].shape)
+                if end == buf.size and not any(sizes[0::2]):  # no padding at all: split into the tensors alone
+                    pieces = tf.split(flat, sizes[1::2])
+                else:
+                    pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
+        for i, piece in zip(group, pieces):  # (the numpy views' shapes: TensorShape costs a microsecond each)
+            results[i] = piece if arrays[i].ndim == 1 else tf.reshape(piece, arrays[i].shape)
     return _back_on_devices(results, tensors)
 
 

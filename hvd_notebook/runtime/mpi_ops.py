@@ -88,6 +88,7 @@ class Runtime:
         self.timeline = Timeline()
         self.joined = False
         self.nccl: Any = None  # nccl_ops.NcclRuntime where every rank has a GPU (start_nccl)
+        self._one: dict[tuple, tuple[Signature, int]] = {}  # allreduce_one's cache
         self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
     def start_nccl(self, local_rank: int) -> None:
@@ -106,8 +107,11 @@ class Runtime:
     def _agree(self, sig: Signature, allow_joined: bool = False) -> None:
         with self.timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name, 0):
             signatures = self.negotiator.agree(sig)
-        if signatures is None:
-            return
+        if signatures is not None:
+            self._disagree(signatures, allow_joined)
+
+    def _disagree(self, signatures: list[Signature], allow_joined: bool) -> None:
+        """Signatures differ: fine where the others have joined, else an error naming what differs."""
         active = [s for s in signatures if s.kind != "join"]
         if allow_joined and active and all(s == active[0] for s in active):
             return  # joined ranks take part with zeros (see join())
@@ -143,6 +147,29 @@ class Runtime:
                                                  [names[i] for i in group], shapes)
             out.append((group, buf, offsets))
         return out
+
+    def allreduce_one(self, arr: np.ndarray, op: int, prescale: float, postscale: float,
+                      label: str) -> np.ndarray | None:
+        """The common case, one tensor, with everything that depends only on its
+        shape, dtype and arguments (validation, signature, its hash) cached: the
+        same work as ``allreduce_fused`` for one array, minus Python. None (before
+        any communication) where the general path must take it: a dtype MPI
+        cannot reduce, a prescale, a strided array."""
+        key = (arr.shape, arr.dtype, op, prescale, postscale)
+        hit = self._one.get(key)
+        if hit is None:
+            if (op not in self._mpi_ops or prescale != 1.0 or _reduce_dtype(arr.dtype) != arr.dtype
+                    or not arr.flags.c_contiguous):
+                return None
+            sig = allreduce_signature(op, _dtype_name(arr.dtype), (arr.shape,), prescale, postscale, "")
+            hit = self._one[key] = (sig, self.negotiator.hash_of(sig))
+        sig, h = hit
+        named = Signature(sig.kind, sig.fields, label)
+        with self.timeline.phase("NEGOTIATE_ALLREDUCE", label, 0):
+            signatures = self.negotiator.agree(named, h)
+        if signatures is not None:
+            self._disagree(signatures, allow_joined=True)  # raises unless the others have joined
+        return self._reduce([arr], op, prescale, postscale, label)[0]
 
     @staticmethod
     def _fusion_groups(arrays: list[np.ndarray]) -> list[list[int]]:
@@ -180,6 +207,9 @@ class Runtime:
             buf = aligned_empty(total, work)
             with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
                 end = 0
+                if total == sum(a.size for a in arrays):  # no padding needed: one C call copies them all
+                    np.concatenate([a.reshape(-1) for a in arrays], out=buf, casting="same_kind")
+                    arrays = []
                 for a, off in zip(arrays, offsets):
                     if off > end:
                         buf[end:off] = 0  # padding between tensors

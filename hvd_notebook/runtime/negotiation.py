@@ -100,14 +100,21 @@ class Negotiator:
     def free(self) -> None:
         self.stall_comm.Free()
 
-    def agree(self, sig: Signature) -> list[Signature] | None:
-        """Wait until every rank reaches a collective; None when all signatures are
-        equal, else every rank's signature (index = rank)."""
-        self.seq += 1
+    def hash_of(self, sig: Signature) -> int:
+        """The 63-bit hash every rank computes alike for a signature (cached)."""
         h = self._hashes.get(sig)
         if h is None:
             digest = hashlib.blake2b(repr((sig.kind, sig.fields)).encode(), digest_size=8).digest()
             h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
+        return h
+
+    def agree(self, sig: Signature, h: int | None = None) -> list[Signature] | None:
+        """Wait until every rank reaches a collective; None when all signatures are
+        equal, else every rank's signature (index = rank). ``h``: ``hash_of(sig)``
+        where the caller has it already."""
+        self.seq += 1
+        if h is None:
+            h = self.hash_of(sig)
         buf = self._buf
         buf[0], buf[1] = h, -h
         if self.broken:

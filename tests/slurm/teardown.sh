@@ -12,7 +12,9 @@ pid_of() {  # $1 pidfile  $2 expected comm
     local p
     [ -s "$1" ] || return 1
     p=$(cat "$1" 2>/dev/null) || return 1
-    [ -n "$p" ] && [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$2" ] && echo "$p"
+    # (a killed daemon can stay a zombie for a while: PID 1 here reaps slowly)
+    [ -n "$p" ] && [ "$(ps -o comm= -p "$p" 2>/dev/null)" = "$2" ] \
+        && [ "$(ps -o stat= -p "$p" 2>/dev/null | cut -c1)" != Z ] && echo "$p"
 }
 
 # all descendants of a pid (depth first), by walking ppid links
@@ -99,6 +101,8 @@ if [ -d "$SP_DIR" ]; then
 
     # 4. MPICH shm segments left in /dev/shm by killed ranks of srun steps:
     #    /dev/shm/mpich_{shm,vci}_<FNV-1a("<job>.<step>") hex>_<node>
+    #    (controller already dead: assume at most 1000 jobs were submitted)
+    [ -n "$first_job" ] && [ -z "$next_job" ] && next_job=$((first_job + 1000))
     py=$(command -v /usr/bin/python3 || command -v python3)
     if [ -n "$first_job" ] && [ -n "$next_job" ] && [ -n "$py" ]; then
         "$py" - "$first_job" "$next_job" <<'PY'
@@ -123,7 +127,16 @@ PY
     rm -rf "$SP_DIR"
 fi
 
-# report anything left that looks like a slurm/munge process (does not kill it)
-left=$(ps -eo pid,stat,comm,args | awk '$2 !~ /Z/ && $3 ~ /^(slurmctld|slurmd|slurmstepd|munged|srun|salloc|sbatch)$/')
-[ -n "$left" ] && log "still running (not ours?):" && echo "$left" >&2
+# Report (do not kill) remaining slurm/munge processes of this instance:
+# daemons/stepds whose command line names $SP_DIR, or clients (srun, salloc,
+# sbatch) started with SLURM_CONF=$SP_DIR/slurm.conf. Clients of a dead
+# controller hang; salloc ignores SIGTERM -- their owner must SIGKILL them.
+left=""
+for p in $(ps -eo pid=,stat=,comm= | awk '$2 !~ /Z/ && $3 ~ /^(slurmctld|slurmd|slurmstepd|munged|srun|salloc|sbatch)$/ {print $1}'); do
+    if tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null | grep -qF "$SP_DIR/" \
+       || tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qxF "SLURM_CONF=$SP_DIR/slurm.conf"; then
+        left+="$(ps -o pid=,stat=,args= -p "$p")"$'\n'
+    fi
+done
+[ -n "$left" ] && log "still running:" && printf '%s' "$left" >&2
 exit 0
