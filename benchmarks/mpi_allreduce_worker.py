@@ -52,7 +52,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD.Dup()
     results: dict = {"sizes": {}}
 
-    reps_for = {4 << 10: 2000, 1 << 20: 200, 16 << 20: 30, 64 << 20: 10}
+    reps_for = {4 << 10: 2000, 1 << 20: 300, 16 << 20: 60, 64 << 20: 12}
     for nbytes, reps in reps_for.items():
         reps = max(3, reps // 10) if quick else reps
         n = nbytes // 4

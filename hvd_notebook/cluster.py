@@ -86,33 +86,25 @@ def detect_gpus() -> list[str]:
     listed = os.environ.get("HVD_NOTEBOOK_GPUS")
     if listed is not None:
         return [g.strip() for g in listed.split(",") if g.strip()]
+    out = _nvidia_smi("--query-gpu=index", "--format=csv,noheader")
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _nvidia_smi(*args: str) -> str:
+    """What ``nvidia-smi ARGS`` prints; empty where there is no driver (or it fails)."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return []
+        return ""
     try:
-        out = subprocess.run(
-            [smi, "--query-gpu=index", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+        return ""
 
 
 def gpu_memory_by_pid() -> dict[int, int]:
     """Bytes of GPU memory each process holds on this host, from ``nvidia-smi``
     (empty where there is none). Asked of the driver, so busy ranks need not answer."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return {}
-    try:
-        out = subprocess.run(
-            [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout
-    except (subprocess.SubprocessError, OSError):
-        return {}
-    return parse_gpu_memory(out)
+    return parse_gpu_memory(_nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"))
 
 
 def parse_gpu_memory(csv_text: str) -> dict[int, int]:
