@@ -370,6 +370,34 @@ class MPICluster:
             return [f"--mpi={os.environ.get('HVD_NOTEBOOK_SRUN_MPI', 'pmi2')}", "--kill-on-bad-exit=1"]
         return []
 
+    def _probe_hosts(self, timeout: float = 30.0) -> list[str]:
+        """After a failed launch on several hosts: one trivial rank on each host
+        alone, all at once, to tell which hosts fail and why (a host without the
+        environment makes hydra fail without naming it)."""
+        placement = "--host" if _is_open_mpi(self.mpiexec) else "-hosts"
+        env = {**os.environ, **dict(self.options.env)}
+        probes = {}
+        for host in self.hosts:
+            cmd = [self.mpiexec, "-n", "1", placement, f"{host.name}:1", *self.options.mpi_args,
+                   sys.executable, "-c", "import ipyparallel, mpi4py.MPI"]
+            probes[host.name] = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                                 stderr=subprocess.STDOUT, text=True, env=env,
+                                                 start_new_session=True)
+        deadline = time.monotonic() + timeout
+        failed = []
+        for name, probe in probes.items():
+            try:
+                out, _ = probe.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(probe.pid, signal.SIGKILL)
+                probe.communicate()
+                failed.append(f"host {name} did not answer a test launch within {timeout:g} s")
+                continue
+            if probe.returncode != 0:
+                failed.append(f"host {name} cannot start a rank of this environment: "
+                              + (hostlib.diagnose_launch(out) or [hostlib.telling_line(out)])[0])
+        return failed
+
     def _make_files_private(self) -> None:
         """Connection files (they hold the key that signs every message) and the
         rest of the profile: readable by their owner only."""
@@ -390,7 +418,10 @@ class MPICluster:
             code = launcher._popen_process.poll()  # the launcher's own Popen of mpiexec
             if code is not None:
                 output = launcher.get_output()
-                causes = "".join(f"\n  - {c}" for c in hostlib.diagnose_launch(output))
+                found = hostlib.diagnose_launch(output)
+                if self.mode == "hosts" and not any(c.startswith("host ") for c in found):
+                    found += self._probe_hosts()  # the launcher's words name no host: ask each one alone
+                causes = "".join(f"\n  - {c}" for c in found)
                 name = Path(self.mpiexec).name
                 raise ClusterError(
                     f"{name} exited (code {code}) before all {self.n} engines connected "

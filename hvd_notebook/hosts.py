@@ -200,3 +200,14 @@ def diagnose_launch(output: str) -> list[str]:
             if text not in found:
                 found.append(text)
     return found
+
+
+def telling_line(output: str) -> str:
+    """The line of a failed launch's output that says most: a missing file or
+    module, else an error, else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for needle in ("No such file or directory", "ModuleNotFoundError", "not found", "rror"):
+        for line in lines:
+            if needle in line:
+                return line
+    return lines[-1] if lines else "it printed nothing"

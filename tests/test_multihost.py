@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -126,6 +127,21 @@ def test_an_unreachable_host_is_named_and_nothing_is_left(two_hosts, ip, run):
     assert result.error_in_exec is not None
     assert f"host {two_hosts[1]} is unreachable" in out, out
     figure(f"multihost: unreachable host reported in {took:.1f} s")
+    assert Session.get().cluster is None
+    if watch.seen:
+        assert_gone(watch.seen)
+    assert _ns_pids() == []
+
+
+def test_a_host_without_the_environment_is_named(two_hosts, ip, run, monkeypatch):
+    # on hvdh2 this environment's folder is empty, as on a host where it was never installed
+    venv = Path(sys.executable).parent.parent
+    monkeypatch.setenv("NSEXEC_MISSING", f"hvdh2:{venv}")
+    with ProcessWatch() as watch:
+        result, out = run(f"%hvd start -H {two_hosts[0]}:1,{two_hosts[1]}:1 {VIA_NETNS}")
+    assert result.error_in_exec is not None
+    assert f"host {two_hosts[1]} cannot start a rank of this environment" in out, out
+    assert "No such file or directory" in out and f"host {two_hosts[0]} cannot" not in out, out
     assert Session.get().cluster is None
     if watch.seen:
         assert_gone(watch.seen)
