@@ -109,6 +109,12 @@ def test_two_hosts_train_together(two_hosts, ip, run):
         assert result.error_in_exec is None, out
         assert "weights equal on both hosts: True" in out, out
         pids = cluster.pids()
+
+        # a rank on the other host dies: its engine is unregistered and the cell fails, naming it
+        t0 = time.monotonic()
+        result, out = run("%%hvd\nimport os\nif hvd.rank() == 1:\n    os._exit(7)\nhvd.barrier()\n")
+        assert result.error_in_exec is not None and "rank(s) [1] died" in out, out
+        figure(f"multihost: a rank on another host died; the cell failed in {time.monotonic() - t0:.1f} s")
     finally:
         run("%hvd stop")
     assert_gone(pids)
