@@ -422,7 +422,7 @@ class MPICluster:
                 if self.mode == "hosts" and not any(c.startswith("host ") for c in found):
                     found += self._probe_hosts()  # the launcher's words name no host: ask each one alone
                 causes = "".join(f"\n  - {c}" for c in found)
-                name = Path(self.mpiexec).name
+                name = "srun" if self.mode == "srun" else "mpiexec"
                 raise ClusterError(
                     f"{name} exited (code {code}) before all {self.n} engines connected "
                     f"({len(new)} did).{causes}\nCommand: {shlex.join(launcher.args)}\n"
