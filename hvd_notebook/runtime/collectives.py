@@ -102,12 +102,15 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
-def _to_tf(array: np.ndarray, dtype: Any) -> Any:
-    """A numpy result as a TensorFlow tensor; 64-byte aligned results are adopted without a copy."""
+def _to_tf(array: np.ndarray, dtype: Any, pooled: bool = False) -> Any:
+    """A numpy result as a TensorFlow tensor; 64-byte aligned results are adopted
+    without a copy. ``pooled``: the array is a result buffer of ``mpi_ops``,
+    aligned and contiguous by construction (skips a microsecond of checks)."""
     tf = _tf()
     # TensorFlow aborts the process on a misaligned adopted buffer: check first
-    if (array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0 and array.size and array.flags.c_contiguous
-            and dtype in _dlpack_dtypes() and array.dtype == dtype.as_numpy_dtype):
+    if (array.size and dtype in _dlpack_dtypes() and array.dtype == _numpy_dtype(dtype)
+            and (pooled or (array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0
+                            and array.flags.c_contiguous))):
         try:
             return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
         except (TypeError, ValueError, RuntimeError, BufferError):
@@ -116,6 +119,15 @@ def _to_tf(array: np.ndarray, dtype: Any) -> Any:
 
 
 _DLPACK_DTYPES: set[Any] = set()
+_NUMPY_DTYPES: dict[Any, Any] = {}
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """``dtype.as_numpy_dtype``, cached (TensorFlow computes it on every access)."""
+    found = _NUMPY_DTYPES.get(dtype)
+    if found is None:
+        found = _NUMPY_DTYPES[dtype] = dtype.as_numpy_dtype
+    return found
 
 
 def _dlpack_dtypes() -> set[Any]:
@@ -126,14 +138,17 @@ def _dlpack_dtypes() -> set[Any]:
     return _DLPACK_DTYPES
 
 
+_EAGER: list[Any] = []  # (tf.executing_eagerly, record.could_possibly_record), looked up once
+
+
 def _recording() -> bool:
     """Could a gradient tape record an op now? (Eager ops outside any tape need no gradient.)"""
-    tf = _tf()
-    if not tf.executing_eagerly():
-        return True
-    from tensorflow.python.eager import record
+    if not _EAGER:
+        from tensorflow.python.eager import record
 
-    return record.could_possibly_record()
+        _EAGER.extend((_tf().executing_eagerly, record.could_possibly_record))
+    executing_eagerly, could_record = _EAGER
+    return not executing_eagerly() or could_record()
 
 
 class XLAUnsupportedError(TypeError):
@@ -274,8 +289,8 @@ def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float
         raise _tf_error(exc) from None
     if out is None:
         return None
-    result = _to_tf(out, _allreduce_out_dtype(tensor.dtype, op))
-    return result if arr.ndim == 1 else _tf().reshape(result, arr.shape)
+    result = _to_tf(out, _allreduce_out_dtype(tensor.dtype, op), pooled=True)
+    return result if out.ndim == 1 and arr.ndim == 1 else _tf().reshape(result, arr.shape)
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",
@@ -344,7 +359,7 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     results: list[Any] = [None] * len(tensors)
     timeline = mpi_ops.runtime().timeline
     for group, buf, offsets in fused:
-        flat = _to_tf(buf, tf.as_dtype(buf.dtype))
+        flat = _to_tf(buf, tf.as_dtype(buf.dtype), pooled=True)
         if len(group) == 1 and buf.size == arrays[group[0]].size:
             pieces = [flat]
         else:  # each tensor starts 64-byte aligned, with padding before it where needed

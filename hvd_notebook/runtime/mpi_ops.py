@@ -88,7 +88,7 @@ class Runtime:
         self.timeline = Timeline()
         self.joined = False
         self.nccl: Any = None  # nccl_ops.NcclRuntime where every rank has a GPU (start_nccl)
-        self._one: dict[tuple, tuple[Signature, int]] = {}  # allreduce_one's cache
+        self._one: dict[tuple, tuple[Signature, int, Any]] = {}  # allreduce_one's cache
         self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
     def start_nccl(self, local_rank: int) -> None:
@@ -162,14 +162,20 @@ class Runtime:
                     or not arr.flags.c_contiguous):
                 return None
             sig = allreduce_signature(op, _dtype_name(arr.dtype), (arr.shape,), prescale, postscale, "")
-            hit = self._one[key] = (sig, self.negotiator.hash_of(sig))
-        sig, h = hit
-        named = Signature(sig.kind, sig.fields, label)
+            # no scaling after: MPI's result is the answer, straight into a pooled buffer
+            lean = op != Average and postscale == 1.0
+            hit = self._one[key] = (sig, self.negotiator.hash_of(sig), self._mpi_ops[op] if lean else None)
+        sig, h, lean_op = hit
         with self.timeline.phase("NEGOTIATE_ALLREDUCE", label, 0):
-            signatures = self.negotiator.agree(named, h)
+            signatures = self.negotiator.agree(Signature(sig.kind, sig.fields, label), h)
         if signatures is not None:
             self._disagree(signatures, allow_joined=True)  # raises unless the others have joined
-        return self._reduce([arr], op, prescale, postscale, label)[0]
+        if lean_op is None or not arr.flags.c_contiguous:
+            return self._reduce([arr], op, prescale, postscale, label)[0]
+        buf = _pool.get(arr.nbytes).view(arr.dtype)
+        with self.timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
+            self.comm.Allreduce(arr if arr.ndim == 1 else arr.reshape(-1), buf, op=lean_op)
+        return buf
 
     @staticmethod
     def _fusion_groups(arrays: list[np.ndarray]) -> list[list[int]]:

@@ -294,6 +294,19 @@ def test_join_fills_in_zeros(hvd):
     assert last == hvd.size() - 1
 
 
+def test_join_serves_eager_tensors(hvd, tf):
+    # the single eager tensor path (Runtime.allreduce_one) meets a joined rank too
+    if hvd.rank() == 0:
+        last = hvd.join()
+    else:
+        summed = hvd.allreduce(tf.fill([2, 3], 4.0), op=hvd.Sum)
+        averaged = hvd.allreduce(tf.fill([5], 4.0), op=hvd.Average)
+        np.testing.assert_allclose(summed.numpy(), np.full([2, 3], 4.0))
+        np.testing.assert_allclose(averaged.numpy(), np.full([5], 4.0 / hvd.size()))
+        last = hvd.join()
+    assert last == hvd.size() - 1
+
+
 def test_process_queries(hvd):
     assert hvd.is_initialized() and hvd.mpi_enabled() and not hvd.nccl_built()
     assert hvd.size() == 2 and hvd.local_size() == 2 and hvd.cross_size() == 1
