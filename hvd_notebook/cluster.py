@@ -9,6 +9,7 @@ that nothing of the cluster is left.
 
 from __future__ import annotations
 
+import functools
 import getpass
 import logging
 import os
@@ -221,6 +222,7 @@ def _srun_ranks(n: int | None) -> int:
     return n
 
 
+@functools.cache
 def _is_open_mpi(mpiexec: str) -> bool:
     """Open MPI's mpiexec takes --host; MPICH's hydra takes -hosts."""
     try:

@@ -419,7 +419,7 @@ class Session:
             rows.append({
                 "rank": r.rank, "state": "alive" if alive[r.rank] else "dead", "host": r.host,
                 "pid": r.pid, "device": r.device, "rss": rss,
-                "gpu_memory": gpu_memory.get(r.pid) if cluster.gpus else None,
+                "gpu_memory": gpu_memory.get(r.pid) if r.here else None,  # another host's pid is not ours
                 "running": ("dead" if not alive[r.rank] else "busy" if busy else "idle"),
             })
         return rows

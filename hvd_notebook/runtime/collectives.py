@@ -12,6 +12,7 @@ graph first, so a step makes one call). Gradients are registered with
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 from typing import Any
 
@@ -118,36 +119,30 @@ def _to_tf(array: np.ndarray, dtype: Any, pooled: bool = False) -> Any:
     return tf.convert_to_tensor(array, dtype=dtype)
 
 
-_DLPACK_DTYPES: set[Any] = set()
-_NUMPY_DTYPES: dict[Any, Any] = {}
-
-
+@functools.cache
 def _numpy_dtype(dtype: Any) -> Any:
     """``dtype.as_numpy_dtype``, cached (TensorFlow computes it on every access)."""
-    found = _NUMPY_DTYPES.get(dtype)
-    if found is None:
-        found = _NUMPY_DTYPES[dtype] = dtype.as_numpy_dtype
-    return found
+    return dtype.as_numpy_dtype
 
 
-def _dlpack_dtypes() -> set[Any]:
+@functools.cache
+def _dlpack_dtypes() -> frozenset[Any]:
     """The dtypes that TensorFlow and numpy exchange through DLPack."""
-    if not _DLPACK_DTYPES:
-        tf = _tf()
-        _DLPACK_DTYPES.update({tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8})
-    return _DLPACK_DTYPES
+    tf = _tf()
+    return frozenset({tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8})
 
 
-_EAGER: list[Any] = []  # (tf.executing_eagerly, record.could_possibly_record), looked up once
+@functools.cache
+def _tape_probes() -> tuple[Any, Any]:
+    """``tf.executing_eagerly`` and ``record.could_possibly_record``, looked up once."""
+    from tensorflow.python.eager import record
+
+    return _tf().executing_eagerly, record.could_possibly_record
 
 
 def _recording() -> bool:
     """Could a gradient tape record an op now? (Eager ops outside any tape need no gradient.)"""
-    if not _EAGER:
-        from tensorflow.python.eager import record
-
-        _EAGER.extend((_tf().executing_eagerly, record.could_possibly_record))
-    executing_eagerly, could_record = _EAGER
+    executing_eagerly, could_record = _tape_probes()
     return not executing_eagerly() or could_record()
 
 
@@ -182,15 +177,11 @@ def _on_gpus(tensors: list[Any]) -> bool:
     return _nccl() is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
 
 
-_HAS_GPUS: list[bool] = []
-
-
+@functools.cache
 def _has_gpus() -> bool:
     """Does TensorFlow see a GPU in this process? (Asked once: CPU-only ranks then
     skip every per-tensor device check.)"""
-    if not _HAS_GPUS:
-        _HAS_GPUS.append(bool(_tf().config.list_logical_devices("GPU")))
-    return _HAS_GPUS[0]
+    return bool(_tf().config.list_logical_devices("GPU"))
 
 
 def _back_on_devices(results: list[Any], tensors: list[Any]) -> list[Any]:
@@ -223,7 +214,7 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
         except MismatchError as exc:
             raise _tf_error(exc) from None
         results = [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
-        return _back_on_devices(results, tensors[:len(results)]) if gpu_fn is not None else results
+        return _back_on_devices(results, tensors) if gpu_fn is not None else results
 
     _check_not_xla()
     if gpu_fn is not None and _nccl() is not None:
@@ -570,22 +561,23 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     names = _names(name, "reducescatter", tensors)
     rt = mpi_ops.runtime()
 
-    def rs_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        scaled = [a * prescale_factor if prescale_factor != 1.0 else a for a in arrays]
-        outs = rt.reducescatter(scaled, op, names)
-        return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+    def scaled(reduce: Any) -> Any:
+        """``reduce`` with the prescale before and the postscale after (numpy or TensorFlow)."""
+        def run(xs: list[Any]) -> list[Any]:
+            outs = reduce([x * prescale_factor if prescale_factor != 1.0 else x for x in xs])
+            return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+
+        return run
+
+    rs_np = scaled(lambda arrays: rt.reducescatter(arrays, op, names))
 
     if not _is_tf(tensors[0]):
         return rs_np([np.asarray(t) for t in tensors])
     tf = _tf()
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    def rs_gpu(ts: list[Any]) -> list[Any]:
-        scaled = [t * prescale_factor if prescale_factor != 1.0 else t for t in ts]
-        outs = _nccl().reducescatter(scaled, op, names)
-        return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
-
     return _on_tf(rs_np, tensors, [_allreduce_out_dtype(t.dtype, op) for t in tensors],
-                  [[None] + t.shape[1:].as_list() for t in tensors], gpu_fn=rs_gpu)
+                  [[None] + t.shape[1:].as_list() for t in tensors],
+                  gpu_fn=scaled(lambda ts: _nccl().reducescatter(ts, op, names)))
 
 
 def join() -> int:

@@ -154,12 +154,11 @@ class Runtime:
         shape, dtype and arguments (validation, signature, its hash) cached: the
         same work as ``allreduce_fused`` for one array, minus Python. None (before
         any communication) where the general path must take it: a dtype MPI
-        cannot reduce, a prescale, a strided array."""
+        cannot reduce, a prescale."""
         key = (arr.shape, arr.dtype, op, prescale, postscale)
         hit = self._one.get(key)
         if hit is None:
-            if (op not in self._mpi_ops or prescale != 1.0 or _reduce_dtype(arr.dtype) != arr.dtype
-                    or not arr.flags.c_contiguous):
+            if op not in self._mpi_ops or prescale != 1.0 or _reduce_dtype(arr.dtype) != arr.dtype:
                 return None
             sig = allreduce_signature(op, _dtype_name(arr.dtype), (arr.shape,), prescale, postscale, "")
             # no scaling after: MPI's result is the answer, straight into a pooled buffer
@@ -212,15 +211,15 @@ class Runtime:
             offsets, total = _aligned_offsets([a.size for a in arrays], min(work.itemsize, dtype.itemsize))
             buf = aligned_empty(total, work)
             with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
-                end = 0
                 if total == sum(a.size for a in arrays):  # no padding needed: one C call copies them all
                     np.concatenate([a.reshape(-1) for a in arrays], out=buf, casting="same_kind")
-                    arrays = []
-                for a, off in zip(arrays, offsets):
-                    if off > end:
-                        buf[end:off] = 0  # padding between tensors
-                    buf[off:off + a.size] = a.reshape(-1)
-                    end = off + a.size
+                else:
+                    end = 0
+                    for a, off in zip(arrays, offsets):
+                        if off > end:
+                            buf[end:off] = 0  # padding between tensors
+                        buf[off:off + a.size] = a.reshape(-1)
+                        end = off + a.size
             if prescale != 1.0:
                 buf = _scale(buf, prescale)
             with self.timeline.phase("MPI_ALLREDUCE", label, buf.nbytes):

@@ -325,7 +325,6 @@ def start(comm: Any, local_rank: int, timeline: Any, agree: Callable[..., None])
     """Create the world's NCCL communicator where every rank has a GPU (a collective
     call: every rank must make it). None where any rank has none, where cupy is
     missing, or where ``HVD_NOTEBOOK_NCCL=0``: GPU tensors then go through the host."""
-    from mpi4py import MPI
 
     wanted = os.environ.get(DISABLE_ENV, "1") not in ("0", "false", "no")
     has_gpu = wanted and gpu_device_present() and cupy_importable()
@@ -339,10 +338,9 @@ def start(comm: Any, local_rank: int, timeline: Any, agree: Callable[..., None])
         except Exception as exc:  # a driver without a usable device, or a cupy for another CUDA
             log.warning("rank %d: cupy sees no usable GPU (%s); GPU tensors will go through the host",
                         comm.Get_rank(), exc)
-    every = comm.allreduce(1 if device_id >= 0 else 0, op=MPI.MIN)
-    some = comm.allreduce(1 if device_id >= 0 else 0, op=MPI.MAX)
-    if not every:
-        if some and comm.Get_rank() == 0:
+    with_gpu = comm.allgather(device_id >= 0)
+    if not all(with_gpu):
+        if any(with_gpu) and comm.Get_rank() == 0:
             print("[hvd_notebook] WARNING: only some ranks have a GPU; NCCL is off and every collective goes "
                   "through MPI on the host.", file=sys.stderr, flush=True)
         return None
