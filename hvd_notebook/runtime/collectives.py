@@ -113,10 +113,20 @@ def _to_tf(array: np.ndarray, dtype: Any, pooled: bool = False) -> Any:
             and (pooled or (array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0
                             and array.flags.c_contiguous))):
         try:
-            return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+            return _from_dlpack()(array.__dlpack__())
         except (TypeError, ValueError, RuntimeError, BufferError):
             pass
     return tf.convert_to_tensor(array, dtype=dtype)
+
+
+@functools.cache
+def _from_dlpack() -> Any:
+    return _tf().experimental.dlpack.from_dlpack
+
+
+@functools.cache
+def _dlpack_numpy_dtypes() -> frozenset[np.dtype]:
+    return frozenset(np.dtype(_numpy_dtype(d)) for d in _dlpack_dtypes())
 
 
 @functools.cache
@@ -280,8 +290,12 @@ def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float
         raise _tf_error(exc) from None
     if out is None:
         return None
-    result = _to_tf(out, _allreduce_out_dtype(tensor.dtype, op), pooled=True)
-    return result if out.ndim == 1 and arr.ndim == 1 else _tf().reshape(result, arr.shape)
+    if out.size and out.dtype in _dlpack_numpy_dtypes():  # (the result's dtype is its tensor's)
+        try:
+            return _from_dlpack()(out.__dlpack__())
+        except (TypeError, ValueError, RuntimeError, BufferError):
+            pass
+    return _to_tf(out, _allreduce_out_dtype(tensor.dtype, op))
 
 
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",

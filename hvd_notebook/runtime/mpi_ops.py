@@ -88,7 +88,7 @@ class Runtime:
         self.timeline = Timeline()
         self.joined = False
         self.nccl: Any = None  # nccl_ops.NcclRuntime where every rank has a GPU (start_nccl)
-        self._one: dict[tuple, tuple[Signature, int, Any]] = {}  # allreduce_one's cache
+        self._one: dict[tuple, tuple[Signature, int, Any, Any]] = {}  # allreduce_one's cache
         self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
     def start_nccl(self, local_rank: int) -> None:
@@ -152,28 +152,41 @@ class Runtime:
                       label: str) -> np.ndarray | None:
         """The common case, one tensor, with everything that depends only on its
         shape, dtype and arguments (validation, signature, its hash) cached: the
-        same work as ``allreduce_fused`` for one array, minus Python. None (before
-        any communication) where the general path must take it: a dtype MPI
-        cannot reduce, a prescale."""
+        same work as ``allreduce_fused`` for one array, minus Python. The result
+        has the array's shape. None (before any communication) where the general
+        path must take it: a dtype MPI cannot reduce, a prescale."""
         key = (arr.shape, arr.dtype, op, prescale, postscale)
         hit = self._one.get(key)
         if hit is None:
             if op not in self._mpi_ops or prescale != 1.0 or _reduce_dtype(arr.dtype) != arr.dtype:
                 return None
             sig = allreduce_signature(op, _dtype_name(arr.dtype), (arr.shape,), prescale, postscale, "")
-            # no scaling after: MPI's result is the answer, straight into a pooled buffer
-            lean = op != Average and postscale == 1.0
-            hit = self._one[key] = (sig, self.negotiator.hash_of(sig), self._mpi_ops[op] if lean else None)
-        sig, h, lean_op = hit
-        with self.timeline.phase("NEGOTIATE_ALLREDUCE", label, 0):
-            signatures = self.negotiator.agree(Signature(sig.kind, sig.fields, label), h)
+            # MPI's result is the answer, or scaled in place as _reduce scales it (floats), in a pooled buffer
+            factors = ((1.0 / self.size,) if op == Average else ()) + ((postscale,) if postscale != 1.0 else ())
+            lean = not factors or arr.dtype.kind == "f"
+            hit = self._one[key] = (sig, self.negotiator.hash_of(sig), self._mpi_ops[op] if lean else None,
+                                    tuple(arr.dtype.type(f) for f in factors))
+        sig, h, mpi_op, factors = hit
+        timeline = self.timeline
+        if timeline.path is None:  # (the phases' context managers cost a microsecond)
+            signatures = self.negotiator.agree(sig, h, label)
+        else:
+            with timeline.phase("NEGOTIATE_ALLREDUCE", label, 0):
+                signatures = self.negotiator.agree(sig, h, label)
         if signatures is not None:
             self._disagree(signatures, allow_joined=True)  # raises unless the others have joined
-        if lean_op is None or not arr.flags.c_contiguous:
-            return self._reduce([arr], op, prescale, postscale, label)[0]
+        if mpi_op is None or not arr.flags.c_contiguous:
+            return self._reduce([arr], op, prescale, postscale, label)[0].reshape(arr.shape)
         buf = _pool.get(arr.nbytes).view(arr.dtype)
-        with self.timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
-            self.comm.Allreduce(arr if arr.ndim == 1 else arr.reshape(-1), buf, op=lean_op)
+        if arr.ndim != 1:
+            buf = buf.reshape(arr.shape)
+        if timeline.path is None:
+            self.comm.Allreduce(arr, buf, op=mpi_op)
+        else:
+            with timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
+                self.comm.Allreduce(arr, buf, op=mpi_op)
+        for factor in factors:
+            buf *= factor
         return buf
 
     @staticmethod
@@ -400,23 +413,24 @@ class _BufferPool:
     MAX_BYTES = 512 * 1024 * 1024
 
     def __init__(self) -> None:
-        self.buffers: dict[int, list[np.ndarray]] = {}
+        self.buffers: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # nbytes: [(owner, aligned view)]
         self.total = 0
 
     def get(self, nbytes: int) -> np.ndarray:
+        """A free aligned buffer of ``nbytes`` (uint8), from the pool where one is free."""
         # numpy points every view at the array that owns the memory (``raw``), so a
         # live view, or a tensor that adopted one, shows as an extra reference to it
         candidates = self.buffers.get(nbytes, ())
-        for raw in candidates:
-            if sys.getrefcount(raw) == 3:  # the pool's list, this loop variable, getrefcount's argument
-                break
-        else:
-            raw = np.empty(nbytes + ALIGN_BYTES, dtype=np.uint8)
-            if self.total + nbytes <= self.MAX_BYTES and len(candidates) < 4:
-                self.buffers.setdefault(nbytes, []).append(raw)
-                self.total += nbytes
+        for raw, aligned in candidates:
+            if sys.getrefcount(raw) == 4:  # the pool's tuple, ``aligned``, this loop variable, getrefcount's argument
+                return aligned
+        raw = np.empty(nbytes + ALIGN_BYTES, dtype=np.uint8)
         start = -raw.__array_interface__["data"][0] % ALIGN_BYTES
-        return raw[start:start + nbytes]
+        aligned = raw[start:start + nbytes]
+        if self.total + nbytes <= self.MAX_BYTES and len(candidates) < 4:
+            self.buffers.setdefault(nbytes, []).append((raw, aligned))
+            self.total += nbytes
+        return aligned
 
 
 _pool = _BufferPool()

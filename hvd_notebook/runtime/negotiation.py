@@ -108,11 +108,14 @@ class Negotiator:
             h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
         return h
 
-    def agree(self, sig: Signature, h: int | None = None) -> list[Signature] | None:
+    def agree(self, sig: Signature, h: int | None = None, name: str | None = None) -> list[Signature] | None:
         """Wait until every rank reaches a collective; None when all signatures are
         equal, else every rank's signature (index = rank). ``h``: ``hash_of(sig)``
-        where the caller has it already."""
+        where the caller has it already; ``name``: the tensor's name where ``sig``
+        (cached by the caller) does not carry it."""
         self.seq += 1
+        if self.size == 1:  # nobody to disagree with, nobody to wait for
+            return None
         if h is None:
             h = self.hash_of(sig)
         buf = self._buf
@@ -121,6 +124,8 @@ class Negotiator:
             raise StallError(self.broken)
         request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
         if not request.Test():
+            if name is not None:
+                sig = Signature(sig.kind, sig.fields, name)
             try:
                 self._wait(request, sig)
             except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
@@ -136,7 +141,7 @@ class Negotiator:
                 raise
         if buf[0] == -buf[1]:
             return None
-        return self.comm.allgather(sig)
+        return self.comm.allgather(sig if name is None else Signature(sig.kind, sig.fields, name))
 
     def _wait(self, request: Any, sig: Signature) -> None:
         start = time.monotonic()

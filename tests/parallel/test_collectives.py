@@ -112,6 +112,37 @@ def test_grouped_allreduce_fused_equals_unfused(hvd, tf, mode, monkeypatch):
         np.testing.assert_array_equal(f, s)
 
 
+@pytest.mark.parametrize("op", ["Sum", "Average", "Max"])
+def test_single_tensor_path_equals_grouped_path(hvd, tf, op):
+    # one eager tensor takes Runtime.allreduce_one (scaling in place); two go through a fusion buffer
+    op = getattr(hvd, op)
+    for dtype, dim in [("float32", 1), ("float64", 3), ("int32", 2), ("int64", 0)]:
+        x = tf.convert_to_tensor(make(hvd, dtype, dim))
+        kwargs = dict(op=op, postscale_factor=3.0) if dtype.startswith("float") else dict(op=op)
+        single = hvd.allreduce(x, **kwargs)
+        grouped = hvd.grouped_allreduce([x, tf.zeros([7], x.dtype)], **kwargs)[0]
+        assert single.dtype == grouped.dtype and single.shape == x.shape
+        np.testing.assert_array_equal(single.numpy(), grouped.numpy())
+
+
+def test_results_stay_valid_while_held(hvd, tf):
+    # results live in pooled buffers: a buffer is reused only once nothing refers to it any more
+    held, expected = [], []
+    for i in range(6):
+        x = tf.fill([1000], float(i))
+        out = hvd.allreduce(x, op=hvd.Sum)
+        kept = {0: out, 1: tf.identity(out), 2: tf.reshape(out, [10, 100]), 3: out.numpy(),
+                4: hvd.allreduce(np.full(1000, float(i)), op=hvd.Sum), 5: out[:10]}[i]
+        held.append(kept)
+        expected.append(np.full(np.shape(kept), i * hvd.size(), np.float64))
+        del out
+    for _ in range(3):  # more calls of the same size, which would reuse any buffer wrongly thought free
+        hvd.allreduce(tf.fill([1000], -1.0), op=hvd.Sum)
+        hvd.allreduce(np.full(1000, -1.0), op=hvd.Sum)
+    for kept, want in zip(held, expected):
+        np.testing.assert_array_equal(np.asarray(kept, np.float64), want)
+
+
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
     from hvd_notebook.runtime.mpi_ops import Runtime
 
