@@ -3,9 +3,12 @@ same arguments; otherwise MPI would hang or corrupt memory.
 
 Horovod negotiates each tensor through a coordinator and caches the answers.
 Here each rank hashes its call's signature (cached, so a repeated call costs a
-dict lookup) and the ranks take the MAX of ``[h, -h]`` in one non-blocking
-16-byte allreduce: equal hashes on every rank means agreement. Only when they
-differ are the full signatures gathered, to say which ranks differ in what.
+dict lookup) and the ranks compare hashes: equal hashes on every rank means
+agreement. Only when they differ are the full signatures gathered, to say
+which ranks differ in what. Ranks that all share one host compare through an
+MPI-3 shared-memory window (``_Board``: a store and a few loads, about half
+the time of a collective); otherwise they take the MAX of ``[h, -h]`` in one
+non-blocking 16-byte allreduce.
 
 Waiting in that allreduce is where a stall shows: after
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` the waiting rank asks every other rank,
@@ -21,6 +24,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,6 +82,62 @@ def _env_seconds(name: str, default: float) -> float:
         return default
 
 
+class _Board:
+    """Each rank's latest (collective number, hash) in an MPI-3 shared-memory
+    window, for ranks that all share one host. A rank posts its pair and reads
+    the others'; ``Win.Sync`` is the memory barrier between the stores and the
+    loads. Two slots per rank, by the parity of the number: a rank waits for the
+    others' post of the same number before it can post the next, so it is at
+    most one ahead, and the slot being read is never the one being written."""
+
+    SLOT = 8  # int64s per slot: one 64-byte cache line each
+
+    def __init__(self, comm: Any, MPI: Any) -> None:
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.win = MPI.Win.Allocate_shared(2 * self.SLOT * 8, 8, comm=comm)
+        views = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.int64, count=2 * self.SLOT)
+                 .reshape(2, self.SLOT) for r in range(size)]
+        self.mine = views[rank]
+        self.mine[:] = 0
+        self.others = [v for r, v in enumerate(views) if r != rank]
+        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, in which Win.Sync is a memory barrier
+        self.win.Sync()
+        comm.Barrier()
+        self.win.Sync()
+
+    @classmethod
+    def for_comm(cls, comm: Any, MPI: Any) -> _Board | None:
+        """A board where every rank of ``comm`` is on this host (collective), else
+        None; ``HVD_NOTEBOOK_SHM_AGREEMENT=0`` on any rank asks for the collective."""
+        wanted = os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0"
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        one_host = local.Get_size() == comm.Get_size() > 1
+        local.Free()
+        # every rank must take the same road
+        if not comm.allreduce(wanted and one_host, op=MPI.LAND):
+            return None
+        return cls(comm, MPI)
+
+    def post(self, seq: int, h: int) -> None:
+        slot = self.mine[seq & 1]
+        slot[1] = h
+        self.win.Sync()
+        slot[0] = seq
+
+    def arrived(self, seq: int) -> bool:
+        parity = seq & 1
+        for other in self.others:
+            if other[parity, 0] != seq:
+                return False
+        return True
+
+    def same(self, seq: int, h: int) -> bool:
+        """After ``arrived``: did every rank post the hash ``h``?"""
+        self.win.Sync()
+        parity = seq & 1
+        return all(other[parity, 1] == h for other in self.others)
+
+
 class Negotiator:
     """Agreement check and stall inspector for one communicator."""
 
@@ -96,6 +156,8 @@ class Negotiator:
         self.stall_check_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self.stall_check_enabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") in ("0", "", "false")
+        # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
+        self.board = _Board.for_comm(comm, MPI)
 
     def free(self) -> None:
         self.stall_comm.Free()
@@ -118,38 +180,54 @@ class Negotiator:
             return None
         if h is None:
             h = self.hash_of(sig)
-        buf = self._buf
-        buf[0], buf[1] = h, -h
         if self.broken:
             raise StallError(self.broken)
-        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
-        if not request.Test():
-            if name is not None:
-                sig = Signature(sig.kind, sig.fields, name)
-            try:
-                self._wait(request, sig)
-            except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
-                # MPI cannot cancel a collective: keep the request and its buffer alive, and
-                # refuse further collectives, which would pair with the wrong calls on other ranks
-                self._abandoned.append((request, self._buf))
-                self._buf = np.zeros(2, dtype=np.int64)
-                self.broken = (
-                    f"rank {self.rank} left {sig.describe()} (collective #{self.seq}) before every rank "
-                    f"arrived ({type(exc).__name__}), so the ranks can no longer agree on collectives. "
-                    "Restart the ranks (%hvd restart in a notebook); their variables are lost."
-                )
-                raise
-        if buf[0] == -buf[1]:
-            return None
+        board = self.board
+        if board is not None:
+            seq = self.seq
+            board.post(seq, h)
+            if not board.arrived(seq):
+                self._wait_or_break(lambda: board.arrived(seq), sig, name)
+            if board.same(seq, h):
+                return None
+        else:
+            buf = self._buf
+            buf[0], buf[1] = h, -h
+            request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+            if not request.Test():
+                try:
+                    self._wait_or_break(request.Test, sig, name)
+                except BaseException:
+                    # MPI cannot cancel a collective: keep the request and its buffer alive
+                    self._abandoned.append((request, self._buf))
+                    self._buf = np.zeros(2, dtype=np.int64)
+                    raise
+            if buf[0] == -buf[1]:
+                return None
         return self.comm.allgather(sig if name is None else Signature(sig.kind, sig.fields, name))
 
-    def _wait(self, request: Any, sig: Signature) -> None:
+    def _wait_or_break(self, done: Callable[[], bool], sig: Signature, name: str | None) -> None:
+        """Wait until ``done()``; if the wait ends otherwise, refuse every later collective."""
+        if name is not None:
+            sig = Signature(sig.kind, sig.fields, name)
+        try:
+            self._wait(done, sig)
+        except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
+            # the other ranks would pair this rank's next collectives with the wrong calls
+            self.broken = (
+                f"rank {self.rank} left {sig.describe()} (collective #{self.seq}) before every rank "
+                f"arrived ({type(exc).__name__}), so the ranks can no longer agree on collectives. "
+                "Restart the ranks (%hvd restart in a notebook); their variables are lost."
+            )
+            raise
+
+    def _wait(self, done: Callable[[], bool], sig: Signature) -> None:
         start = time.monotonic()
         spin_until = start + 2e-3  # spinning answers within microseconds; a sleep costs 60 us or more
         pause = 10e-6
         warned = False
         next_probe = start + 1.0
-        while not request.Test():
+        while not done():
             now = time.monotonic()
             if now < spin_until:
                 continue
@@ -160,7 +238,7 @@ class Negotiator:
                 self._answer_queries(sig)
                 if self.stall_check_enabled and not warned and now - start >= self.stall_check_s:
                     warned = True
-                    self._report_stall(request, sig, now - start)
+                    self._report_stall(done, sig, now - start)
                 if self.stall_shutdown_s > 0 and now - start >= self.stall_shutdown_s:
                     raise StallError(
                         f"rank {self.rank} waited {now - start:.0f} s in {sig.describe()} (collective "
@@ -178,16 +256,16 @@ class Negotiator:
             if collected is not None:
                 collected[source] = (seq, where)
 
-    def _report_stall(self, request: Any, sig: Signature, waited: float) -> None:
+    def _report_stall(self, done: Callable[[], bool], sig: Signature, waited: float) -> None:
         for r in range(self.size):
             if r != self.rank:
                 self.stall_comm.isend((_QUERY, self.seq, sig.describe()), dest=r, tag=_STALL_TAG)
         collected: dict[int, tuple] = {}
         deadline = time.monotonic() + 1.0
-        while time.monotonic() < deadline and len(collected) < self.size - 1 and not request.Test():
+        while time.monotonic() < deadline and len(collected) < self.size - 1 and not done():
             self._answer_queries(sig, collected)
             time.sleep(0.01)
-        if request.Test():
+        if done():
             return
         missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != self.seq]
         elsewhere = [f"rank {r} waits in collective #{seq} {where}" for r, (seq, where) in sorted(collected.items())

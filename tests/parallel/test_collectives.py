@@ -338,6 +338,16 @@ def test_join_serves_eager_tensors(hvd, tf):
     assert last == hvd.size() - 1
 
 
+def test_agreement_road(hvd):
+    # both ranks share this host: shared memory, unless HVD_NOTEBOOK_SHM_AGREEMENT=0 asks for the collective
+    import os
+
+    from hvd_notebook.runtime import mpi_ops
+
+    board = mpi_ops.runtime().negotiator.board
+    assert (board is not None) == (os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0")
+
+
 def test_process_queries(hvd):
     assert hvd.is_initialized() and hvd.mpi_enabled() and not hvd.nccl_built()
     assert hvd.size() == 2 and hvd.local_size() == 2 and hvd.cross_size() == 1
