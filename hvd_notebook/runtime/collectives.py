@@ -27,6 +27,17 @@ from .timeline import write_trace
 _counter = itertools.count()
 
 
+def not_converted(fn: Any) -> Any:
+    """Mark ``fn`` as ``tf.autograph.experimental.do_not_convert`` marks functions,
+    without importing TensorFlow. Inside a user's ``tf.function`` AutoGraph then
+    calls it as it is, instead of rewriting it and everything it calls, the
+    callbacks given to ``tf.numpy_function`` included, which would then pay
+    AutoGraph's dispatch on every call of every step (tens of microseconds)."""
+    target = getattr(fn, "__func__", fn)
+    target.autograph_info__ = None
+    return fn
+
+
 def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
     """One name per tensor of a grouped call: ``name`` itself for a single tensor."""
     if name and len(tensors) == 1:
@@ -256,6 +267,7 @@ def _py_function(eager_fn: Any, tensors: list[Any], out_dtypes: list[Any], out_s
 
 
 # ------------------------------------------------------------------ allreduce
+@not_converted
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None, process_set: Any = None,
@@ -298,6 +310,7 @@ def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float
     return _to_tf(out, _allreduce_out_dtype(tensor.dtype, op))
 
 
+@not_converted
 def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_dense: str = "",
                       device_sparse: str = "", compression: Any = Compression.none, op: int | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
@@ -402,6 +415,11 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
         out_dtype = _allreduce_out_dtype(members[0].dtype, op)
 
         def reduce_flat(flat: np.ndarray, shapes: tuple = shapes, label: list[str] = label) -> np.ndarray:
+            if len(shapes) == 1 and shapes[0] is not None and None not in shapes[0]:
+                # one tensor of a static shape: the single-tensor path, agreeing on the same signature
+                out = rt.allreduce_one(flat.reshape(shapes[0]), op, prescale, postscale, label[0])
+                if out is not None:
+                    return out.reshape(-1)
             ((_, buf, _),) = rt.allreduce_fused([flat], op, prescale, postscale, label, shapes)
             return buf
 
@@ -433,11 +451,13 @@ def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
 
 
 # ------------------------------------------------------------------ allgather
+@not_converted
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
     """Concatenate ``tensor`` from every rank along the first dimension, which may differ."""
     return grouped_allgather([tensor], name=name)[0]
 
 
+@not_converted
 def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: Any = None) -> list[Any]:
     """``allgather`` of several tensors with one agreement."""
     if not tensors:
@@ -474,6 +494,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 
 
 # ------------------------------------------------------------------ broadcast
+@not_converted
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s value of ``tensor``."""
@@ -502,6 +523,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     return bcast_tf(tensor)
 
 
+@not_converted
 def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any = None,
                         inplace: bool = False) -> Any:
     """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast."""
@@ -523,18 +545,21 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
 
+@not_converted
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
     return mpi_ops.runtime().broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
 
 
+@not_converted
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
     return mpi_ops.runtime().allgather_object(obj, _name(name, "allgather_object"))
 
 
 # ------------------------------------------------------------- alltoall etc.
+@not_converted
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
              process_set: Any = None) -> Any:
     """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
@@ -558,6 +583,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     return out if splits is None else (out, received)
 
 
+@not_converted
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None, process_set: Any = None,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
@@ -566,6 +592,7 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None, proce
                                  postscale_factor=postscale_factor)[0]
 
 
+@not_converted
 def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | None = None,
                           process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
@@ -594,12 +621,14 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
                   gpu_fn=scaled(lambda ts: _nccl().reducescatter(ts, op, names)))
 
 
+@not_converted
 def join() -> int:
     """Say this rank has no more data: it takes part in the others' allreduces
     with zeros until every rank has joined. Returns the rank that joined last."""
     return mpi_ops.runtime().join()
 
 
+@not_converted
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called ``barrier()``."""
     mpi_ops.runtime().barrier()

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from . import basics
-from .collectives import allreduce, grouped_allreduce
+from .collectives import allreduce, grouped_allreduce, not_converted
 from .compression import Compression
 from .mpi_ops import Adasum, Average, Sum
 
@@ -84,12 +84,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
         _hvd_passes = k
         _hvd_average_aggregated = average_aggregated_gradients
 
+        @not_converted
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
             grads = list(grads)
             if self._hvd_passes == 1:
                 grads = _reduce_gradients(grads, **self._hvd_settings)
             return super().apply(grads, trainable_variables)
 
+        @not_converted
         def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
             if self._hvd_passes > 1:  # Keras hands over the mean of the k accumulated gradients
                 grads = _reduce_gradients(list(grads), **self._hvd_settings)
@@ -159,6 +161,7 @@ class DistributedGradientTape:
         self._settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                               predivide=gradient_predivide_factor)
 
+    @not_converted
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
         import tensorflow as tf
 

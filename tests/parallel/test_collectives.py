@@ -143,6 +143,40 @@ def test_results_stay_valid_while_held(hvd, tf):
         np.testing.assert_array_equal(np.asarray(kept, np.float64), want)
 
 
+def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
+    # inside a user's tf.function, AutoGraph must not rewrite the runtime: its rewritten
+    # numpy_function callbacks would pay AutoGraph's dispatch on every call of every step
+    import inspect
+
+    from hvd_notebook.runtime import mpi_ops
+
+    rt = mpi_ops.runtime()
+    frames: list[str] = []
+    for method in ("allreduce_one", "allreduce_fused", "allgather"):
+        original = getattr(rt, method)
+
+        def spy(*args, original=original, **kwargs):
+            frames.extend(f.filename for f in inspect.stack())
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(rt, method, spy)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = tf.reduce_sum(x * x)
+        grad = hvd.DistributedGradientTape(tape).gradient(y, x)
+        return hvd.allreduce(y, op=hvd.Sum), hvd.grouped_allreduce([x, grad]), hvd.allgather(x)
+
+    total, (mean_x, mean_grad), gathered = step(tf.ones([3]))
+    assert float(total) == 3.0 * hvd.size() and gathered.shape == [3 * hvd.size()]
+    np.testing.assert_allclose(mean_grad.numpy(), np.full(3, 2.0))
+    assert frames, "the runtime was not called"
+    rewritten = sorted({f for f in frames if "__autograph_generated" in f})
+    assert not rewritten, f"AutoGraph rewrote the runtime: {rewritten}"
+
+
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
     from hvd_notebook.runtime.mpi_ops import Runtime
 
