@@ -12,6 +12,7 @@ graph first, so a step makes one call). Gradients are registered with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 from typing import Any
@@ -360,9 +361,10 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
 
 def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
                              postscale: float) -> list[Any]:
-    """Host tensors are read in place (DLPack); each reduced fusion buffer becomes one
-    tensor without a copy, cut into the results by one ``tf.split``. GPU tensors
-    go to NCCL where it runs (``nccl_ops``)."""
+    """Host tensors are read in place (DLPack); the results are views of the reduced
+    fusion buffers, adopted by TensorFlow without a copy (one ``tf.split`` where all
+    are flat, else one adoption each). GPU tensors go to NCCL where it runs
+    (``nccl_ops``)."""
     tf = _tf()
     if _on_gpus(tensors):
         try:
@@ -377,22 +379,28 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     results: list[Any] = [None] * len(tensors)
     timeline = mpi_ops.runtime().timeline
     for group, buf, offsets in fused:
-        flat = _to_tf(buf, tf.as_dtype(buf.dtype), pooled=True)
-        if len(group) == 1 and buf.size == arrays[group[0]].size:
-            pieces = [flat]
-        else:  # each tensor starts 64-byte aligned, with padding before it where needed
-            sizes, end = [], 0
-            for i, off in zip(group, offsets):
-                sizes += [off - end, arrays[i].size]
-                end = off + arrays[i].size
-            with timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]),
-                                buf.nbytes):
+        dtype = tf.as_dtype(buf.dtype)
+        fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
+        with (timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]), buf.nbytes)
+              if fused_out else contextlib.nullcontext()):
+            if fused_out and all(arrays[i].ndim == 1 for i in group):
+                # many flat tensors: one tf.split of the buffer is cheaper than a tensor each
+                flat = _to_tf(buf, dtype, pooled=True)
+                sizes, end = [], 0  # each tensor starts 64-byte aligned, with padding before it where needed
+                for i, off in zip(group, offsets):
+                    sizes += [off - end, arrays[i].size]
+                    end = off + arrays[i].size
                 if end == buf.size and not any(sizes[0::2]):  # no padding at all: split into the tensors alone
                     pieces = tf.split(flat, sizes[1::2])
                 else:
                     pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
-        for i, piece in zip(group, pieces):  # (the numpy views' shapes: TensorShape costs a microsecond each)
-            results[i] = piece if arrays[i].ndim == 1 else tf.reshape(piece, arrays[i].shape)
+                for i, piece in zip(group, pieces):
+                    results[i] = piece
+            else:
+                # each tensor adopts its shaped view of the buffer: an eager tf.reshape costs ~50 us
+                for i, off in zip(group, offsets):
+                    a = arrays[i]
+                    results[i] = _to_tf(buf[off:off + a.size].reshape(a.shape), dtype, pooled=True)
     return _back_on_devices(results, tensors)
 
 
