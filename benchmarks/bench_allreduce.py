@@ -44,13 +44,14 @@ def _run_horovod(ctx: Context) -> dict | None:
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster import find_mpiexec
+    from hvd_notebook.cluster import find_mpiexec, rank_environment
 
     out = Path(tempfile.mkdtemp()) / "allreduce.json"
     cmd = [find_mpiexec(None), "-n", "2", sys.executable, str(HERE / "mpi_allreduce_worker.py"), str(out)]
     if ctx.quick:
         cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **rank_environment()})  # as %hvd start's ranks
     if proc.returncode != 0:
         raise RuntimeError(f"the MPI worker failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")

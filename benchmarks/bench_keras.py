@@ -9,6 +9,7 @@ DistributedOptimizer at most 5 % slower than with the plain optimizer.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,13 +22,14 @@ HERE = Path(__file__).resolve().parent
 
 def _run(n: int, ctx: Context) -> dict:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster import find_mpiexec
+    from hvd_notebook.cluster import find_mpiexec, rank_environment
 
     out = Path(tempfile.mkdtemp()) / f"keras-{n}.json"
     cmd = [find_mpiexec(None), "-n", str(n), sys.executable, str(HERE / "mpi_keras_worker.py"), str(out)]
     if ctx.quick:
         cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **rank_environment()})  # as %hvd start's ranks
     if proc.returncode != 0:
         raise RuntimeError(f"the Keras worker on {n} rank(s) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
     return json.loads(out.read_text())

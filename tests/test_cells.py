@@ -39,6 +39,35 @@ def test_engines_are_pinned(cluster, run):
     assert all(r.device == "CPU" and r.intra_op_threads == intra for r in cluster.ranks)
 
 
+def test_ranks_ask_malloc_for_huge_pages(cluster, run):
+    # TensorFlow's tensors on transparent huge pages, as numpy's large arrays are (cluster.rank_environment)
+    result, out = run(
+        "%%hvd --all-output\n"
+        "import os, tensorflow as tf\n"
+        "def huge_kb():\n"
+        "    return int(next(l for l in open('/proc/self/smaps_rollup') if l.startswith('AnonHugePages')).split()[1])\n"
+        "before = huge_kb(); big = tf.ones([16 << 20]); grown = huge_kb() - before; del big\n"
+        "print('tunables', os.environ.get('GLIBC_TUNABLES'), 'grown', grown)"
+    )
+    assert result.success, out
+    thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    for rank in (0, 1):
+        line = next(l for l in out.splitlines() if l.startswith(f"[{rank}] tunables"))
+        assert "glibc.malloc.hugetlb=1" in line, out
+        if "[never]" not in thp:  # the kernel may refuse huge pages altogether; then only the setting shows
+            assert int(line.split("grown")[1]) >= 32 * 1024, line  # most of the 64 MiB tensor on 2 MiB pages
+
+
+def test_huge_pages_setting_adds_to_tunables_and_yields():
+    from hvd_notebook.cluster import rank_environment
+
+    assert rank_environment({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+    assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {}  # the user's own choice
+    assert rank_environment({"HVD_NOTEBOOK_HUGEPAGES": "0"}) == {}
+
+
 def test_state_is_kept_between_cells(cluster, run):
     result, out = run("%%hvd\nkept = 10 * hvd.rank() + 7")
     assert result.success, out
