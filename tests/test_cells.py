@@ -52,7 +52,7 @@ def test_ranks_ask_malloc_for_huge_pages(cluster, run):
     assert result.success, out
     thp = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
     for rank in (0, 1):
-        line = next(l for l in out.splitlines() if l.startswith(f"[{rank}] tunables"))
+        line = next(s for s in out.splitlines() if s.startswith(f"[{rank}] tunables"))
         assert "glibc.malloc.hugetlb=1" in line, out
         if "[never]" not in thp:  # the kernel may refuse huge pages altogether; then only the setting shows
             assert int(line.split("grown")[1]) >= 32 * 1024, line  # most of the 64 MiB tensor on 2 MiB pages
