@@ -10,7 +10,7 @@ MPI-3 shared-memory window (``_Board``: a store and a few loads, about half
 the time of a collective); otherwise they take the MAX of ``[h, -h]`` in one
 non-blocking 16-byte allreduce.
 
-Waiting in that allreduce is where a stall shows: after
+Waiting for the others' hashes is where a stall shows: after
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` the waiting rank asks every other rank,
 on a separate communicator, where it is; ranks that are waiting too answer, the
 rest "have not arrived", and a warning names them. After
