@@ -39,7 +39,16 @@ STOP_GRACE_S = 0.5  # between SIGTERM and SIGKILL when stopping: nothing of a st
 
 
 class ClusterError(RuntimeError):
-    """The cluster could not be started, or broke; the message says what to do."""
+    """The cluster could not be started, or broke; the message says what to do.
+    ``mpi_init_failed``: MPI_Init itself failed before any engine connected."""
+
+    def __init__(self, message: str, mpi_init_failed: bool = False) -> None:
+        super().__init__(message)
+        self.mpi_init_failed = mpi_init_failed
+
+
+# MPICH's words when MPI_Init fails on a rank (MPI_Init_thread is what mpi4py calls)
+_MPI_INIT_FAILED = re.compile(r"Fatal error in (internal_Init_thread|P?MPI_Init)")
 
 
 @dataclass(frozen=True)
@@ -449,7 +458,8 @@ class MPICluster:
                     f"({len(new)} did).{causes}\nCommand: {shlex.join(launcher.args)}\n"
                     f"Last lines of its output:\n{_tail(output)}\n"
                     "Check --mpiexec and --mpi-args, and that this environment's mpi4py "
-                    "was built for that MPI."
+                    "was built for that MPI.",
+                    mpi_init_failed=not new and bool(_MPI_INIT_FAILED.search(output)),
                 )
             if time.monotonic() > deadline:
                 raise ClusterError(

@@ -136,11 +136,19 @@ class Session:
                     "first, or %hvd start --restart ... to replace it."
                 )
             self.stop()
-        try:
-            cluster = MPICluster(options)
-            cluster.start()
-        except ClusterError as exc:
-            raise HvdError(f"The cluster did not start: {exc}") from None
+        for attempt in (1, 2):
+            try:
+                cluster = MPICluster(options)
+                cluster.start()
+                break
+            except ClusterError as exc:
+                if attempt == 1 and exc.mpi_init_failed:
+                    # MPICH's UCX address exchange fails in about one start in a hundred here, at random
+                    print("[hvd_notebook] MPI_Init failed on a rank before any engine connected; "
+                          "starting the ranks once more.", file=sys.stderr, flush=True)
+                    continue
+                again = " (the second of two tries)" if attempt == 2 else ""
+                raise HvdError(f"The cluster did not start{again}: {exc}") from None
         self.cluster, self.options = cluster, options
         return cluster.ranks
 
