@@ -143,7 +143,7 @@ class Session:
                 break
             except ClusterError as exc:
                 if attempt == 1 and exc.mpi_init_failed:
-                    # MPICH's UCX address exchange fails in about one start in a hundred here, at random
+                    # under MPICH's gforker, UCX's address exchange fails MPI_Init about once in 150 starts
                     print("[hvd_notebook] MPI_Init failed on a rank before any engine connected; "
                           "starting the ranks once more.", file=sys.stderr, flush=True)
                     continue

@@ -97,7 +97,7 @@ def test_engines_that_crash_on_import_fail_the_start(session, run, tmp_path):
 
 
 def test_a_failed_mpi_init_is_tried_once_more(session, run, tmp_path):
-    # MPICH's UCX address exchange fails MPI_Init in about one start in a hundred here; the
+    # under MPICH's gforker, UCX's address exchange fails MPI_Init about once in 150 starts; the
     # same failure, forced: the first rank to start the first time gets no transport to its peer
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
         import os
