@@ -417,7 +417,9 @@ class _BufferPool:
         self.total = 0
 
     def get(self, nbytes: int) -> np.ndarray:
-        """A free aligned buffer of ``nbytes`` (uint8), from the pool where one is free."""
+        """A free aligned buffer of ``nbytes`` (uint8), from the pool where one is
+        free. Use a view of it (``.view(dtype)``), never the array itself: the pool
+        sees a buffer in use by the views that refer to its memory."""
         # numpy points every view at the array that owns the memory (``raw``), so a
         # live view, or a tensor that adopted one, shows as an extra reference to it
         candidates = self.buffers.get(nbytes, ())
