@@ -319,7 +319,26 @@ class MPICluster:
     # ----------------------------------------------------------------- start
     def start(self) -> list[RankInfo]:
         """Start controller and engines, wait for all, bootstrap them; on any
-        failure stop everything that was started and raise ``ClusterError``."""
+        failure stop everything that was started and raise ``ClusterError``.
+        Where MPI_Init itself failed before any engine connected, try once more:
+        under MPICH's gforker, UCX's address exchange fails MPI_Init at random
+        in about one start in 150 here."""
+        try:
+            return self._start_once()
+        except ClusterError as exc:
+            if not exc.mpi_init_failed:
+                raise
+        print("[hvd_notebook] MPI_Init failed on a rank before any engine connected; "
+              "starting the ranks once more.", file=sys.stderr, flush=True)
+        try:
+            return self._start_once()
+        except ClusterError as exc:
+            if not exc.mpi_init_failed:
+                raise
+            raise ClusterError(f"MPI_Init failed on a rank in two tries in a row. The second: {exc}",
+                               mpi_init_failed=True) from None
+
+    def _start_once(self) -> list[RankInfo]:
         import ipyparallel as ipp
         from traitlets.config import Config
 

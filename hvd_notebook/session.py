@@ -136,19 +136,11 @@ class Session:
                     "first, or %hvd start --restart ... to replace it."
                 )
             self.stop()
-        for attempt in (1, 2):
-            try:
-                cluster = MPICluster(options)
-                cluster.start()
-                break
-            except ClusterError as exc:
-                if attempt == 1 and exc.mpi_init_failed:
-                    # under MPICH's gforker, UCX's address exchange fails MPI_Init about once in 150 starts
-                    print("[hvd_notebook] MPI_Init failed on a rank before any engine connected; "
-                          "starting the ranks once more.", file=sys.stderr, flush=True)
-                    continue
-                again = " (the second of two tries)" if attempt == 2 else ""
-                raise HvdError(f"The cluster did not start{again}: {exc}") from None
+        try:
+            cluster = MPICluster(options)
+            cluster.start()
+        except ClusterError as exc:
+            raise HvdError(f"The cluster did not start: {exc}") from None
         self.cluster, self.options = cluster, options
         return cluster.ranks
 

@@ -113,8 +113,13 @@ def test_a_failed_mpi_init_is_tried_once_more(session, run, tmp_path):
         assert "MPI_Init failed on a rank before any engine connected; starting the ranks once more" in out
         result, out = run("%%hvd\nimport numpy as np\nprint('sum', hvd.allreduce(np.ones(1), op=hvd.Sum))")
         assert result.success and "sum [2.]" in out, out
+        (tmp_path / "first").unlink()  # and the same in a restart (as after an interrupt that needs one)
+        result, out = run("%hvd restart")
+        assert result.success and "starting the ranks once more" in out, out
+        result, out = run("%%hvd\nimport numpy as np\nprint('sum', hvd.allreduce(np.ones(1), op=hvd.Sum))")
+        assert result.success and "sum [2.]" in out, out
         pids = session.cluster.pids()
-    assert_gone(watch.seen - pids)  # the first try left nothing behind
+    assert_gone(watch.seen - pids)  # the failed tries left nothing behind
 
 
 def test_mpi_init_that_keeps_failing_is_reported_after_two_tries(session, run):
@@ -122,7 +127,7 @@ def test_mpi_init_that_keeps_failing_is_reported_after_two_tries(session, run):
         result, out = run("%hvd start -n 2 --timeout 60 --env UCX_TLS=self")
     assert not result.success
     assert "starting the ranks once more" in out
-    assert "did not start (the second of two tries)" in out and "Fatal error in internal_Init_thread" in out
+    assert "MPI_Init failed on a rank in two tries in a row" in out and "Fatal error in internal_Init_thread" in out
     assert session.cluster is None
     assert_gone(watch.seen)
 
