@@ -115,20 +115,27 @@ def _to_numpy(tensor: Any) -> np.ndarray:
     return tensor.numpy()
 
 
-def _to_tf(array: np.ndarray, dtype: Any, pooled: bool = False) -> Any:
-    """A numpy result as a TensorFlow tensor; 64-byte aligned results are adopted
-    without a copy. ``pooled``: the array is a result buffer of ``mpi_ops``,
-    aligned and contiguous by construction (skips a microsecond of checks)."""
-    tf = _tf()
+def _to_tf(array: np.ndarray, dtype: Any) -> Any:
+    """A numpy result as a TensorFlow tensor of ``dtype``; 64-byte aligned results
+    are adopted without a copy."""
+    dtype = _tf().as_dtype(dtype)
     # TensorFlow aborts the process on a misaligned adopted buffer: check first
-    if (array.size and dtype in _dlpack_dtypes() and array.dtype == _numpy_dtype(dtype)
-            and (pooled or (array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0
-                            and array.flags.c_contiguous))):
+    if (array.dtype == _numpy_dtype(dtype) and array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0
+            and array.flags.c_contiguous):
+        return _adopt(array)
+    return _tf().convert_to_tensor(array, dtype=dtype)
+
+
+def _adopt(array: np.ndarray) -> Any:
+    """A result in a buffer of ``mpi_ops``' pool (aligned and contiguous by
+    construction) as a TensorFlow tensor of its own dtype, without a copy where
+    DLPack carries that dtype."""
+    if array.size and array.dtype in _dlpack_numpy_dtypes():
         try:
             return _from_dlpack()(array.__dlpack__())
         except (TypeError, ValueError, RuntimeError, BufferError):
             pass
-    return tf.convert_to_tensor(array, dtype=dtype)
+    return _tf().convert_to_tensor(array)
 
 
 @functools.cache
@@ -301,14 +308,7 @@ def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float
         out = rt.allreduce_one(arr, op, prescale, postscale, str(name) if name else f"allreduce.{next(_counter)}")
     except MismatchError as exc:
         raise _tf_error(exc) from None
-    if out is None:
-        return None
-    if out.size and out.dtype in _dlpack_numpy_dtypes():  # (the result's dtype is its tensor's)
-        try:
-            return _from_dlpack()(out.__dlpack__())
-        except (TypeError, ValueError, RuntimeError, BufferError):
-            pass
-    return _to_tf(out, _allreduce_out_dtype(tensor.dtype, op))
+    return None if out is None else _adopt(out)
 
 
 @not_converted
@@ -379,13 +379,12 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     results: list[Any] = [None] * len(tensors)
     timeline = mpi_ops.runtime().timeline
     for group, buf, offsets in fused:
-        dtype = tf.as_dtype(buf.dtype)
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
         with (timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]), buf.nbytes)
               if fused_out else contextlib.nullcontext()):
             if fused_out and all(arrays[i].ndim == 1 for i in group):
                 # many flat tensors: one tf.split of the buffer is cheaper than a tensor each
-                flat = _to_tf(buf, dtype, pooled=True)
+                flat = _adopt(buf)
                 sizes, end = [], 0  # each tensor starts 64-byte aligned, with padding before it where needed
                 for i, off in zip(group, offsets):
                     sizes += [off - end, arrays[i].size]
@@ -400,7 +399,7 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
                 # each tensor adopts its shaped view of the buffer: an eager tf.reshape costs ~50 us
                 for i, off in zip(group, offsets):
                     a = arrays[i]
-                    results[i] = _to_tf(buf[off:off + a.size].reshape(a.shape), dtype, pooled=True)
+                    results[i] = _adopt(buf[off:off + a.size].reshape(a.shape))
     return _back_on_devices(results, tensors)
 
 
@@ -423,11 +422,6 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
         out_dtype = _allreduce_out_dtype(members[0].dtype, op)
 
         def reduce_flat(flat: np.ndarray, shapes: tuple = shapes, label: list[str] = label) -> np.ndarray:
-            if len(shapes) == 1 and shapes[0] is not None and None not in shapes[0]:
-                # one tensor of a static shape: the single-tensor path, agreeing on the same signature
-                out = rt.allreduce_one(flat.reshape(shapes[0]), op, prescale, postscale, label[0])
-                if out is not None:
-                    return out.reshape(-1)
             ((_, buf, _),) = rt.allreduce_fused([flat], op, prescale, postscale, label, shapes)
             return buf
 

@@ -141,6 +141,13 @@ class Runtime:
             )
         if op not in self._mpi_ops:
             raise ValueError(f"op={op!r} is not one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product.")
+        if len(arrays) == 1 and (shapes is None or len(shapes) == 1):
+            # one tensor: the single-tensor path, agreeing on the same signature
+            shape = arrays[0].shape if shapes is None else shapes[0]
+            if shape is not None and None not in shape:  # (a graph's dynamic shape takes the general path)
+                one = self.allreduce_one(arrays[0].reshape(shape), op, prescale, postscale, names[0])
+                if one is not None:
+                    return [([0], one.reshape(-1), [0])]
         out = []
         for group in self._fusion_groups(arrays):
             buf, offsets = self._allreduce_group([arrays[i] for i in group], op, prescale, postscale,
