@@ -8,7 +8,7 @@ TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test test-horovod lab bench clean
+.PHONY: install demo test test-fast test-horovod lab bench clean
 
 install: $(STAMP)
 
@@ -23,15 +23,20 @@ $(STAMP): pyproject.toml Makefile
 demo: install
 	$(PY) scripts/demo.py
 
+# all tiers: tests/unit (no MPI, no engines), tests/parallel (under mpiexec, through
+# tests/integration/test_parallel.py) and tests/integration (engines, kernels, browser, netns, Slurm)
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 # The horovod backend against a real Horovod 0.28.1 (built once, ~15 min, cached
 # outside the repository); not part of `make test`.
 HOROVOD_ENV ?= $(HOME)/.cache/hvd_notebook/horovod-tf2.15
 test-horovod:
 	HVD_HOROVOD_ENV=$(HOROVOD_ENV) bash scripts/horovod-env.sh
-	HVD_TEST_BACKEND=horovod HVD_NOTEBOOK_GPUS= $(HOROVOD_ENV)/bin/python -m pytest tests/test_backends.py $(PYTEST_ARGS)
+	HVD_TEST_BACKEND=horovod HVD_NOTEBOOK_GPUS= $(HOROVOD_ENV)/bin/python -m pytest tests/integration/test_backends.py $(PYTEST_ARGS)
 
 lab: install
 	$(VENV)/bin/hvd-notebook install-kernel --sys-prefix

@@ -145,7 +145,7 @@ def run(ctx: Context) -> Report:
     from traitlets.config import Config
 
     from hvd_notebook.cluster import find_mpiexec
-    from hvd_notebook.session import Session
+    from hvd_notebook.kernel.session import Session
 
     mpiexec = find_mpiexec(None)
     expected = str(Path(sys.executable).parent / "mpiexec")

@@ -49,7 +49,7 @@ def _check(result: Any) -> None:
 
 def run(ctx: Context) -> Report:
     os.environ["HVD_NOTEBOOK_GPUS"] = ""
-    from hvd_notebook.session import Session
+    from hvd_notebook.kernel.session import Session
 
     rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
     ip = ipython_shell()

@@ -45,7 +45,7 @@ def _check(result: Any) -> None:
 
 def run(ctx: Context) -> Report:
     os.environ["HVD_NOTEBOOK_GPUS"] = ""
-    from hvd_notebook.session import Session
+    from hvd_notebook.kernel.session import Session
 
     cycles = 1 if ctx.quick else 20
     ip = ipython_shell()

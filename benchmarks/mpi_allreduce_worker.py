@@ -21,7 +21,7 @@ import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvd_notebook.runtime as hvd  # noqa: E402
-from hvd_notebook.runtime import mpi_ops  # noqa: E402
+from hvd_notebook.runtime import mpi_backend  # noqa: E402
 from hvd_notebook.runtime.negotiation import Signature  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -97,7 +97,7 @@ def main() -> None:
                           "raw_fused_s": raw_fused, "tensors": 200, "bytes_each": 16384}
 
     # the agreement check alone, repeated with the same signature, and the timeline's cost
-    negotiator = mpi_ops.runtime().negotiator
+    negotiator = mpi_backend.runtime().negotiator
     sig = Signature("allreduce", (("op", "Sum"), ("dtype", "float32"), ("shapes", ((262144,),))), "bench")
     reps = 200 if quick else 2000
     for _ in range(50):

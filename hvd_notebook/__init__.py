@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> Any:
     """``hvd_notebook.ProgressCallback`` (on the engines: it imports Keras) and ``hvd_notebook.progress``."""
     if name == "ProgressCallback":
-        from .progress import callback_class
+        from .engine.progress import callback_class
 
         return callback_class()
     if name == "progress":
@@ -28,13 +28,13 @@ def __getattr__(name: str) -> Any:
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``)."""
-    from .magics import HvdMagics
+    from .kernel.magics import HvdMagics
 
     ipython.register_magics(HvdMagics)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Stop this kernel's cluster when the extension is unloaded."""
-    from .session import Session
+    from .kernel.session import Session
 
     Session.get().stop()

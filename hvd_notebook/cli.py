@@ -25,8 +25,8 @@ from pathlib import Path
 
 import psutil
 
-from .cluster import OWNER_FILE, clusters_dir
-from .reaper import read_pid_file, reap
+from .cluster.cluster import OWNER_FILE, clusters_dir
+from .cluster.reaper import read_pid_file, reap
 
 
 @dataclass

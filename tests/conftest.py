@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 # tests/parallel/ runs inside an MPI world, started by tests/test_parallel.py
 collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
@@ -65,7 +65,7 @@ def cluster_processes() -> set[int]:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if any(name in cmd for name in ("ipyparallel", "hydra_pmi_proxy", "mpiexec", "hvd_notebook.reaper")):
+        if any(name in cmd for name in ("ipyparallel", "hydra_pmi_proxy", "mpiexec", "hvd_notebook.cluster.reaper")):
             out.add(p.pid)
     return out
 

@@ -59,11 +59,11 @@ def init(comm: Any = None) -> None:
         cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
         local_sizes = comm.allgather(local_comm.Get_size())
         _world = _World(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
-    from . import mpi_ops
+    from . import mpi_backend
 
     # now, while every rank is here: it duplicates a communicator, a blocking
     # collective that must not wait for a rank's first hvd.allreduce
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
     rt.start_nccl(_world.local_comm.Get_rank())
     timeline = os.environ.get("HOROVOD_TIMELINE")
@@ -96,11 +96,11 @@ def shutdown() -> None:
     global _world
     if _world is None:
         return
-    from . import collectives, mpi_ops
+    from . import collectives, mpi_backend
 
-    if mpi_ops.runtime().timeline.active:
+    if mpi_backend.runtime().timeline.active:
         collectives.stop_timeline()
-    mpi_ops.reset()
+    mpi_backend.reset()
     with _lock:
         if _world is None:
             return
@@ -176,17 +176,17 @@ def mpi_built() -> bool:
 def nccl_built() -> bool:
     """True where cupy's NCCL bindings are installed (the ``[gpu]`` extra): GPU tensors
     are then reduced by NCCL on every rank that has a GPU. Found without importing cupy."""
-    from .nccl_ops import cupy_importable
+    from .nccl_backend import cupy_importable
 
     return cupy_importable()
 
 
 def nccl_enabled() -> bool:
     """True when this world has an NCCL communicator (every rank has a GPU)."""
-    from . import mpi_ops
+    from . import mpi_backend
 
     _w()
-    return mpi_ops.runtime().nccl is not None
+    return mpi_backend.runtime().nccl is not None
 
 
 def gloo_enabled() -> bool:

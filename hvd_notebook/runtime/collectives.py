@@ -2,7 +2,7 @@
 numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
 
 A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
-tensor out. Eager host tensors reach the numpy collectives of ``mpi_ops``
+tensor out. Eager host tensors reach the numpy collectives of ``mpi_backend``
 through DLPack (no copy) and results come back the same way; in a graph a
 collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
 graph first, so a step makes one call). Gradients are registered with
@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from . import basics, mpi_ops
+from . import basics, mpi_backend
 from .compression import Compression, _is_tf
-from .mpi_ops import Adasum, Average, Max, Min, Product, Sum
+from .mpi_backend import Adasum, Average, Max, Min, Product, Sum
 from .negotiation import MismatchError
 from .timeline import write_trace
 
@@ -120,14 +120,14 @@ def _to_tf(array: np.ndarray, dtype: Any) -> Any:
     are adopted without a copy."""
     dtype = _tf().as_dtype(dtype)
     # TensorFlow aborts the process on a misaligned adopted buffer: check first
-    if (array.dtype == _numpy_dtype(dtype) and array.__array_interface__["data"][0] % mpi_ops.ALIGN_BYTES == 0
+    if (array.dtype == _numpy_dtype(dtype) and array.__array_interface__["data"][0] % mpi_backend.ALIGN_BYTES == 0
             and array.flags.c_contiguous):
         return _adopt(array)
     return _tf().convert_to_tensor(array, dtype=dtype)
 
 
 def _adopt(array: np.ndarray) -> Any:
-    """A result in a buffer of ``mpi_ops``' pool (aligned and contiguous by
+    """A result in a buffer of ``mpi_backend``' pool (aligned and contiguous by
     construction) as a TensorFlow tensor of its own dtype, without a copy where
     DLPack carries that dtype."""
     if array.size and array.dtype in _dlpack_numpy_dtypes():
@@ -194,14 +194,14 @@ def _check_not_xla() -> None:
 
 
 def _nccl() -> Any:
-    """The world's NCCL runtime (``nccl_ops``), or None where GPU tensors go through the host."""
-    return mpi_ops.runtime().nccl
+    """The world's NCCL runtime (``nccl_backend``), or None where GPU tensors go through the host."""
+    return mpi_backend.runtime().nccl
 
 
 def _on_gpus(tensors: list[Any]) -> bool:
     """Eager tensors that all live in GPU memory, in a world that reduces GPU tensors with NCCL.
     (TensorFlow keeps int32 tensors of a GPU device in host memory: those go through MPI.)"""
-    from .nccl_ops import is_gpu_tensor
+    from .nccl_backend import is_gpu_tensor
 
     return _nccl() is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
 
@@ -216,7 +216,7 @@ def _has_gpus() -> bool:
 def _back_on_devices(results: list[Any], tensors: list[Any]) -> list[Any]:
     """Host results of GPU-placed inputs (int32, or a world without NCCL) placed
     where their inputs were, as the same op on the device would have left them."""
-    from .nccl_ops import is_gpu_tensor
+    from .nccl_backend import is_gpu_tensor
 
     tf = _tf()
     if not _has_gpus() or not any(is_gpu_tensor(t) for t in tensors):
@@ -300,7 +300,7 @@ def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float
     """One eager host tensor outside any gradient tape, the commonest call: read in
     place, reduced by ``Runtime.allreduce_one`` into a pooled buffer that becomes
     the result without a copy. None where the general path must take it."""
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     if rt.nccl is not None or _has_gpus() or _recording():
         return None
     arr = _to_numpy(tensor)
@@ -326,7 +326,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     if _is_tf(compressed[0]):
         reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor)
     else:
-        reduced = mpi_ops.runtime().allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
+        reduced = mpi_backend.runtime().allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
                                               postscale_factor, names)
     return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
@@ -364,7 +364,7 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     """Host tensors are read in place (DLPack); the results are views of the reduced
     fusion buffers, adopted by TensorFlow without a copy (one ``tf.split`` where all
     are flat, else one adoption each). GPU tensors go to NCCL where it runs
-    (``nccl_ops``)."""
+    (``nccl_backend``)."""
     tf = _tf()
     if _on_gpus(tensors):
         try:
@@ -373,14 +373,14 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
             raise _tf_error(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
     try:
-        fused = mpi_ops.runtime().allreduce_fused(arrays, op, prescale, postscale, names)
+        fused = mpi_backend.runtime().allreduce_fused(arrays, op, prescale, postscale, names)
     except MismatchError as exc:
         raise _tf_error(exc) from None
     results: list[Any] = [None] * len(tensors)
-    timeline = mpi_ops.runtime().timeline
+    timeline = mpi_backend.runtime().timeline
     for group, buf, offsets in fused:
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
-        with (timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_ops.fused_label([names[i] for i in group]), buf.nbytes)
+        with (timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_backend.fused_label([names[i] for i in group]), buf.nbytes)
               if fused_out else contextlib.nullcontext()):
             if fused_out and all(arrays[i].ndim == 1 for i in group):
                 # many flat tensors: one tf.split of the buffer is cheaper than a tensor each
@@ -409,16 +409,16 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     ``numpy_function`` reduces it, TensorFlow splits it again."""
     tf = _tf()
     _check_not_xla()
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     if rt.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
         return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale), tensors,
                             [_allreduce_out_dtype(t.dtype, op) for t in tensors], [t.shape for t in tensors])
-    groups = mpi_ops.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
+    groups = mpi_backend.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
         members = [tensors[i] for i in group]
         shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in members)
-        label = [mpi_ops.fused_label([names[i] for i in group])]
+        label = [mpi_backend.fused_label([names[i] for i in group])]
         out_dtype = _allreduce_out_dtype(members[0].dtype, op)
 
         def reduce_flat(flat: np.ndarray, shapes: tuple = shapes, label: list[str] = label) -> np.ndarray:
@@ -465,7 +465,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     if not tensors:
         return []
     names = _names(name, "allgather", tensors)
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
 
     def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return rt.allgather(arrays, names)
@@ -501,7 +501,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
               process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s value of ``tensor``."""
     nm = [_name(name, "broadcast", tensor)]
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return rt.broadcast(arrays, root_rank, nm)
@@ -533,7 +533,7 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
     if not variables:
         return None
     tf = _tf()
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     names = [_name(None, "broadcast_variables", v) for v in variables]
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -551,13 +551,13 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
-    return mpi_ops.runtime().broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
+    return mpi_backend.runtime().broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
 
 
 @not_converted
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
-    return mpi_ops.runtime().allgather_object(obj, _name(name, "allgather_object"))
+    return mpi_backend.runtime().allgather_object(obj, _name(name, "allgather_object"))
 
 
 # ------------------------------------------------------------- alltoall etc.
@@ -567,7 +567,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
     concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
     nm = _name(name, "alltoall", tensor)
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     if not _is_tf(tensor):
         out, received = rt.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), nm)
         return out if splits is None else (out, received.astype(np.int32))
@@ -602,7 +602,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     if not tensors:
         return []
     names = _names(name, "reducescatter", tensors)
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
 
     def scaled(reduce: Any) -> Any:
         """``reduce`` with the prescale before and the postscale after (numpy or TensorFlow)."""
@@ -627,25 +627,25 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 def join() -> int:
     """Say this rank has no more data: it takes part in the others' allreduces
     with zeros until every rank has joined. Returns the rank that joined last."""
-    return mpi_ops.runtime().join()
+    return mpi_backend.runtime().join()
 
 
 @not_converted
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called ``barrier()``."""
-    mpi_ops.runtime().barrier()
+    mpi_backend.runtime().barrier()
 
 
 # ------------------------------------------------------------------ timeline
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record every collective's phases on every rank until ``stop_timeline()``."""
-    mpi_ops.runtime().timeline.start(file_path, mark_cycles)
+    mpi_backend.runtime().timeline.start(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
     """Stop recording; rank 0 writes all ranks' events to the file given to
     ``start_timeline`` (a collective call: every rank must make it)."""
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     path, events = rt.timeline.take()
     gathered = rt.comm.gather(events, root=0)
     if rt.rank == 0 and path is not None:
@@ -654,7 +654,7 @@ def stop_timeline() -> None:
 
 def _shutdown_flush() -> None:
     """Write a timeline started by HOROVOD_TIMELINE when the process ends."""
-    if basics.is_initialized() and mpi_ops.runtime().timeline.active:
+    if basics.is_initialized() and mpi_backend.runtime().timeline.active:
         stop_timeline()
 
 

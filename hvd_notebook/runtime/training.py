@@ -18,7 +18,7 @@ from typing import Any
 from . import basics
 from .collectives import allreduce, grouped_allreduce, not_converted
 from .compression import Compression
-from .mpi_ops import Adasum, Average, Sum
+from .mpi_backend import Adasum, Average, Sum
 
 log = logging.getLogger(__name__)
 

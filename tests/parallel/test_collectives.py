@@ -148,9 +148,9 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
     # numpy_function callbacks would pay AutoGraph's dispatch on every call of every step
     import inspect
 
-    from hvd_notebook.runtime import mpi_ops
+    from hvd_notebook.runtime import mpi_backend
 
-    rt = mpi_ops.runtime()
+    rt = mpi_backend.runtime()
     frames: list[str] = []
     for method in ("allreduce_one", "allreduce_fused", "allgather"):
         original = getattr(rt, method)
@@ -178,7 +178,7 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
 
 
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
-    from hvd_notebook.runtime.mpi_ops import Runtime
+    from hvd_notebook.runtime.mpi_backend import Runtime
 
     arrays = [np.ones(256, np.float32), np.ones(3, np.float64), np.ones(256, np.float32), np.ones(256, np.float32)]
     assert Runtime._fusion_groups(arrays) == [[0, 2, 3], [1]]
@@ -376,9 +376,9 @@ def test_agreement_road(hvd):
     # both ranks share this host: shared memory, unless HVD_NOTEBOOK_SHM_AGREEMENT=0 asks for the collective
     import os
 
-    from hvd_notebook.runtime import mpi_ops
+    from hvd_notebook.runtime import mpi_backend
 
-    board = mpi_ops.runtime().negotiator.board
+    board = mpi_backend.runtime().negotiator.board
     assert (board is not None) == (os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0")
 
 

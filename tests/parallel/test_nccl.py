@@ -1,4 +1,4 @@
-"""The NCCL path for GPU tensors (hvd_notebook.runtime.nccl_ops), under mpiexec.
+"""The NCCL path for GPU tensors (hvd_notebook.runtime.nccl_backend), under mpiexec.
 
 On a machine without GPUs: the bootstrap through MPI up to the point where NCCL
 would start, and proof that nothing of CUDA is imported. With one GPU per rank
@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvd_notebook.runtime import nccl_ops
+from hvd_notebook.runtime import nccl_backend
 
 gpu = pytest.mark.gpu
 
@@ -28,7 +28,7 @@ def test_unique_id_made_on_rank_0_reaches_every_rank(hvd):
         made.append(tuple(int(b) - 128 for b in os.urandom(128)))
         return made[-1]
 
-    uid = nccl_ops.bootstrap_unique_id(hvd.communicator(), make_id)
+    uid = nccl_backend.bootstrap_unique_id(hvd.communicator(), make_id)
     assert len(made) == (1 if hvd.rank() == 0 else 0), "only rank 0 makes the id"
     every = hvd.allgather_object(uid)
     assert all(u == every[0] for u in every) and len(every[0]) == 128
@@ -37,17 +37,17 @@ def test_unique_id_made_on_rank_0_reaches_every_rank(hvd):
 
 
 def test_without_a_gpu_nothing_of_cuda_is_imported(hvd):
-    if nccl_ops.gpu_device_present():
+    if nccl_backend.gpu_device_present():
         pytest.skip("this host has an NVIDIA device: the CPU-only guarantee is checked on machines without one")
     assert not hvd.nccl_enabled()
-    assert hvd.nccl_built() == nccl_ops.cupy_importable()
+    assert hvd.nccl_built() == nccl_backend.cupy_importable()
     hvd.allreduce(np.ones(3), op=hvd.Sum)
     assert "cupy" not in sys.modules
 
 
 def test_cuda_visible_devices_minus_one_means_no_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
-    assert not nccl_ops.gpu_device_present()
+    assert not nccl_backend.gpu_device_present()
 
 
 def _need_nccl(hvd):

@@ -39,9 +39,9 @@ def test_timeline_records_phases_of_every_rank(hvd, tmp_path_factory):
 
 
 def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
-    from hvd_notebook.runtime import mpi_ops
+    from hvd_notebook.runtime import mpi_backend
 
-    negotiator = mpi_ops.runtime().negotiator
+    negotiator = mpi_backend.runtime().negotiator
     monkeypatch.setattr(negotiator, "stall_check_s", 1.0)
     if hvd.rank() == 1:
         time.sleep(3.0)  # rank 1 is late: rank 0 waits alone
@@ -75,6 +75,6 @@ def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
 
 
 def hvd_negotiator():
-    from hvd_notebook.runtime import mpi_ops
+    from hvd_notebook.runtime import mpi_backend
 
-    return mpi_ops.runtime().negotiator
+    return mpi_backend.runtime().negotiator

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import cluster_processes
 
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 SUBCOMMANDS = ["start", "stop", "restart", "status", "pull", "push"]
 
@@ -77,8 +77,8 @@ def test_bad_cell_options(ip, run):
 
 
 def test_status_shows_gpu_memory_from_the_driver():
-    from hvd_notebook.cluster import parse_gpu_memory
-    from hvd_notebook.magics import format_status
+    from hvd_notebook.cluster.cluster import parse_gpu_memory
+    from hvd_notebook.kernel.magics import format_status
 
     # the format nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits prints
     used = parse_gpu_memory("4242, 1530\n4243, 812\nNo running processes found\n")

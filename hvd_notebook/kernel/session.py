@@ -14,8 +14,8 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from .cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
-from .dashboard import Progress, resolve_mode
+from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
+from ..dashboard import Progress, resolve_mode
 
 log = logging.getLogger(__name__)
 
@@ -309,7 +309,7 @@ class Session:
         known = self._engine_progress
         current = known[1] if known and known[0] == client_id else True  # fresh engines start with it on
         if enabled != current:
-            from . import progress
+            from ..engine import progress
 
             cluster.client[cluster.engine_ids()].apply_async(progress.set_enabled, enabled)
         self._engine_progress = (client_id, enabled)
@@ -403,7 +403,7 @@ class Session:
             queues = cluster.client.queue_status()
         except Exception:
             queues = {}
-        from .cluster import gpu_memory_by_pid
+        from ..cluster.cluster import gpu_memory_by_pid
 
         gpu_memory = gpu_memory_by_pid() if cluster.gpus else {}
         rows = []

@@ -11,7 +11,7 @@ import pytest
 
 from hvd_notebook.cluster import find_mpiexec
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))
 
 

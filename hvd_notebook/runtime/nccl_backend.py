@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .mpi_ops import Average, Max, Min, Product, Sum, allreduce_signature, fused_label, fusion_groups
+from .mpi_backend import Average, Max, Min, Product, Sum, allreduce_signature, fused_label, fusion_groups
 from .negotiation import Signature
 
 log = logging.getLogger(__name__)
@@ -316,7 +316,7 @@ def _scaled(buf: Any, factor: float) -> Any:
 
 
 def _op_name(op: int) -> str:
-    from .mpi_ops import OP_NAMES
+    from .mpi_backend import OP_NAMES
 
     return OP_NAMES[op]
 

@@ -6,8 +6,7 @@ import base64
 
 import pytest
 
-from hvd_notebook import dashboard
-from hvd_notebook.dashboard import Board, Progress, TextView, resolve_mode, static_bundle
+from hvd_notebook.dashboard import Board, Progress, TextView, dashboard, resolve_mode, static_bundle
 from hvd_notebook.progress import KEY_PREFIX, Throttle
 
 

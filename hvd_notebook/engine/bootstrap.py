@@ -41,7 +41,7 @@ def load_backend(backend: str) -> tuple[Any, str]:
                     f"{exc}). Horovod 0.28.1 builds against TensorFlow <= 2.15 only; use --backend builtin "
                     "(or auto) for hvd_notebook's own runtime."
                 ) from None
-    from . import runtime
+    from .. import runtime
 
     return runtime, "builtin"
 

@@ -87,15 +87,15 @@ class Runtime:
         self.negotiator = Negotiator(comm)
         self.timeline = Timeline()
         self.joined = False
-        self.nccl: Any = None  # nccl_ops.NcclRuntime where every rank has a GPU (start_nccl)
+        self.nccl: Any = None  # nccl_backend.NcclRuntime where every rank has a GPU (start_nccl)
         self._one: dict[tuple, tuple[Signature, int, Any, Any]] = {}  # allreduce_one's cache
         self._mpi_ops = {Sum: MPI.SUM, Average: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}
 
     def start_nccl(self, local_rank: int) -> None:
         """Create the NCCL communicator where every rank has a GPU (collective)."""
-        from . import nccl_ops
+        from . import nccl_backend
 
-        self.nccl = nccl_ops.start(self.comm, local_rank, self.timeline, self._agree)
+        self.nccl = nccl_backend.start(self.comm, local_rank, self.timeline, self._agree)
 
     def free(self) -> None:
         if self.nccl is not None:

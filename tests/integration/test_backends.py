@@ -9,7 +9,7 @@ import os
 import pytest
 from conftest import assert_gone
 
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 BACKEND = os.environ.get("HVD_TEST_BACKEND", "builtin")
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 from conftest import ProcessWatch, assert_gone, figure
 
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_mpi_init_that_keeps_failing_is_reported_after_two_tries(session, run):
 KERNEL_CODE = textwrap.dedent("""
     %load_ext hvd_notebook
     %hvd start -n 2
-    from hvd_notebook.session import Session
+    from hvd_notebook.kernel.session import Session
     import sys
     assert "tensorflow" not in sys.modules, "the notebook kernel must not import TensorFlow"
     print('PIDS', sorted(Session.get().cluster.pids()))
@@ -151,7 +151,7 @@ def test_kernel_shutdown_stops_the_cluster(how):
         assert reply["content"]["status"] == "ok", out
         pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
         assert len(pids) >= 5
-        assert any("hvd_notebook.reaper" in " ".join(psutil.Process(p).cmdline()) for p in pids)
+        assert any("hvd_notebook.cluster.reaper" in " ".join(psutil.Process(p).cmdline()) for p in pids)
         if how == "shutdown":
             km.shutdown_kernel(now=False)  # what JupyterLab's "Shut Down Kernel" does
         elif how == "sigkill":  # no atexit: the cluster's reaper must notice

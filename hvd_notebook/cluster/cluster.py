@@ -28,13 +28,13 @@ from typing import Any
 
 import psutil
 
+from ..config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
 from . import hosts as hostlib
 from . import leases
 from .reaper import PID_FILE
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RANKS_WITHOUT_GPU = 2
 STOP_GRACE_S = 0.5  # between SIGTERM and SIGKILL when stopping: nothing of a stopped cluster is kept
 
 
@@ -49,24 +49,6 @@ class ClusterError(RuntimeError):
 
 # MPICH's words when MPI_Init fails on a rank (MPI_Init_thread is what mpi4py calls)
 _MPI_INIT_FAILED = re.compile(r"Fatal error in (internal_Init_thread|P?MPI_Init)")
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    """What ``%hvd start`` was asked for; ``%hvd restart`` reuses it."""
-
-    n: int | None = None
-    mpiexec: str | None = None
-    mpi_args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
-    timeout: float = 120.0
-    gpus: str = "auto"  # auto | none | comma-separated ids
-    backend: str = "auto"  # auto | builtin | horovod
-    secure: bool = False  # CurveZMQ between controller, engines and client (always on beyond loopback)
-    hosts: str | None = None  # -H host1:4,host2:4
-    hostfile: str | None = None
-    ip: str | None = None  # where the controller listens for engines on other hosts
-    launcher: str = "auto"  # auto | mpiexec | srun (auto: srun inside a Slurm allocation)
 
 
 @dataclass
@@ -503,7 +485,7 @@ class MPICluster:
             return ""
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
-        from .engine import bootstrap
+        from ..engine.bootstrap import bootstrap
 
         view = self.client[engine_ids]
         ar = view.apply_async(bootstrap, self.gpus, self.options.backend, self.ipp_cluster.controller_ip)
@@ -560,9 +542,9 @@ class MPICluster:
 
     def _start_reaper(self) -> None:
         """A watchdog in its own session that stops this cluster if the kernel is
-        killed before its atexit clean-up can run (see ``hvd_notebook.reaper``)."""
+        killed before its atexit clean-up can run (see ``hvd_notebook.cluster.reaper``)."""
         self._reaper = subprocess.Popen(
-            [sys.executable, "-m", "hvd_notebook.reaper", str(os.getpid()), str(self.workdir)],
+            [sys.executable, "-m", "hvd_notebook.cluster.reaper", str(os.getpid()), str(self.workdir)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from hvd_notebook.dashboard import WidgetView
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 SETUP = """%%hvd
 import time

@@ -21,7 +21,7 @@ import psutil
 import pytest
 from conftest import assert_gone
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 

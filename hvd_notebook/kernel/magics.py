@@ -10,8 +10,9 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .cluster import ClusterOptions, RankInfo
-from .dashboard import MODES
+from ..cluster import RankInfo
+from ..config import ClusterOptions, non_negative_int, rank_list, seconds
+from ..dashboard import MODES
 from .session import HvdError, Session
 
 
@@ -29,52 +30,6 @@ class _Parser(argparse.ArgumentParser):
         if message:
             raise UsageError(message)
         raise _HelpShown()
-
-
-def _int_at_least(minimum: int, complaint: str) -> Any:
-    """An argparse type: a whole number of at least ``minimum``, else ``complaint``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(complaint.format(value=value))
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "{value} must be at least 1")
-_non_negative_int = _int_at_least(0, "{value} is negative; ranks start at 0")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
-    return value
-
-
-def _rank_list(text: str) -> list[int]:
-    try:
-        ranks = [int(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 0,1") from None
-    if not ranks or min(ranks) < 0 or len(set(ranks)) != len(ranks):
-        raise argparse.ArgumentTypeError(f"{text!r} must list distinct ranks such as 0,1")
-    return ranks
-
-
-def _env_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key, value
 
 
 def _join_option_values(argv: list[str], option: str) -> list[str]:
@@ -101,7 +56,7 @@ def _build_line_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     start = sub.add_parser("start", help="start a controller and N MPI engines")
-    _add_start_options(start)
+    ClusterOptions.add_arguments(start)
     start.add_argument("--restart", action="store_true", help="stop a running cluster first")
 
     sub.add_parser("stop", help="stop the cluster; nothing of it is left running")
@@ -110,7 +65,7 @@ def _build_line_parser() -> _Parser:
 
     pull = sub.add_parser("pull", help="copy a variable from a rank into this notebook")
     pull.add_argument("name", help="variable name on the rank")
-    pull.add_argument("--rank", type=_non_negative_int, default=0, help="rank to copy from (default 0)")
+    pull.add_argument("--rank", type=non_negative_int, default=0, help="rank to copy from (default 0)")
 
     push = sub.add_parser("push", help="copy a notebook variable to every rank")
     push.add_argument("name", help="variable name in this notebook")
@@ -120,47 +75,16 @@ def _build_line_parser() -> _Parser:
     return parser
 
 
-def _add_start_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", type=_positive_int, default=None,
-                   help="number of ranks (default: one per GPU, else 2)")
-    p.add_argument("--mpiexec", metavar="PATH", default=None,
-                   help="mpiexec to launch with (default: the one beside this Python, else PATH)")
-    p.add_argument("--mpi-args", metavar='"ARGS"', default="",
-                   help='extra mpiexec arguments, quoted, e.g. --mpi-args "-bind-to core"')
-    p.add_argument("--env", metavar="K=V", type=_env_pair, action="append", default=[],
-                   help="environment variable for every rank (repeatable)")
-    p.add_argument("--timeout", metavar="S", type=_seconds, default=120.0,
-                   help="seconds to wait for all engines to connect and set up (default 120)")
-    p.add_argument("--gpus", default="auto", metavar="auto|none|LIST",
-                   help="GPUs to pin ranks to by local rank (default auto: all visible)")
-    p.add_argument("--backend", default="auto", choices=["auto", "builtin", "horovod"],
-                   help="the hvd runtime: a real horovod where it imports (auto) or hvd_notebook's own")
-    p.add_argument("--secure", action="store_true",
-                   help="encrypt and authenticate the cluster's traffic with CurveZMQ (ipyparallel's enable_curve; "
-                        "always on when ranks run on other hosts)")
-    p.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...", default=None,
-                   help="run the ranks on these hosts through mpiexec, e.g. -H node1:4,node2:4 (-n defaults to "
-                        "the slots)")
-    p.add_argument("--hostfile", metavar="FILE", default=None,
-                   help="hosts from a file, one 'HOST:SLOTS' or 'HOST slots=SLOTS' per line")
-    p.add_argument("--ip", metavar="ADDRESS", default=None,
-                   help="address the controller listens on for engines on other hosts (default: this machine's "
-                        "address on the route to the first other host)")
-    p.add_argument("--launcher", choices=["auto", "mpiexec", "srun"], default="auto",
-                   help="how ranks start: mpiexec, or srun inside a Slurm allocation (auto: srun where "
-                        "SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)")
-
-
 def _build_cell_parser(add_help: bool = True) -> _Parser:
     cell = _Parser(prog="%%hvd", add_help=add_help,
                    description="Run the cell on every rank at once; state is kept between cells.")
-    cell.add_argument("--ranks", type=_rank_list, default=None, metavar="LIST",
+    cell.add_argument("--ranks", type=rank_list, default=None, metavar="LIST",
                       help="run on these ranks only, e.g. 0,1")
-    cell.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+    cell.add_argument("--timeout", type=seconds, default=None, metavar="S",
                       help="fail the cell after S seconds, naming the ranks still running")
     out = cell.add_mutually_exclusive_group()
     out.add_argument("--all-output", action="store_true", help="show every rank's output")
-    out.add_argument("--output-ranks", type=_rank_list, default=None, metavar="LIST",
+    out.add_argument("--output-ranks", type=rank_list, default=None, metavar="LIST",
                      help="show these ranks' output (default: rank 0 only)")
     prog = cell.add_mutually_exclusive_group()
     prog.add_argument("--no-progress", action="store_const", const="none", dest="progress",
@@ -237,11 +161,7 @@ class HvdMagics(Magics):
         args = _build_line_parser().parse_args(_join_option_values(argv, "--mpi-args"))
         session = Session.get()
         if args.command == "start":
-            options = ClusterOptions(
-                n=args.n, mpiexec=args.mpiexec, mpi_args=tuple(shlex.split(args.mpi_args)),
-                env=tuple(args.env), timeout=args.timeout, gpus=args.gpus, backend=args.backend,
-                secure=args.secure, hosts=args.hosts, hostfile=args.hostfile, ip=args.ip, launcher=args.launcher,
-            )
+            options = ClusterOptions.from_arguments(args)
             ranks = session.start(options, restart=args.restart)
             print(f"Started {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
         elif args.command == "stop":

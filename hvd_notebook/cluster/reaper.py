@@ -7,7 +7,7 @@ gone, kills every process listed in the cluster's PID file and removes the
 cluster's directory. When the cluster is stopped normally its directory
 disappears and the reaper exits.
 
-Run as ``python -m hvd_notebook.reaper KERNEL_PID CLUSTER_DIR``.
+Run as ``python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def watch(kernel_pid: int, cluster_dir: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m hvd_notebook.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
+        print("usage: python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
         return 2
     watch(int(argv[1]), Path(argv[2]))
     return 0

@@ -20,13 +20,13 @@ import psutil
 import pytest
 from conftest import assert_gone, figure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CLI = [sys.executable, "-m", "hvd_notebook.cli"]
 
 KERNEL = """
 import sys
 from hvd_notebook.cluster import ClusterOptions
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 session = Session.get()
 session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
 cluster = session.cluster
@@ -83,7 +83,7 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         assert orphan.workdir and live.workdir and orphan.workdir.stat().st_mode & 0o777 == 0o700
         # the kernel dies so hard that neither its atexit nor its watchdog runs
         reapers = [p for p in psutil.process_iter(["cmdline"])
-                   if "hvd_notebook.reaper" in " ".join(p.info["cmdline"] or []) and
+                   if "hvd_notebook.cluster.reaper" in " ".join(p.info["cmdline"] or []) and
                    str(orphan.workdir) in " ".join(p.info["cmdline"] or [])]
         assert reapers, "the cluster has no watchdog"
         for p in reapers + [psutil.Process(orphan.proc.pid)]:
@@ -119,7 +119,7 @@ def test_gpus_are_leased_between_notebooks(tmp_path):
     """Three GPUs (listed, as on a node that restricts them): a second notebook
     gets the free ones or an error naming the holder; leases end with the cluster
     or with the kernel, however it dies."""
-    from hvd_notebook import leases
+    from hvd_notebook.cluster import leases
 
     env = {"HVD_NOTEBOOK_GPUS": "0,1,2", "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "leases")}
     a = Kernel("auto", n=2, env=env).wait_ready()
@@ -214,7 +214,7 @@ def test_only_loopback_private_files_and_signed_messages(tmp_path):
 
 
 def test_secure_start_encrypts_with_curve(tmp_path, ip, capsys):
-    from hvd_notebook.session import Session
+    from hvd_notebook.kernel.session import Session
 
     ip.run_line_magic("hvd", "start -n 2 --secure")
     session = Session.get()
@@ -291,7 +291,7 @@ def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_
         assert len(engines) == 2, {pid: p.cmdline() for pid, p in procs.items()}
         for pid, p in procs.items():
             cmd = " ".join(p.cmdline())
-            if pid == kernel.proc.pid or "hvd_notebook.reaper" in cmd or "ipyparallel.controller" in cmd:
+            if pid == kernel.proc.pid or "hvd_notebook.cluster.reaper" in cmd or "ipyparallel.controller" in cmd:
                 p.kill()
         t0 = time.monotonic()
         assert_gone(engines, timeout=30)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .progress import KEY_PREFIX
+from ..engine.progress import KEY_PREFIX
 
 MODES = ("auto", "widgets", "text", "none")
 STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler

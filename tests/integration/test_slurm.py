@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 from conftest import figure
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SLURM = Path(__file__).resolve().parent / "slurm"
 
 KERNEL = r"""
 import sys, time
 from IPython.testing.globalipapp import start_ipython
-from hvd_notebook.session import Session
+from hvd_notebook.kernel.session import Session
 
 shell = start_ipython()
 shell.run_line_magic("load_ext", "hvd_notebook")

@@ -1,0 +1,241 @@
+"""Every setting of hvd_notebook, declared once: its default, its help, and the
+flag or environment variable that sets it.
+
+Two kinds of settings:
+
+- ``%hvd start`` options are the fields of ``ClusterOptions``; each field's
+  metadata carries its command-line flag and help, and ``add_arguments``
+  builds the ``argparse`` options from them (``%hvd restart`` reuses the
+  options object).
+- Environment variables are ``EnvSetting`` objects below, read where they
+  act; ``env_flag`` is the one parser of boolean flags.
+
+This module imports nothing of the package, so every layer may use it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any
+
+WARNING_PREFIX = "[hvd_notebook] WARNING"  # rank-side warnings; the kernel shows them from every rank
+START_TIMEOUT_S = 120.0  # %hvd start --timeout
+DEFAULT_RANKS_WITHOUT_GPU = 2
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+class Backend(enum.StrEnum):
+    """Which module cells call ``hvd``."""
+
+    AUTO = "auto"  # a real horovod.tensorflow where it imports, else BUILTIN
+    BUILTIN = "builtin"  # hvd_notebook.runtime
+    HOROVOD = "horovod"
+
+
+class Launcher(enum.StrEnum):
+    """How ranks start."""
+
+    AUTO = "auto"  # srun inside a Slurm allocation, else mpiexec
+    MPIEXEC = "mpiexec"
+    SRUN = "srun"
+
+
+class DashboardMode(enum.StrEnum):
+    """What a ``%%hvd`` cell shows while fit/evaluate/predict run."""
+
+    AUTO = "auto"  # widgets under a Jupyter server, else text
+    WIDGETS = "widgets"
+    TEXT = "text"
+    NONE = "none"
+
+
+def choices(kind: type[enum.Enum]) -> list[str]:
+    """An enum's values, for argparse's ``choices`` and for error messages."""
+    return [m.value for m in kind]
+
+
+def env_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case;
+    empty means false); unset, or a value that is neither, gives ``default``."""
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None:
+        return default
+    value = value.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return default
+
+
+def env_number(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
+    """A numeric environment variable; unset or unreadable gives ``default``."""
+    value = (os.environ if environ is None else environ).get(name)
+    try:
+        return type(default)(value) if value is not None else default
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """An environment variable the package reads, with its default and what it does."""
+
+    name: str
+    default: Any
+    help: str
+
+    def flag(self, environ: Mapping[str, str] | None = None) -> bool:
+        return env_flag(self.name, self.default, environ)
+
+    def number(self, environ: Mapping[str, str] | None = None) -> Any:
+        return env_number(self.name, self.default, environ)
+
+    def text(self, environ: Mapping[str, str] | None = None) -> str | None:
+        return (os.environ if environ is None else environ).get(self.name, self.default)
+
+
+# ----------------------------------------------------------------- kernel side
+GPUS = EnvSetting("HVD_NOTEBOOK_GPUS", None, "GPU ids to use on this host, comma-separated (empty: none); "
+                  "unset: what nvidia-smi lists")
+LEASE_DIR = EnvSetting("HVD_NOTEBOOK_LEASE_DIR", None, "folder of the GPU lease files shared by every user "
+                       "of the node (default: $TMPDIR/hvd_notebook-gpu-leases)")
+PROGRESS = EnvSetting("HVD_NOTEBOOK_PROGRESS", DashboardMode.AUTO.value, "default dashboard mode of %%hvd cells")
+HUGEPAGES = EnvSetting("HVD_NOTEBOOK_HUGEPAGES", True, "ranks ask glibc's malloc for transparent huge pages")
+SRUN_MPI = EnvSetting("HVD_NOTEBOOK_SRUN_MPI", "pmi2", "srun's --mpi= plugin for ranks in a Slurm allocation")
+
+# ----------------------------------------------------------------- rank side
+NCCL = EnvSetting("HVD_NOTEBOOK_NCCL", True, "GPU tensors reduce with NCCL where every rank has a GPU; "
+                  "off: through the host and MPI")
+SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one host agree on each collective "
+                           "in shared memory; off: through a small MPI allreduce")
+FUSION_THRESHOLD = EnvSetting("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024,
+                              "bytes per fusion buffer (0: one tensor per MPI call)")
+TIMELINE = EnvSetting("HOROVOD_TIMELINE", None, "record a Chrome-trace timeline of every collective to this file")
+TIMELINE_MARK_CYCLES = EnvSetting("HOROVOD_TIMELINE_MARK_CYCLES", False,
+                                  "mark each agreement round (Horovod's cycles) on the timeline")
+STALL_CHECK_TIME = EnvSetting("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0,
+                              "seconds a collective waits before a warning names the missing ranks")
+STALL_SHUTDOWN_TIME = EnvSetting("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0,
+                                 "seconds a collective waits before it raises (0: never)")
+STALL_CHECK_DISABLE = EnvSetting("HOROVOD_STALL_CHECK_DISABLE", False, "no stall warnings")
+
+ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, FUSION_THRESHOLD, TIMELINE,
+                TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME)
+
+
+# ------------------------------------------------------------ option parsers
+def int_at_least(minimum: int, complaint: str) -> Any:
+    """An argparse type: a whole number of at least ``minimum``, else ``complaint``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(complaint.format(value=value))
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1, "{value} must be at least 1")
+non_negative_int = int_at_least(0, "{value} is negative; ranks start at 0")
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 seconds")
+    return value
+
+
+def rank_list(text: str) -> list[int]:
+    """An argparse type: distinct ranks, comma-separated."""
+    try:
+        ranks = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ranks such as 0,1") from None
+    if not ranks or min(ranks) < 0 or len(set(ranks)) != len(ranks):
+        raise argparse.ArgumentTypeError(f"{text!r} must list distinct ranks such as 0,1")
+    return ranks
+
+
+def env_pair(text: str) -> tuple[str, str]:
+    """An argparse type: KEY=VALUE."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _option(flags: tuple[str, ...], help: str, default: Any = None, **argparse_kwargs: Any) -> Any:
+    """A ``ClusterOptions`` field: its default, and how ``%hvd start`` spells and explains it."""
+    return field(default=default, metadata={"flags": flags, "help": help, "argparse": argparse_kwargs})
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What ``%hvd start`` was asked for; ``%hvd restart`` reuses it."""
+
+    n: int | None = _option(("-n",), "number of ranks (default: one per GPU, else 2)", type=positive_int)
+    mpiexec: str | None = _option(("--mpiexec",), "mpiexec to launch with (default: the one beside this Python, "
+                                  "else PATH)", metavar="PATH")
+    mpi_args: tuple[str, ...] = _option(("--mpi-args",), 'extra mpiexec arguments, quoted, e.g. --mpi-args '
+                                        '"-bind-to core"', default=(), metavar='"ARGS"', convert=shlex.split)
+    env: tuple[tuple[str, str], ...] = _option(("--env",), "environment variable for every rank (repeatable)",
+                                               default=(), metavar="K=V", type=env_pair, action="append")
+    timeout: float = _option(("--timeout",), f"seconds to wait for all engines to connect and set up "
+                             f"(default {START_TIMEOUT_S:g})", default=START_TIMEOUT_S, metavar="S", type=seconds)
+    gpus: str = _option(("--gpus",), "GPUs to pin ranks to by local rank (default auto: all visible)",
+                        default="auto", metavar="auto|none|LIST")
+    backend: str = _option(("--backend",), "the hvd runtime: a real horovod where it imports (auto) or "
+                           "hvd_notebook's own", default=Backend.AUTO.value, choices=choices(Backend))
+    secure: bool = _option(("--secure",), "encrypt and authenticate the cluster's traffic with CurveZMQ "
+                           "(ipyparallel's enable_curve; always on when ranks run on other hosts)",
+                           default=False, action="store_true")
+    hosts: str | None = _option(("-H", "--hosts"), "run the ranks on these hosts through mpiexec, e.g. "
+                                "-H node1:4,node2:4 (-n defaults to the slots)", metavar="HOST:SLOTS,...")
+    hostfile: str | None = _option(("--hostfile",), "hosts from a file, one 'HOST:SLOTS' or 'HOST slots=SLOTS' "
+                                   "per line", metavar="FILE")
+    ip: str | None = _option(("--ip",), "address the controller listens on for engines on other hosts "
+                             "(default: this machine's address on the route to the first other host)",
+                             metavar="ADDRESS")
+    launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation "
+                            "(auto: srun where SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)",
+                            default=Launcher.AUTO.value, choices=choices(Launcher))
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one option per field to ``parser``, from the fields' metadata."""
+        for f in fields(cls):
+            kwargs = {k: v for k, v in f.metadata["argparse"].items() if k != "convert"}
+            default = [] if kwargs.get("action") == "append" else f.default
+            if f.default is not MISSING and isinstance(default, tuple):
+                default = ""
+            parser.add_argument(*f.metadata["flags"], dest=f.name, default=default, help=f.metadata["help"],
+                                **kwargs)
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace) -> ClusterOptions:
+        """The options of a parsed ``%hvd start`` line."""
+        values = {}
+        for f in fields(cls):
+            value = getattr(args, f.name)
+            convert = f.metadata["argparse"].get("convert")
+            if convert is not None:
+                value = convert(value)
+            values[f.name] = tuple(value) if isinstance(f.default, tuple) else value
+        return cls(**values)
