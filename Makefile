@@ -8,7 +8,7 @@ TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test test-fast test-horovod lab bench clean
+.PHONY: install demo test test-fast test-horovod gpu-check lab bench clean
 
 install: $(STAMP)
 
@@ -28,8 +28,13 @@ demo: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# the unit tier: no MPI, no engines; well under a minute
 test-fast: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# on a machine with an NVIDIA GPU: the `gpu` tests under mpiexec, then the GPU timings; not part of `make test`
+gpu-check: install
+	bash benchmarks/gpu_check.sh
 
 # The horovod backend against a real Horovod 0.28.1 (built once, ~15 min, cached
 # outside the repository); not part of `make test`.

@@ -21,8 +21,8 @@ import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import hvd_notebook.runtime as hvd  # noqa: E402
-from hvd_notebook.runtime import mpi_backend  # noqa: E402
-from hvd_notebook.runtime.negotiation import Signature  # noqa: E402
+from hvd_notebook.runtime import world  # noqa: E402
+from hvd_notebook.runtime.signatures import allreduce_signature  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -97,8 +97,8 @@ def main() -> None:
                           "raw_fused_s": raw_fused, "tensors": 200, "bytes_each": 16384}
 
     # the agreement check alone, repeated with the same signature, and the timeline's cost
-    negotiator = mpi_backend.runtime().negotiator
-    sig = Signature("allreduce", (("op", "Sum"), ("dtype", "float32"), ("shapes", ((262144,),))), "bench")
+    negotiator = world.current().negotiator
+    sig = allreduce_signature(hvd.Sum, "float32", ((262144,),), 1.0, 1.0, "bench")
     reps = 200 if quick else 2000
     for _ in range(50):
         negotiator.agree(sig)

@@ -9,6 +9,7 @@ side in one run and checks the ratio against a target.
     .venv/bin/python benchmarks/run.py cluster      # only those whose name contains "cluster"
     .venv/bin/python benchmarks/run.py --quick      # short smoke run, rough figures
     .venv/bin/python benchmarks/run.py --list
+    .venv/bin/python benchmarks/run.py gpu          # on an NVIDIA GPU only: not among "every benchmark"
 
 Each benchmark's figures also go to build/bench/<name>.json. The exit status is
 0 when every benchmark ran, whether or not its targets were met (this is a
@@ -34,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_allreduce  # noqa: E402
 import bench_cluster  # noqa: E402
+import bench_gpu  # noqa: E402
 import bench_keras  # noqa: E402
 import bench_progress  # noqa: E402
 import bench_soak  # noqa: E402
@@ -47,6 +49,7 @@ class Benchmark:
     name: str
     description: str
     run: Callable[[Context], Report]
+    by_default: bool = True  # False: runs only when named (it needs hardware the usual machine lacks)
 
 
 BENCHMARKS: list[Benchmark] = [
@@ -74,6 +77,12 @@ BENCHMARKS: list[Benchmark] = [
         "soak",
         "20 cycles of start, training, interrupt of a blocked collective, restart: recovery time and leaks",
         bench_soak.run,
+    ),
+    Benchmark(
+        "gpu",
+        "one GPU: hvd.allreduce vs raw NCCL, 1 MiB .. 1 GiB; DistributedOptimizer vs plain (needs a GPU)",
+        bench_gpu.run,
+        by_default=False,
     ),
 ]
 
@@ -118,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         for b in BENCHMARKS:
             print(f"{b.name:12} {b.description}")
         return 0
-    chosen = [b for b in BENCHMARKS if not args.names or any(n in b.name for n in args.names)]
+    chosen = [b for b in BENCHMARKS if (any(n in b.name for n in args.names) if args.names else b.by_default)]
     if not chosen:
         parser.error(f"no benchmark matches {args.names}; see --list")
 

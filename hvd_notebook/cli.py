@@ -23,51 +23,45 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
-from .cluster.cluster import OWNER_FILE, clusters_dir
-from .cluster.reaper import read_pid_file, reap
+from .cluster.pids import is_alive, live_processes
+from .cluster.reaper import reap
+from .cluster.workdir import WorkDir, clusters_dir, find_workdirs
 
 
 @dataclass
 class ClusterDir:
-    path: Path
+    """A cluster directory as ``list`` and ``clean`` see it."""
+
+    workdir: WorkDir
     kernel_pid: int | None
     kernel_alive: bool
-    processes: list[psutil.Process]
+    live_pids: list[int]
+
+    @property
+    def path(self) -> Path:
+        """The cluster's directory."""
+        return self.workdir.path
 
     @property
     def orphaned(self) -> bool:
+        """The kernel that started the cluster is gone."""
         return not self.kernel_alive
 
 
-def _owner(path: Path) -> tuple[int | None, bool]:
-    """The kernel that started the cluster, and whether it is still that process."""
-    try:
-        pid_text, created = (path / OWNER_FILE).read_text().split()
-        pid = int(pid_text)
-        proc = psutil.Process(pid)
-        alive = abs(proc.create_time() - float(created)) < 0.01 and proc.status() != psutil.STATUS_ZOMBIE
-        return pid, alive
-    except (OSError, ValueError):
-        return None, False
-    except psutil.Error:
-        return int(pid_text), False
-
-
 def find_clusters(base: Path | None = None) -> list[ClusterDir]:
-    base = base or clusters_dir()
+    """This user's clusters, with their kernel and the processes still theirs."""
     found = []
-    for path in sorted(p for p in base.iterdir() if p.is_dir()):
-        pid, alive = _owner(path)
-        found.append(ClusterDir(path, pid, alive, read_pid_file(path)))
+    for workdir in find_workdirs(base):
+        owner = workdir.owner()
+        found.append(ClusterDir(workdir, owner[0] if owner else None, owner is not None and is_alive(owner),
+                                [p.pid for p in live_processes(workdir.read_pids())]))
     return found
 
 
 def _describe(c: ClusterDir) -> str:
     owner = f"kernel {c.kernel_pid}" if c.kernel_pid else "unknown kernel"
     state = "running" if c.kernel_alive else "gone"
-    return f"{c.path.name}: {owner} ({state}), {len(c.processes)} live process(es)"
+    return f"{c.path.name}: {owner} ({state}), {len(c.live_pids)} live process(es)"
 
 
 KERNEL_NAME = "hvd-tensorflow"
@@ -105,6 +99,7 @@ def install_kernel(name: str, display_name: str | None, env: list[str], user: bo
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``hvd-notebook list | clean [--dry-run] | install-kernel ...``; the exit status."""
     parser = argparse.ArgumentParser(prog="hvd-notebook", description="Manage hvd_notebook clusters of this user.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list this user's clusters and the kernels that own them")
@@ -144,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             print(f"would stop {_describe(c)}")
             continue
-        pids = sorted(p.pid for p in c.processes)
-        killed = reap(c.path)
+        pids = sorted(c.live_pids)
+        killed = reap(c.workdir)
         print(f"stopped {c.path.name} (kernel {c.kernel_pid or '?'} is gone): killed {killed} process(es)"
               + (f" {pids}" if pids else "") + f", removed {c.path}")
     for c in clusters:

@@ -15,9 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hvd_notebook.kernel.session import Session
-
-# tests/parallel/ runs inside an MPI world, started by tests/test_parallel.py
+# tests/parallel/ runs inside an MPI world, started by tests/integration/test_parallel.py
 collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
 
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
@@ -99,6 +97,8 @@ def ip():
     """A real IPython shell (the one IPython's own tests use) with %load_ext hvd_notebook."""
     from IPython.testing.globalipapp import start_ipython
 
+    from hvd_notebook.kernel.session import Session
+
     shell = start_ipython()
     shell.run_line_magic("load_ext", "hvd_notebook")
     yield shell
@@ -109,6 +109,8 @@ def ip():
 def cluster(ip):
     """One running 2-rank cluster for a module's tests that only run cells;
     stopped and proven gone at the end of the module."""
+    from hvd_notebook.kernel.session import Session
+
     session = Session.get()
     if session.cluster is None:
         ip.run_line_magic("hvd", "start -n 2")

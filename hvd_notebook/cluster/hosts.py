@@ -1,9 +1,8 @@
-"""Where the ranks go: host lists, hostfiles, Slurm allocations, the address the
-controller listens on for remote engines, and what a failed launch says about
-which host broke.
+"""Hosts: host lists, hostfiles, Slurm allocations, name resolution, and the
+address the controller listens on for engines on other hosts.
 
-Nothing here starts a process of the cluster (``cluster.py`` does); these are
-the decisions and messages around ``mpiexec -hosts`` and ``srun``.
+Nothing here starts a process of the cluster; ``placement`` turns these into
+where the ranks go.
 """
 
 from __future__ import annotations
@@ -17,6 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engine.bootstrap import address_towards
+
 
 class HostError(ValueError):
     """A host list, hostfile or allocation that cannot work; the message says why."""
@@ -24,6 +25,8 @@ class HostError(ValueError):
 
 @dataclass(frozen=True)
 class Host:
+    """A host and how many ranks it takes."""
+
     name: str
     slots: int
 
@@ -137,17 +140,16 @@ def controller_address(hosts: list[str], requested: str | None = None) -> str:
         if is_this_host(host):
             continue
         address = resolve(host)
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            try:
-                s.connect((address, 9))  # a UDP "connect" sends nothing: it only picks the route
-            except OSError as exc:
-                raise HostError(f"host {host!r} ({address}): no route to it from here ({exc.strerror}).") from None
-            return s.getsockname()[0]
+        try:
+            return address_towards(address)
+        except OSError as exc:
+            raise HostError(f"host {host!r} ({address}): no route to it from here ({exc.strerror}).") from None
     return "127.0.0.1"
 
 
 # ----------------------------------------------------------------- Slurm
 def in_slurm_allocation() -> bool:
+    """Does this process run inside a Slurm job (salloc/sbatch)?"""
     return bool(os.environ.get("SLURM_JOB_ID"))
 
 
@@ -174,40 +176,3 @@ def slurm_nodes() -> list[str]:
     except (subprocess.SubprocessError, OSError):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
-
-
-# ------------------------------------------------------- launch failures
-_FAILURES = [
-    (r"ssh: connect to host (\S+) port \d+: (.+)", "host {0} is unreachable ({1})"),
-    (r"ssh: Could not resolve hostname (\S+?):? (.+)", "host {0} does not resolve ({1})"),
-    (r"\[proxy:[^@\]]*@([^\]]+)\][^\n]*unable to connect from \"[^\"]+\" to \"([^\"]+)\"",
-     "host {0} cannot reach the launcher on this machine at {1}: check firewalls, and --mpi-args \"-iface IF\""),
-    (r"\[proxy:[^@\]]*@([^\]]+)\][^\n]*execvp error on file (\S+) \(([^)]+)\)",
-     "host {0} cannot run {1} ({2}): every host needs the same Python environment at the same path"),
-    (r"Host key verification failed|Permission denied \(publickey",
-     "ssh to a host was refused: set up password-less ssh keys between the hosts"),
-    (r"srun: error: (.+)", "srun: {0}"),
-]
-
-
-def diagnose_launch(output: str) -> list[str]:
-    """Sentences naming the host and the cause, read from what ``mpiexec`` or
-    ``srun`` printed when a launch failed (empty when nothing is recognised)."""
-    found: list[str] = []
-    for pattern, message in _FAILURES:
-        for m in re.finditer(pattern, output):
-            text = message.format(*(g.strip().rstrip(".") for g in m.groups()))
-            if text not in found:
-                found.append(text)
-    return found
-
-
-def telling_line(output: str) -> str:
-    """The line of a failed launch's output that says most: a missing file or
-    module, else an error, else the last line."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    for needle in ("No such file or directory", "ModuleNotFoundError", "not found", "rror"):
-        for line in lines:
-            if needle in line:
-                return line
-    return lines[-1] if lines else "it printed nothing"

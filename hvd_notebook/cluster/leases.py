@@ -18,13 +18,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import config
+
 
 class LeaseError(RuntimeError):
     """The GPUs asked for are held by other clusters."""
 
 
 def lease_dir() -> Path:
-    path = Path(os.environ.get("HVD_NOTEBOOK_LEASE_DIR", Path(tempfile.gettempdir()) / "hvd_notebook-gpu-leases"))
+    """The folder of the lease files, shared by every user of the host."""
+    path = Path(config.LEASE_DIR.text() or Path(tempfile.gettempdir()) / "hvd_notebook-gpu-leases")
     if not path.exists():
         path.mkdir(parents=True, exist_ok=True)
         try:
@@ -42,6 +45,7 @@ class Lease:
     fds: list[int] = field(default_factory=list)
 
     def release(self) -> None:
+        """Free the GPUs now (the process's exit would too)."""
         for fd in self.fds:
             try:
                 os.close(fd)  # closing the file drops its flock

@@ -12,67 +12,57 @@ Run as ``python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR``.
 
 from __future__ import annotations
 
-import shutil
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
-PID_FILE = "pids"  # one "pid create_time" per line, written by MPICluster
+from .pids import kill_all, live_processes
+from .workdir import WorkDir
+
 POLL_S = 1.0
 
 
-def read_pid_file(cluster_dir: Path) -> list[psutil.Process]:
-    """The listed processes that still exist and are the same processes (a PID
-    may have been reused: the creation time must match)."""
-    procs = []
-    try:
-        lines = (cluster_dir / PID_FILE).read_text().split("\n")
-    except OSError:
-        return procs
-    for line in lines:
-        try:
-            pid, created = line.split()
-            proc = psutil.Process(int(pid))
-            if abs(proc.create_time() - float(created)) < 0.01:
-                procs.append(proc)
-        except (ValueError, psutil.Error):
-            continue
-    return procs
+def start_reaper(workdir: WorkDir) -> subprocess.Popen:
+    """Start the watchdog of the cluster in ``workdir``, owned by this process (the kernel)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hvd_notebook.cluster.reaper", str(os.getpid()), str(workdir.path)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
-def reap(cluster_dir: Path) -> int:
+def reap(workdir: WorkDir) -> int:
     """Kill the cluster's processes and remove its directory; return how many were killed."""
-    procs = read_pid_file(cluster_dir)
-    for proc in procs:
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=5)
-    shutil.rmtree(cluster_dir, ignore_errors=True)
+    procs = live_processes(workdir.read_pids())
+    kill_all(procs, grace=0.0, wait=5.0)
+    workdir.remove()
     return len(procs)
 
 
-def watch(kernel_pid: int, cluster_dir: Path) -> None:
+def watch(kernel_pid: int, workdir: WorkDir) -> None:
+    """Reap the cluster once the kernel is gone; return when either is."""
     try:
         kernel = psutil.Process(kernel_pid)
     except psutil.NoSuchProcess:
-        reap(cluster_dir)
+        reap(workdir)
         return
-    while cluster_dir.exists():
+    while workdir.path.exists():
         if not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE:
-            reap(cluster_dir)
+            reap(workdir)
             return
         time.sleep(POLL_S)
 
 
 def main(argv: list[str]) -> int:
+    """``python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR``."""
     if len(argv) != 3:
         print("usage: python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
         return 2
-    watch(int(argv[1]), Path(argv[2]))
+    watch(int(argv[1]), WorkDir(Path(argv[2])))
     return 0
 
 

@@ -1,6 +1,21 @@
 """The live dashboard of a ``%%hvd`` cell: a bar per rank, global samples/s,
-ETA, loss and metric curves; text where no widget front end is there."""
+ETA, loss and metric curves; text where no widget front end is there.
 
-from .dashboard import MODES, Board, Progress, TextView, WidgetView, resolve_mode, static_bundle
+- ``message``: the update a rank publishes (also imported by the engines)
+- ``model``: what the ranks' updates add up to (``ProgressModel``)
+- ``text``, ``widget``: the two views; ``summary``: the static end state
+- ``mode``: which view; ``live``: ``Dashboard``, one running cell's dashboard
 
-__all__ = ["MODES", "Board", "Progress", "TextView", "WidgetView", "resolve_mode", "static_bundle"]
+Importing this package loads no display library; the widget view imports
+ipywidgets and bqplot when it is made.
+"""
+
+from .live import Dashboard
+from .message import ProgressUpdate, RankState, RunKind
+from .mode import resolve_mode
+from .model import ProgressModel
+from .summary import static_bundle
+from .text import TextView
+
+__all__ = ["Dashboard", "ProgressModel", "ProgressUpdate", "RankState", "RunKind", "TextView", "resolve_mode",
+           "static_bundle"]

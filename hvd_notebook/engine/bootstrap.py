@@ -11,6 +11,8 @@ import os
 import socket
 from typing import Any
 
+from ..config import Backend, choices
+
 
 def usable_cores() -> int:
     """CPU cores this process may run on (respects taskset and cgroups' cpusets)."""
@@ -20,22 +22,21 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-BACKENDS = ("auto", "builtin", "horovod")
-
-
 def load_backend(backend: str) -> tuple[Any, str]:
     """The module cells call ``hvd`` and a label for it: a real ``horovod.tensorflow``
     for ``horovod`` (and for ``auto`` when it imports), else this package's runtime."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r}: use one of {', '.join(BACKENDS)}.")
-    if backend in ("auto", "horovod"):
+    try:
+        backend = Backend(backend)
+    except ValueError:
+        raise ValueError(f"backend {backend!r}: use one of {', '.join(choices(Backend))}.") from None
+    if backend in (Backend.AUTO, Backend.HOROVOD):
         try:
             import horovod
             import horovod.tensorflow as horovod_tf
 
             return horovod_tf, f"horovod {horovod.__version__}"
         except Exception as exc:  # ImportError, or a horovod built for another TensorFlow
-            if backend == "horovod":
+            if backend == Backend.HOROVOD:
                 raise RuntimeError(
                     f"--backend horovod: horovod.tensorflow does not import here ({type(exc).__name__}: "
                     f"{exc}). Horovod 0.28.1 builds against TensorFlow <= 2.15 only; use --backend builtin "
@@ -46,54 +47,40 @@ def load_backend(backend: str) -> tuple[Any, str]:
     return runtime, "builtin"
 
 
-def _local_rank() -> tuple[int, int, int]:
-    """World rank, and rank and size among the ranks on this host, from MPI itself."""
-    from mpi4py import MPI
-
-    world = MPI.COMM_WORLD
-    local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-    try:
-        return world.Get_rank(), local.Get_rank(), local.Get_size()
-    finally:
-        local.Free()
+def address_towards(address: str) -> str:
+    """This machine's source address on its route to the IPv4 ``address``; OSError
+    where there is no route. A UDP "connect" sends nothing: it only picks the route.
+    (Here, not in the cluster layer, because engines may not import that layer.)"""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((address, 9))
+        return s.getsockname()[0]
 
 
 def _address_towards(host: str) -> str:
-    """This host's address on the route to ``host`` (a UDP connect sends nothing)."""
+    """This host's address on the route to ``host``; empty where there is none."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return s.getsockname()[0]
+        return address_towards(host)
     except OSError:
         return ""
 
 
-def bootstrap(gpus: list[str], backend: str = "auto", controller_ip: str = "127.0.0.1") -> dict[str, Any]:
-    """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
-
-    ``gpus`` lists the GPU ids of this host that the cluster may use, one per
-    local rank; an empty list means CPU only (no GPU visible to TensorFlow).
-    """
-    from IPython import get_ipython
-
-    hvd, backend_label = load_backend(backend)
-    # the device is pinned before hvd.init(), which creates the NCCL communicator on it
-    world_rank, local_rank, local_size = _local_rank()
-    if gpus:
-        if local_rank >= len(gpus):
-            raise RuntimeError(
-                f"rank {world_rank} on {socket.gethostname()} has local rank {local_rank} but "
-                f"only {len(gpus)} GPU(s) were given ({','.join(gpus)}); start fewer ranks "
-                "per host or pass --gpus none to run on CPUs."
-            )
-        device = f"GPU {gpus[local_rank]}"
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[local_rank]
-    else:
-        device = "CPU"
+def _pin_device(gpus: list[str], world_rank: int, local_rank: int) -> str:
+    """Make this rank's GPU (by local rank) the only one TensorFlow sees, or none; the device's label."""
+    if not gpus:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+        return "CPU"
+    if local_rank >= len(gpus):
+        raise RuntimeError(
+            f"rank {world_rank} on {socket.gethostname()} has local rank {local_rank} but "
+            f"only {len(gpus)} GPU(s) were given ({','.join(gpus)}); start fewer ranks "
+            "per host or pass --gpus none to run on CPUs."
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[local_rank]
+    return f"GPU {gpus[local_rank]}"
 
-    intra = max(1, usable_cores() // local_size)
-    inter = 1
+
+def _size_thread_pools(intra: int, inter: int = 1) -> None:
+    """Size TensorFlow's thread pools, before its first op."""
     # Read by TensorFlow when it creates its thread pools; set for any library
     # (and any later TensorFlow import) that looks at the environment instead.
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
@@ -104,6 +91,26 @@ def bootstrap(gpus: list[str], backend: str = "auto", controller_ip: str = "127.
 
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+
+def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str = "127.0.0.1") -> dict[str, Any]:
+    """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
+
+    ``gpus`` lists the GPU ids of this host that the cluster may use, one per
+    local rank; an empty list means CPU only (no GPU visible to TensorFlow).
+    """
+    from IPython import get_ipython
+
+    from ..runtime.topology import local_rank_before_init
+
+    hvd, backend_label = load_backend(backend)
+    # the device is pinned before hvd.init(), which creates the NCCL communicator on it
+    world_rank, local_rank, local_size = local_rank_before_init()
+    device = _pin_device(gpus, world_rank, local_rank)
+    _size_thread_pools(max(1, usable_cores() // local_size))
+
+    import tensorflow as tf
+
     for gpu in tf.config.list_physical_devices("GPU"):
         # take GPU memory as needed, not all of it: other notebooks may share the card
         tf.config.experimental.set_memory_growth(gpu, True)

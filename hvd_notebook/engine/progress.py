@@ -1,12 +1,13 @@
 """Engine side of the live dashboard: every rank reports its training progress.
 
-While a ``%%hvd`` cell runs, each rank publishes small progress updates on its
-engine's IOPub channel (ipyparallel's data publication, ``publish_data``); the
+While a ``%%hvd`` cell runs, each rank publishes small progress updates
+(``dashboard.message.ProgressUpdate``) on its engine's IOPub channel
+(ipyparallel's data publication, ``publish_data``); the
 notebook kernel reads them from the cell's results as they arrive and draws the
 dashboard (``hvd_notebook.dashboard``). Nothing is written to files.
 
 - ``keras.Model.fit``, ``evaluate`` and ``predict`` get a ``ProgressCallback``
-  added on every engine (``install``), unless the call already has one or the
+  added on every engine (``install``, through ``keras_patches``), unless the call already has one or the
   cell runs with ``%%hvd --no-progress``; the user's own callbacks are left as
   they are.
 - Custom training loops report with ``report(step=..., total=..., **metrics)``.
@@ -25,9 +26,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import keras_patches
+from ..dashboard.message import ProgressUpdate, RankState, RunKind
+
 MAX_UPDATES_PER_S = 10
-RING = 64  # updates are published under RING rotating keys; the kernel reads the ones it has not seen
-KEY_PREFIX = "hvd_progress."
 KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost
 
 
@@ -78,7 +80,7 @@ def install(rank: int) -> None:
     _State.rank = rank
     _State.publish = _engine_publisher()
     if not _State.installed:
-        _hook_keras()
+        install_keras_hooks()
         _State.installed = True
 
 
@@ -87,20 +89,20 @@ def set_enabled(enabled: bool) -> None:
     _State.enabled = bool(enabled)
 
 
-def publish(update: dict[str, Any]) -> None:
+def publish(update: ProgressUpdate) -> None:
     """Send one update to the notebook kernel (nothing outside an engine)."""
     if _State.publish is None or not _State.enabled:
         return
-    seq = next(_State.seq)
-    update["seq"] = seq
-    update["rank"] = _State.rank
+    update.seq = next(_State.seq)
+    update.rank = _State.rank
     try:
-        _State.publish({f"{KEY_PREFIX}{seq % RING}": update})
+        _State.publish({ProgressUpdate.key(update.seq): update.to_dict()})
     except Exception:  # progress must never break training
         pass
 
 
-def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
+def float_logs(logs: dict[str, Any] | None) -> dict[str, float]:
+    """The entries of Keras logs (or report's metrics) that are numbers, as floats."""
     out = {}
     for key, value in (logs or {}).items():
         try:
@@ -110,10 +112,10 @@ def _floats(logs: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-class _Run:
+class RunReport:
     """The progress of one ``fit``/``evaluate``/``predict`` call or custom loop on this rank."""
 
-    def __init__(self, kind: str, batch_size: int | None = None, num_samples: int | None = None) -> None:
+    def __init__(self, kind: RunKind, batch_size: int | None = None, num_samples: int | None = None) -> None:
         self.id = f"{os.getpid()}.{next(_State.runs)}"
         self.kind = kind
         self.batch_size = batch_size
@@ -147,20 +149,19 @@ class _Run:
             return None
         return self.samples_before + (0 if self.epoch_closed else current)
 
-    def update(self, state: str = "running", force: bool = False) -> None:
-        if not self.throttle.ready(force or state != "running"):
+    def update(self, state: RankState = RankState.RUNNING, force: bool = False) -> None:
+        """Publish this run's state, throttled unless forced or the state is not RUNNING."""
+        if not self.throttle.ready(force or state != RankState.RUNNING):
             return
         kept = sorted(self.epoch_logs)[-KEPT_EPOCHS:]
-        publish({
-            "run": self.id, "kind": self.kind, "state": state,
-            "epoch": self.epoch - self.first_epoch, "epochs": self.epochs, "step": self.step, "steps": self.steps,
-            "samples": self.samples(),
-            "elapsed": time.monotonic() - self.start, "logs": dict(self.logs),
-            "epoch_logs": {e - self.first_epoch: self.epoch_logs[e] for e in kept},
-        })
+        publish(ProgressUpdate(
+            run=self.id, kind=self.kind, state=state, epoch=self.epoch - self.first_epoch, epochs=self.epochs,
+            step=self.step, steps=self.steps, samples=self.samples(), elapsed=time.monotonic() - self.start,
+            logs=dict(self.logs), epoch_logs={e - self.first_epoch: self.epoch_logs[e] for e in kept},
+        ))
 
     def end_epoch(self, logs: dict[str, Any] | None) -> None:
-        self.logs.update(_floats(logs))
+        self.logs.update(float_logs(logs))
         record = dict(self.logs)
         record["time"] = time.monotonic() - self.epoch_start
         self.step = self.steps or self.step
@@ -168,121 +169,16 @@ class _Run:
         if samples is not None:
             record["samples"] = samples
         self.epoch_logs[self.epoch] = record
-        self.update("epoch_end")
+        self.update(RankState.EPOCH_END)
         self.samples_before += samples or 0
         self.epoch_closed = True
 
 
-def _make_callback_class() -> type:
-    import keras
-
-    class ProgressCallback(keras.callbacks.Callback):
-        """Reports this rank's ``fit``/``evaluate``/``predict`` progress to the
-        notebook's dashboard (added by itself in ``%%hvd`` cells; add it yourself
-        to control where, e.g. in a model subclass's own ``fit``).
-
-        ``batch_size`` and ``num_samples`` (per epoch) give samples/s where Keras
-        does not tell them; without them the dashboard shows steps/s."""
-
-        def __init__(self, batch_size: int | None = None, num_samples: int | None = None) -> None:
-            super().__init__()
-            self.batch_size = batch_size
-            self.num_samples = num_samples
-            self._run: _Run | None = None
-            self._kind: str | None = None
-
-        # -- a run
-        def _begin(self, kind: str) -> None:
-            if self._kind == "fit" and kind == "evaluate":
-                return  # validation inside fit: its val_ metrics arrive with the epoch's logs
-            self._kind = kind
-            run = self._run = _Run(kind, self.batch_size, self.num_samples)
-            params = self.params or {}
-            run.steps = params.get("steps")
-            run.epochs = params.get("epochs", 1) if kind == "fit" else 1
-            run.update(force=True)
-
-        def _batch(self, kind: str, batch: int, logs: dict[str, Any] | None) -> None:
-            run = self._run
-            if run is None or self._kind != kind:
-                return
-            run.step = batch + 1
-            if logs:
-                run.logs.update(_floats(logs))
-            run.update()
-
-        def _end(self, kind: str, logs: dict[str, Any] | None = None) -> None:
-            run = self._run
-            if run is None or self._kind != kind:
-                return
-            run.logs.update(_floats(logs))
-            if run.steps is None:
-                run.steps = run.step
-            if kind != "fit":
-                run.step = run.steps or run.step
-            run.update("done")
-            self._run, self._kind = None, None
-
-        # -- fit
-        def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-            self._begin("fit")
-
-        def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            run = self._run
-            if run is None:
-                return
-            if not run.epoch_logs and run.epoch == 0:
-                run.first_epoch = epoch  # fit(initial_epoch=k)
-                if run.epochs is not None:
-                    run.epochs -= epoch
-            run.epoch, run.step, run.epoch_start, run.epoch_closed = epoch, 0, time.monotonic(), False
-            run.update(force=True)
-
-        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._batch("fit", batch, logs)
-
-        def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-            run = self._run
-            if run is None:
-                return
-            if run.steps is None:
-                run.steps = run.step  # learnt from the first epoch
-            run.end_epoch(logs)
-
-        def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-            self._end("fit", logs)
-
-        # -- evaluate and predict
-        def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
-            self._begin("evaluate")
-
-        def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._batch("evaluate", batch, logs)
-
-        def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-            self._end("evaluate", logs)
-
-        def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
-            self._begin("predict")
-
-        def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-            self._batch("predict", batch, None)
-
-        def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
-            self._end("predict")
+def callback_class() -> type:
+    """``ProgressCallback``, imported on first use: it imports Keras."""
+    from .callback import ProgressCallback
 
     return ProgressCallback
-
-
-_CALLBACK_CLASS: type | None = None
-
-
-def callback_class() -> type:
-    """``ProgressCallback`` (built on first use: it subclasses Keras's Callback)."""
-    global _CALLBACK_CLASS
-    if _CALLBACK_CLASS is None:
-        _CALLBACK_CLASS = _make_callback_class()
-    return _CALLBACK_CLASS
 
 
 def __getattr__(name: str) -> Any:
@@ -293,7 +189,7 @@ def __getattr__(name: str) -> Any:
 
 # ------------------------------------------------------------------ custom loops
 class _Custom:
-    run: _Run | None = None
+    run: RunReport | None = None
     cell: Any = None
 
 
@@ -327,7 +223,7 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     cell = _current_cell()
     run = _Custom.run
     if run is None or _Custom.cell != cell or (epoch or 0) < run.epoch:
-        run = _Custom.run = _Run("custom")
+        run = _Custom.run = RunReport(RunKind.CUSTOM)
         _Custom.cell = cell
         run.epochs = epochs or 1
     last_epoch = (epoch or 0) + 1 >= (epochs or 1)
@@ -337,18 +233,18 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
         run.epoch, run.epoch_start = epoch, time.monotonic()
         run.epoch_first_sample = run.told_samples or 0
     run.step, run.steps = int(step), total
-    run.logs.update(_floats(metrics))
+    run.logs.update(float_logs(metrics))
     if samples is not None:
         run.told_samples = int(samples)
     finished = total is not None and step >= total
     if finished:
         run.epoch_logs[run.epoch] = _custom_epoch_record(run, samples is not None)
-    run.update("done" if finished and last_epoch else "epoch_end" if finished else "running")
+    run.update(RankState.DONE if finished and last_epoch else RankState.EPOCH_END if finished else RankState.RUNNING)
     if finished and last_epoch:
         _Custom.run = None
 
 
-def _custom_epoch_record(run: _Run, with_samples: bool = True) -> dict[str, float]:
+def _custom_epoch_record(run: RunReport, with_samples: bool = True) -> dict[str, float]:
     record = dict(run.logs, time=time.monotonic() - run.epoch_start)
     if with_samples and run.told_samples is not None:
         record["samples"] = run.told_samples - run.epoch_first_sample
@@ -409,14 +305,9 @@ def _with_progress(method: Callable[..., Any]) -> Callable[..., Any]:
                 bound.arguments["callbacks"] = listed + [cls(batch_size, num_samples)]
         return method(*bound.args, **bound.kwargs)
 
-    wrapper.__hvd_progress__ = True  # type: ignore[attr-defined]
     return wrapper
 
 
-def _hook_keras() -> None:
-    import keras
-
-    for name in ("fit", "evaluate", "predict"):
-        method = getattr(keras.Model, name)
-        if not getattr(method, "__hvd_progress__", False):
-            setattr(keras.Model, name, _with_progress(method))
+def install_keras_hooks() -> None:
+    """``fit``/``evaluate``/``predict`` add a ``ProgressCallback`` (once per process; see keras_patches)."""
+    keras_patches.patch_progress(_with_progress)

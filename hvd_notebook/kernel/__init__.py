@@ -1,3 +1,4 @@
-"""The notebook kernel's side: ``%hvd``/``%%hvd`` (``magics``) and the session
-that owns this kernel's cluster and runs cells on its ranks (``session``).
-The kernel never imports a training framework or touches a GPU."""
+"""The notebook kernel's side: ``%hvd``/``%%hvd`` (``magics``), the session
+that owns this kernel's cluster (``session``), one running cell (``cell``) and
+how cells fail (``failures``). The kernel never imports a training framework
+or touches a GPU."""

@@ -11,9 +11,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..cluster import RankInfo
-from ..config import ClusterOptions, non_negative_int, rank_list, seconds
-from ..dashboard import MODES
-from .session import HvdError, Session
+from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, rank_list, seconds
+from .failures import HvdError
+from .session import Session
 
 
 class _HelpShown(Exception):
@@ -22,6 +22,8 @@ class _HelpShown(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad input as IPython's UsageError instead of exiting."""
+
+    commands: dict[str, argparse.ArgumentParser]  # %hvd's subcommands, on the %hvd parser
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{self.prog}: {message}. See {self.prog.split()[0]} --help.")
@@ -72,6 +74,7 @@ def _build_line_parser() -> _Parser:
 
     sub.add_parser("cell", help="options of %%%%hvd cells", add_help=True, parents=[_build_cell_parser(add_help=False)])
     sub.add_parser("help", help="show this help")
+    parser.commands = sub.choices
     return parser
 
 
@@ -87,9 +90,9 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
     out.add_argument("--output-ranks", type=rank_list, default=None, metavar="LIST",
                      help="show these ranks' output (default: rank 0 only)")
     prog = cell.add_mutually_exclusive_group()
-    prog.add_argument("--no-progress", action="store_const", const="none", dest="progress",
+    prog.add_argument("--no-progress", action="store_const", const=DashboardMode.NONE.value, dest="progress",
                       help="no dashboard, and no progress callback on the ranks")
-    prog.add_argument("--progress", choices=MODES, default="auto",
+    prog.add_argument("--progress", choices=choices(DashboardMode), default=DashboardMode.AUTO.value,
                       help="the dashboard of fit/evaluate/predict: widgets (live, in JupyterLab), text (a line "
                            "per epoch), none; auto picks widgets under a Jupyter server, else text "
                            "(env HVD_NOTEBOOK_PROGRESS sets the default)")
@@ -100,8 +103,7 @@ def usage() -> str:
     """Help for ``%hvd`` and every subcommand, as ``%hvd --help`` prints it."""
     parser = _build_line_parser()
     parts = [parser.format_help()]
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, p in sub.choices.items():
+    for name, p in parser.commands.items():
         if name in ("help", "cell"):
             continue
         parts.append(p.format_help())

@@ -7,6 +7,15 @@ plain script started with ``mpiexec -n 2 python train.py``.
     import hvd_notebook.runtime as hvd
     hvd.init()
     total = hvd.allreduce(np.ones(3), op=hvd.Sum)   # array([2., 2., 2.]) on 2 ranks
+
+Layers, each importing only those above it in this list (tests/unit/test_runtime_units.py checks):
+
+- ``ops`` (op vocabulary, scaling), ``timeline``, ``topology``; ``signatures``, ``fusion``;
+  settings come from ``hvd_notebook.config``
+- ``negotiation`` (the agreement check every collective starts with), ``bridges`` (DLPack)
+- ``mpi_backend`` and ``nccl_backend``: each built from (communicator, negotiator, timeline)
+- ``world``: the state of one ``hvd.init()``: communicators, both backends, join
+- ``basics`` (process queries), ``compression``; ``collectives``; ``training``, ``callbacks``
 """
 
 from .basics import (
@@ -54,7 +63,7 @@ from .collectives import (
     stop_timeline,
 )
 from .compression import Compression
-from .negotiation import MismatchError, StallError
+from .signatures import MismatchError, StallError
 
 
 def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only when used

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from . import basics
-from .collectives import allreduce, broadcast_variables
+from .collectives import allreduce, broadcast_variables, reject_unsupported
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -22,6 +22,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, root_rank: int = 0, device: str = "") -> None:
+        reject_unsupported("hvd.callbacks.BroadcastGlobalVariablesCallback", device=device)
         super().__init__()
         self.root_rank = root_rank
         self._optimizer_done = False
@@ -47,6 +48,10 @@ class MetricAverageCallback(keras.callbacks.Callback):
     logs (and every later callback sees) the same figures.
 
     Put it before callbacks that read the metrics (checkpointing, early stopping)."""
+
+    def __init__(self, device: str = "") -> None:
+        reject_unsupported("hvd.callbacks.MetricAverageCallback", device=device)
+        super().__init__()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if not logs:

@@ -3,7 +3,8 @@ numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
 
 A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
 tensor out. Eager host tensors reach the numpy collectives of ``mpi_backend``
-through DLPack (no copy) and results come back the same way; in a graph a
+through DLPack (``bridges``, no copy) and results come back the same way; GPU
+tensors go to ``nccl_backend`` where the world has NCCL; in a graph a
 collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
 graph first, so a step makes one call). Gradients are registered with
 ``tf.custom_gradient`` as Horovod defines them.
@@ -11,7 +12,6 @@ graph first, so a step makes one call). Gradients are registered with
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import itertools
@@ -19,13 +19,42 @@ from typing import Any
 
 import numpy as np
 
-from . import basics, mpi_backend
-from .compression import Compression, _is_tf
-from .mpi_backend import Adasum, Average, Max, Min, Product, Sum
-from .negotiation import MismatchError
-from .timeline import write_trace
+from . import world as _world
+from .bridges import adopt as _adopt
+from .bridges import is_eager, is_gpu_tensor
+from .bridges import is_tf as _is_tf
+from .bridges import tf as _tf
+from .bridges import to_numpy as _to_numpy
+from .bridges import to_tf as _to_tf
+from .compression import Compression
+from .fusion import fused_label, fusion_groups
+from .ops import Adasum, Average, Max, Min, Product, Sum
+from .signatures import MismatchError
 
 _counter = itertools.count()
+
+# Horovod arguments this runtime does not implement, and what to do instead
+_UNSUPPORTED = {
+    "process_set": "omit it (all ranks take part)",
+    "device_dense": "omit it (tensors are reduced where they live: with NCCL for GPU tensors where every rank "
+                    "has a GPU, else with MPI on the host)",
+    "device_sparse": "omit it (sparse gradients are allgathered where they live)",
+    "session": "omit it (TensorFlow 2 runs eagerly and has no session)",
+    "device": "omit it (variables are broadcast where they live)",
+    "num_groups": "omit it (tensors are fused by dtype up to HOROVOD_FUSION_THRESHOLD bytes; set that "
+                  "environment variable to change the grouping)",
+    "groups": "omit it (tensors are fused by dtype up to HOROVOD_FUSION_THRESHOLD bytes; set that "
+              "environment variable to change the grouping)",
+}
+
+
+def reject_unsupported(call: str, **arguments: Any) -> None:
+    """Raise ``ValueError`` for a Horovod-compatibility argument (``_UNSUPPORTED``)
+    given a value other than its default (None, "" or 0), saying what to do."""
+    for name, value in arguments.items():
+        if value is not None and not (isinstance(value, (str, int, list, tuple)) and not value):
+            raise ValueError(f"{call}({name}={value!r}): {name} is not supported by hvd_notebook's built-in "
+                             f"runtime; {_UNSUPPORTED[name]}.")
 
 
 def not_converted(fn: Any) -> Any:
@@ -33,7 +62,7 @@ def not_converted(fn: Any) -> Any:
     without importing TensorFlow. Inside a user's ``tf.function`` AutoGraph then
     calls it as it is, instead of rewriting it and everything it calls, the
     callbacks given to ``tf.numpy_function`` included, which would then pay
-    AutoGraph's dispatch on every call of every step (tens of microseconds)."""
+    AutoGraph's dispatch on every call of every step."""
     target = getattr(fn, "__func__", fn)
     target.autograph_info__ = None
     return fn
@@ -43,27 +72,31 @@ def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
     """One name per tensor of a grouped call: ``name`` itself for a single tensor."""
     if name and len(tensors) == 1:
         return [str(name)]
-    if not name and (not _is_tf(tensors[0]) or type(tensors[0]).__name__ == "EagerTensor"):
+    if not name and (not _is_tf(tensors[0]) or is_eager(tensors[0])):
         first = next(_counter)  # nameless tensors: numbered without a look at each one
         return [f"{kind}.{first + i}" for i in range(len(tensors))]
     return [_name(name and f"{name}.{i}", kind, t) for i, t in enumerate(tensors)]
 
 
+def _scoped(name: str | None, ignore_name_scope: bool, tensor: Any) -> str | None:
+    """As Horovod: a name given to a collective built into a graph is prefixed with
+    the graph's name scope unless ``ignore_name_scope`` (names label the timeline and
+    errors; eager tensors have no scope)."""
+    if not name or ignore_name_scope or not _is_tf(tensor) or is_eager(tensor):
+        return name
+    scope = _tf().compat.v1.get_default_graph().get_name_scope()
+    return f"{scope}/{name}" if scope else name
+
+
 def _name(name: str | None, kind: str, tensor: Any = None) -> str:
     if name:
         return str(name)
-    if tensor is not None and _is_tf(tensor) and type(tensor).__name__ != "EagerTensor":  # eager ones have none
+    if tensor is not None and _is_tf(tensor) and not is_eager(tensor):  # eager ones have none
         try:
             return tensor.name  # graph tensors and variables have names
         except (AttributeError, ValueError):
             pass
     return f"{kind}.{next(_counter)}"
-
-
-def _tf() -> Any:
-    import tensorflow as tf
-
-    return tf
 
 
 def _resolve_op(op: int | None, average: bool | None) -> int:
@@ -83,82 +116,6 @@ def _tf_error(exc: MismatchError) -> Exception:
             tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
     return TensorMismatchError(str(exc))
-
-
-class _DLPackTensor:
-    """Hands a host TensorFlow tensor to ``np.from_dlpack`` (a read-only view, no copy)."""
-
-    def __init__(self, tensor: Any) -> None:
-        self.tensor = tensor
-
-    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
-        return _tf().experimental.dlpack.to_dlpack(self.tensor)
-
-    def __dlpack_device__(self) -> tuple[int, int]:
-        return (1, 0)  # kDLCPU
-
-
-def _to_numpy(tensor: Any) -> np.ndarray:
-    """A tensor's host memory as numpy without a copy (a device tensor is copied
-    to the host once). The runtime only reads these arrays, never writes them."""
-    if type(tensor).__name__ == "EagerTensor":
-        try:
-            # EagerTensor.numpy() is this plus a copy; _numpy() shares the host buffer and keeps it alive
-            return tensor._numpy()
-        except (AttributeError, TypeError, ValueError):
-            pass
-    if tensor.dtype in _dlpack_dtypes() and tensor.device.endswith("CPU:0"):
-        try:
-            return np.from_dlpack(_DLPackTensor(tensor))
-        except (TypeError, ValueError, RuntimeError, BufferError):
-            pass
-    return tensor.numpy()
-
-
-def _to_tf(array: np.ndarray, dtype: Any) -> Any:
-    """A numpy result as a TensorFlow tensor of ``dtype``; 64-byte aligned results
-    are adopted without a copy."""
-    dtype = _tf().as_dtype(dtype)
-    # TensorFlow aborts the process on a misaligned adopted buffer: check first
-    if (array.dtype == _numpy_dtype(dtype) and array.__array_interface__["data"][0] % mpi_backend.ALIGN_BYTES == 0
-            and array.flags.c_contiguous):
-        return _adopt(array)
-    return _tf().convert_to_tensor(array, dtype=dtype)
-
-
-def _adopt(array: np.ndarray) -> Any:
-    """A result in a buffer of ``mpi_backend``' pool (aligned and contiguous by
-    construction) as a TensorFlow tensor of its own dtype, without a copy where
-    DLPack carries that dtype."""
-    if array.size and array.dtype in _dlpack_numpy_dtypes():
-        try:
-            return _from_dlpack()(array.__dlpack__())
-        except (TypeError, ValueError, RuntimeError, BufferError):
-            pass
-    return _tf().convert_to_tensor(array)
-
-
-@functools.cache
-def _from_dlpack() -> Any:
-    return _tf().experimental.dlpack.from_dlpack
-
-
-@functools.cache
-def _dlpack_numpy_dtypes() -> frozenset[np.dtype]:
-    return frozenset(np.dtype(_numpy_dtype(d)) for d in _dlpack_dtypes())
-
-
-@functools.cache
-def _numpy_dtype(dtype: Any) -> Any:
-    """``dtype.as_numpy_dtype``, cached (TensorFlow computes it on every access)."""
-    return dtype.as_numpy_dtype
-
-
-@functools.cache
-def _dlpack_dtypes() -> frozenset[Any]:
-    """The dtypes that TensorFlow and numpy exchange through DLPack."""
-    tf = _tf()
-    return frozenset({tf.float16, tf.float32, tf.float64, tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8})
 
 
 @functools.cache
@@ -194,15 +151,13 @@ def _check_not_xla() -> None:
 
 
 def _nccl() -> Any:
-    """The world's NCCL runtime (``nccl_backend``), or None where GPU tensors go through the host."""
-    return mpi_backend.runtime().nccl
+    """The world's NCCL backend, or None where GPU tensors go through the host."""
+    return _world.current().nccl
 
 
 def _on_gpus(tensors: list[Any]) -> bool:
     """Eager tensors that all live in GPU memory, in a world that reduces GPU tensors with NCCL.
     (TensorFlow keeps int32 tensors of a GPU device in host memory: those go through MPI.)"""
-    from .nccl_backend import is_gpu_tensor
-
     return _nccl() is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
 
 
@@ -216,8 +171,6 @@ def _has_gpus() -> bool:
 def _back_on_devices(results: list[Any], tensors: list[Any]) -> list[Any]:
     """Host results of GPU-placed inputs (int32, or a world without NCCL) placed
     where their inputs were, as the same op on the device would have left them."""
-    from .nccl_backend import is_gpu_tensor
-
     tf = _tf()
     if not _has_gpus() or not any(is_gpu_tensor(t) for t in tensors):
         return results
@@ -285,11 +238,15 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     >>> hvd.allreduce(np.array([1.0, 2.0]) * (hvd.rank() + 1), op=hvd.Sum)  # on 2 ranks
     array([3., 6.])
     """
+    if process_set is not None or device_dense or device_sparse:
+        reject_unsupported("hvd.allreduce", process_set=process_set, device_dense=device_dense,
+                           device_sparse=device_sparse)
     op = _resolve_op(op, average)
-    if compression is Compression.none and type(tensor).__name__ == "EagerTensor":
+    if compression is Compression.none and is_eager(tensor):
         out = _eager_allreduce_one(tensor, op, prescale_factor, postscale_factor, name)
         if out is not None:
             return out
+    name = _scoped(name, ignore_name_scope, tensor)
     if _is_tf(tensor) and isinstance(tensor, _tf().IndexedSlices):
         return _allreduce_indexed_slices(tensor, op, name)
     return grouped_allreduce([tensor], op=op, compression=compression, prescale_factor=prescale_factor,
@@ -298,14 +255,15 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
 
 def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float, name: str | None) -> Any:
     """One eager host tensor outside any gradient tape, the commonest call: read in
-    place, reduced by ``Runtime.allreduce_one`` into a pooled buffer that becomes
-    the result without a copy. None where the general path must take it."""
-    rt = mpi_backend.runtime()
-    if rt.nccl is not None or _has_gpus() or _recording():
+    place, reduced by the MPI backend's single-tensor path into a pooled buffer that
+    becomes the result without a copy. None where the general path must take it."""
+    world = _world.current()
+    if world.nccl is not None or _has_gpus() or _recording():
         return None
     arr = _to_numpy(tensor)
     try:
-        out = rt.allreduce_one(arr, op, prescale, postscale, str(name) if name else f"allreduce.{next(_counter)}")
+        out = world.mpi.allreduce_one(arr, op, prescale, postscale,
+                                      str(name) if name else f"allreduce.{next(_counter)}")
     except MismatchError as exc:
         raise _tf_error(exc) from None
     return None if out is None else _adopt(out)
@@ -318,6 +276,9 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
                       process_set: Any = None) -> list[Any]:
     """Reduce several tensors at once, fused into as few MPI calls as the fusion
     threshold allows (``HOROVOD_FUSION_THRESHOLD``)."""
+    if process_set is not None or device_dense or device_sparse:
+        reject_unsupported("hvd.grouped_allreduce", process_set=process_set, device_dense=device_dense,
+                           device_sparse=device_sparse)
     op = _resolve_op(op, average)
     if not tensors:
         return []
@@ -326,8 +287,8 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     if _is_tf(compressed[0]):
         reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor)
     else:
-        reduced = mpi_backend.runtime().allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
-                                              postscale_factor, names)
+        reduced = _world.current().mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
+                                                 postscale_factor, names)
     return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
@@ -340,7 +301,7 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
                           postscale: float) -> list[Any]:
     tf = _tf()
     tensors = [t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in tensors]
-    if not _recording():  # eager, no tape: skip custom_gradient's ~0.1 ms
+    if not _recording():  # eager, no tape: custom_gradient's bookkeeping is not needed
         return _eager_grouped_allreduce(tensors, names, op, prescale, postscale)
 
     @tf.custom_gradient
@@ -362,81 +323,88 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
 def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
                              postscale: float) -> list[Any]:
     """Host tensors are read in place (DLPack); the results are views of the reduced
-    fusion buffers, adopted by TensorFlow without a copy (one ``tf.split`` where all
-    are flat, else one adoption each). GPU tensors go to NCCL where it runs
-    (``nccl_backend``)."""
-    tf = _tf()
+    fusion buffers, adopted by TensorFlow without a copy. GPU tensors go to NCCL
+    where it runs (``nccl_backend``)."""
     if _on_gpus(tensors):
         try:
             return _nccl().allreduce(tensors, op, prescale, postscale, names)
         except MismatchError as exc:
             raise _tf_error(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
+    world = _world.current()
     try:
-        fused = mpi_backend.runtime().allreduce_fused(arrays, op, prescale, postscale, names)
+        fused = world.mpi.allreduce_fused(arrays, op, prescale, postscale, names)
     except MismatchError as exc:
         raise _tf_error(exc) from None
     results: list[Any] = [None] * len(tensors)
-    timeline = mpi_backend.runtime().timeline
     for group, buf, offsets in fused:
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
-        with (timeline.phase("MEMCPY_OUT_FUSION_BUFFER", mpi_backend.fused_label([names[i] for i in group]), buf.nbytes)
+        with (world.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", fused_label([names[i] for i in group]), buf.nbytes)
               if fused_out else contextlib.nullcontext()):
-            if fused_out and all(arrays[i].ndim == 1 for i in group):
-                # many flat tensors: one tf.split of the buffer is cheaper than a tensor each
-                flat = _adopt(buf)
-                sizes, end = [], 0  # each tensor starts 64-byte aligned, with padding before it where needed
-                for i, off in zip(group, offsets):
-                    sizes += [off - end, arrays[i].size]
-                    end = off + arrays[i].size
-                if end == buf.size and not any(sizes[0::2]):  # no padding at all: split into the tensors alone
-                    pieces = tf.split(flat, sizes[1::2])
-                else:
-                    pieces = tf.split(flat, sizes + [buf.size - end])[1::2]
-                for i, piece in zip(group, pieces):
-                    results[i] = piece
-            else:
-                # each tensor adopts its shaped view of the buffer: an eager tf.reshape costs ~50 us
-                for i, off in zip(group, offsets):
-                    a = arrays[i]
-                    results[i] = _adopt(buf[off:off + a.size].reshape(a.shape))
+            for i, piece in zip(group, _unfuse(buf, offsets, [arrays[i] for i in group])):
+                results[i] = piece
     return _back_on_devices(results, tensors)
+
+
+def _unfuse(buf: np.ndarray, offsets: list[int], arrays: list[np.ndarray]) -> list[Any]:
+    """The tensors in a reduced fusion buffer, as TensorFlow tensors sharing its memory."""
+    if len(arrays) > 1 and all(a.ndim == 1 for a in arrays):
+        # many flat tensors: one tf.split of the buffer is cheaper than an adoption each
+        sizes, end = [], 0  # each tensor starts 64-byte aligned, with padding before it where needed
+        for a, off in zip(arrays, offsets):
+            sizes += [off - end, a.size]
+            end = off + a.size
+        flat = _adopt(buf)
+        if end == buf.size and not any(sizes[0::2]):  # no padding at all: split into the tensors alone
+            return _tf().split(flat, sizes[1::2])
+        return _tf().split(flat, sizes + [buf.size - end])[1::2]
+    # each tensor adopts its shaped view of the buffer: cheaper than an eager tf.reshape
+    return [_adopt(buf[off:off + a.size].reshape(a.shape)) for a, off in zip(arrays, offsets)]
 
 
 def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
                              postscale: float) -> list[Any]:
     """In a graph: TensorFlow packs each dtype's tensors into one flat tensor, one
     ``numpy_function`` reduces it, TensorFlow splits it again."""
-    tf = _tf()
     _check_not_xla()
-    rt = mpi_backend.runtime()
-    if rt.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
+    world = _world.current()
+    if world.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
         return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale), tensors,
                             [_allreduce_out_dtype(t.dtype, op) for t in tensors], [t.shape for t in tensors])
-    groups = mpi_backend.fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
+    groups = fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
-        members = [tensors[i] for i in group]
-        shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in members)
-        label = [mpi_backend.fused_label([names[i] for i in group])]
-        out_dtype = _allreduce_out_dtype(members[0].dtype, op)
-
-        def reduce_flat(flat: np.ndarray, shapes: tuple = shapes, label: list[str] = label) -> np.ndarray:
-            ((_, buf, _),) = rt.allreduce_fused([flat], op, prescale, postscale, label, shapes)
-            return buf
-
-        static = all(t.shape.is_fully_defined() for t in members)
-        flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
-        flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
-        out = tf.numpy_function(reduce_flat, [flat], Tout=out_dtype, stateful=True)
-        out.set_shape([None])
-        sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
-        pieces = tf.split(out, sizes) if len(members) > 1 else [out]
-        for i, t, piece in zip(group, members, pieces):
-            if t.shape.rank != 1 or not static:
-                piece = tf.reshape(piece, t.shape if static else tf.shape(t))
-            piece.set_shape(t.shape)
+        pieces = _graph_allreduce_group(world.mpi, [tensors[i] for i in group],
+                                        fused_label([names[i] for i in group]), op, prescale, postscale)
+        for i, piece in zip(group, pieces):
             results[i] = piece
+    return results
+
+
+def _graph_allreduce_group(mpi: Any, members: list[Any], label: str, op: int, prescale: float,
+                           postscale: float) -> list[Any]:
+    """One fusion group in a graph: concat, one ``numpy_function``, split."""
+    tf = _tf()
+    shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in members)
+
+    def reduce_flat(flat: np.ndarray) -> np.ndarray:
+        ((_, buf, _),) = mpi.allreduce_fused([flat], op, prescale, postscale, [label], shapes)
+        return buf
+
+    static = all(t.shape.is_fully_defined() for t in members)
+    flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
+    flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
+    out = tf.numpy_function(not_converted(reduce_flat), [flat], Tout=_allreduce_out_dtype(members[0].dtype, op),
+                            stateful=True)
+    out.set_shape([None])
+    sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
+    pieces = tf.split(out, sizes) if len(members) > 1 else [out]
+    results = []
+    for t, piece in zip(members, pieces):
+        if t.shape.rank != 1 or not static:
+            piece = tf.reshape(piece, t.shape if static else tf.shape(t))
+        piece.set_shape(t.shape)
+        results.append(piece)
     return results
 
 
@@ -448,7 +416,7 @@ def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
     values = allgather(slices.values, name=name and f"{name}.values")
     indices = allgather(slices.indices, name=name and f"{name}.indices")
     if op == Average:
-        values = values / tf.cast(basics.size(), values.dtype)
+        values = values / tf.cast(_world.current().size, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -456,19 +424,21 @@ def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
 @not_converted
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
     """Concatenate ``tensor`` from every rank along the first dimension, which may differ."""
-    return grouped_allgather([tensor], name=name)[0]
+    reject_unsupported("hvd.allgather", process_set=process_set)
+    return grouped_allgather([tensor], name=_scoped(name, ignore_name_scope, tensor), process_set=process_set)[0]
 
 
 @not_converted
 def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: Any = None) -> list[Any]:
     """``allgather`` of several tensors with one agreement."""
+    reject_unsupported("hvd.grouped_allgather", process_set=process_set)
     if not tensors:
         return []
     names = _names(name, "allgather", tensors)
-    rt = mpi_backend.runtime()
+    world = _world.current()
 
     def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return rt.allgather(arrays, names)
+        return world.mpi.allgather(arrays, names)
 
     if not _is_tf(tensors[0]):
         return gather_np([np.asarray(t) for t in tensors])
@@ -486,8 +456,8 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
             grads = []
             for x, dy in zip(xs, summed):
                 rows = tf.reshape(tf.shape(x)[0], [1])
-                all_rows = tf.reshape(allgather(rows), [basics.size()])
-                grads.append(tf.split(dy, all_rows, axis=0)[basics.rank()])
+                all_rows = tf.reshape(allgather(rows), [world.size])
+                grads.append(tf.split(dy, all_rows, axis=0)[world.rank])
             return grads
 
         return outs, grad
@@ -500,11 +470,12 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s value of ``tensor``."""
-    nm = [_name(name, "broadcast", tensor)]
-    rt = mpi_backend.runtime()
+    reject_unsupported("hvd.broadcast", process_set=process_set)
+    names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
+    world = _world.current()
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return rt.broadcast(arrays, root_rank, nm)
+        return world.mpi.broadcast(arrays, root_rank, names)
 
     if not _is_tf(tensor):
         return bcast_np([np.asarray(tensor)])[0]
@@ -513,12 +484,13 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 
     @tf.custom_gradient
     def bcast_tf(x: Any) -> Any:
-        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape], gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, nm))[0]
+        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape],
+                     gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, names))[0]
 
         def grad(dy: Any) -> Any:
             # Horovod: the summed gradient flows back to the root only
             summed = allreduce(dy, op=Sum)
-            return summed if basics.rank() == root_rank else summed * 0
+            return summed if world.rank == root_rank else summed * 0
 
         return out, grad
 
@@ -528,16 +500,18 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 @not_converted
 def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any = None,
                         inplace: bool = False) -> Any:
-    """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast."""
+    """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast.
+    (``inplace`` is accepted as in Horovod: variables are always assigned in place.)"""
+    reject_unsupported("hvd.broadcast_variables", process_set=process_set)
     variables = list(variables)
     if not variables:
         return None
     tf = _tf()
-    rt = mpi_backend.runtime()
+    world = _world.current()
     names = [_name(None, "broadcast_variables", v) for v in variables]
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return rt.broadcast(arrays, root_rank, names)
+        return world.mpi.broadcast(arrays, root_rank, names)
 
     values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
                                for v in variables],
@@ -551,13 +525,15 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
-    return mpi_backend.runtime().broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
+    reject_unsupported("hvd.broadcast_object", session=session, process_set=process_set)
+    return _world.current().mpi.broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
 
 
 @not_converted
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
-    return mpi_backend.runtime().allgather_object(obj, _name(name, "allgather_object"))
+    reject_unsupported("hvd.allgather_object", session=session, process_set=process_set)
+    return _world.current().mpi.allgather_object(obj, _name(name, "allgather_object"))
 
 
 # ------------------------------------------------------------- alltoall etc.
@@ -566,10 +542,11 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
              process_set: Any = None) -> Any:
     """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
     concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
-    nm = _name(name, "alltoall", tensor)
-    rt = mpi_backend.runtime()
+    reject_unsupported("hvd.alltoall", process_set=process_set)
+    label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
+    world = _world.current()
     if not _is_tf(tensor):
-        out, received = rt.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), nm)
+        out, received = world.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
         return out if splits is None else (out, received.astype(np.int32))
     tf = _tf()
     tensor = tf.convert_to_tensor(tensor)
@@ -577,11 +554,11 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 
     def a2a_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         arr, sp = arrays
-        out, received = rt.alltoall(arr, None if splits is None else sp, nm)
+        out, received = world.mpi.alltoall(arr, None if splits is None else sp, label)
         return [out, received.astype(np.int32)]
 
     out, received = _on_tf(a2a_np, [tensor, splits_t], [tensor.dtype, tf.int32],
-                           [[None] + tensor.shape[1:].as_list(), [basics.size()]])
+                           [[None] + tensor.shape[1:].as_list(), [world.size]])
     return out if splits is None else (out, received)
 
 
@@ -590,7 +567,9 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None, proce
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
     """Reduce over ranks and keep this rank's block of rows."""
-    return grouped_reducescatter([tensor], op=op, name=name, prescale_factor=prescale_factor,
+    reject_unsupported("hvd.reducescatter", process_set=process_set)
+    return grouped_reducescatter([tensor], op=op, name=_scoped(name, ignore_name_scope, tensor),
+                                 process_set=process_set, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor)[0]
 
 
@@ -599,10 +578,11 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
                           process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
     """``reducescatter`` of several tensors."""
+    reject_unsupported("hvd.grouped_reducescatter", process_set=process_set)
     if not tensors:
         return []
     names = _names(name, "reducescatter", tensors)
-    rt = mpi_backend.runtime()
+    world = _world.current()
 
     def scaled(reduce: Any) -> Any:
         """``reduce`` with the prescale before and the postscale after (numpy or TensorFlow)."""
@@ -612,7 +592,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 
         return run
 
-    rs_np = scaled(lambda arrays: rt.reducescatter(arrays, op, names))
+    rs_np = scaled(lambda arrays: world.mpi.reducescatter(arrays, op, names))
 
     if not _is_tf(tensors[0]):
         return rs_np([np.asarray(t) for t in tensors])
@@ -627,38 +607,28 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 def join() -> int:
     """Say this rank has no more data: it takes part in the others' allreduces
     with zeros until every rank has joined. Returns the rank that joined last."""
-    return mpi_backend.runtime().join()
+    return _world.current().join()
 
 
 @not_converted
 def barrier(process_set: Any = None) -> None:
     """Return once every rank has called ``barrier()``."""
-    mpi_backend.runtime().barrier()
+    reject_unsupported("hvd.barrier", process_set=process_set)
+    _world.current().barrier()
 
 
 # ------------------------------------------------------------------ timeline
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Record every collective's phases on every rank until ``stop_timeline()``."""
-    mpi_backend.runtime().timeline.start(file_path, mark_cycles)
+    """Record every collective's phases on every rank until ``stop_timeline()``;
+    ``mark_cycles`` also marks each agreement round."""
+    _world.current().start_timeline(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:
     """Stop recording; rank 0 writes all ranks' events to the file given to
     ``start_timeline`` (a collective call: every rank must make it)."""
-    rt = mpi_backend.runtime()
-    path, events = rt.timeline.take()
-    gathered = rt.comm.gather(events, root=0)
-    if rt.rank == 0 and path is not None:
-        write_trace(path, gathered)
+    _world.current().stop_timeline()
 
-
-def _shutdown_flush() -> None:
-    """Write a timeline started by HOROVOD_TIMELINE when the process ends."""
-    if basics.is_initialized() and mpi_backend.runtime().timeline.active:
-        stop_timeline()
-
-
-atexit.register(_shutdown_flush)
 
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",

@@ -11,9 +11,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _is_tf(x: Any) -> bool:
-    return type(x).__module__.startswith(("tensorflow", "keras"))
+from .bridges import is_tf as _is_tf
 
 
 def _is_floating(x: Any) -> bool:

@@ -6,8 +6,8 @@ Here each rank hashes its call's signature (cached, so a repeated call costs a
 dict lookup) and the ranks compare hashes: equal hashes on every rank means
 agreement. Only when they differ are the full signatures gathered, to say
 which ranks differ in what. Ranks that all share one host compare through an
-MPI-3 shared-memory window (``_Board``: a store and a few loads, about half
-the time of a collective); otherwise they take the MAX of ``[h, -h]`` in one
+MPI-3 shared-memory window (``_SharedMemoryBoard``: a store and a few loads
+instead of a collective); otherwise they take the MAX of ``[h, -h]`` in one
 non-blocking 16-byte allreduce.
 
 Waiting for the others' hashes is where a stall shows: after
@@ -15,74 +15,32 @@ Waiting for the others' hashes is where a stall shows: after
 on a separate communicator, where it is; ranks that are waiting too answer, the
 rest "have not arrived", and a warning names them. After
 ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default off) the waiting ranks raise.
+
+``Negotiator.check`` is what the backends call: agreement, its timeline phase,
+and the verdict (a ``MismatchError``, or fine where the others have joined).
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .. import config
+from .signatures import JOIN, MismatchError, Signature, StallError, describe_mismatch
+from .timeline import Timeline
+
+__all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]
 
 _QUERY, _HERE = "query", "here"
 _STALL_TAG = 7001
 
 
-class MismatchError(ValueError):
-    """Ranks called different collectives, or the same one with different arguments."""
-
-
-class StallError(RuntimeError):
-    """A collective waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
-
-
-@dataclass(frozen=True)
-class Signature:
-    """What must be equal on every rank for one collective call."""
-
-    kind: str
-    fields: tuple[tuple[str, Any], ...] = ()
-    name: str = field(default="", compare=False)
-
-    def describe(self) -> str:
-        return f"{self.kind}('{self.name}')" if self.name else self.kind
-
-
-def describe_mismatch(signatures: list[Signature]) -> str:
-    """A sentence naming the ranks and what differed between them."""
-    kinds = {s.kind for s in signatures}
-    if len(kinds) > 1:
-        calls = "; ".join(f"rank {r}: {s.describe()}" for r, s in enumerate(signatures))
-        return (f"Ranks called different collectives at the same point ({calls}). Every rank must call "
-                "the same collectives in the same order.")
-    first = signatures[0]
-    diffs = []
-    keys = [k for k, _ in first.fields]
-    for i, key in enumerate(keys):
-        by_value: dict[str, list[int]] = {}
-        for r, s in enumerate(signatures):
-            by_value.setdefault(repr(s.fields[i][1]) if i < len(s.fields) else "?", []).append(r)
-        if len(by_value) > 1:
-            diffs.append(f"{key}: " + ", ".join(f"rank(s) {ranks} {value}" for value, ranks in by_value.items()))
-    names = {s.name for s in signatures}
-    tensor = f" of tensor '{first.name}'" if len(names) == 1 and first.name else ""
-    return (f"{first.kind}{tensor} does not match across ranks: " + "; ".join(diffs or ["arguments differ"])
-            + f". Every rank must pass the same {', '.join(keys) or 'arguments'}.")
-
-
-def _env_seconds(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
-class _Board:
+class _SharedMemoryBoard:
     """Each rank's latest (collective number, hash) in an MPI-3 shared-memory
     window, for ranks that all share one host. A rank posts its pair and reads
     the others'; ``Win.Sync`` is the memory barrier between the stores and the
@@ -106,10 +64,10 @@ class _Board:
         self.win.Sync()
 
     @classmethod
-    def for_comm(cls, comm: Any, MPI: Any) -> _Board | None:
+    def for_comm(cls, comm: Any, MPI: Any) -> _SharedMemoryBoard | None:
         """A board where every rank of ``comm`` is on this host (collective), else
         None; ``HVD_NOTEBOOK_SHM_AGREEMENT=0`` on any rank asks for the collective."""
-        wanted = os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0"
+        wanted = config.SHM_AGREEMENT.flag()
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         one_host = local.Get_size() == comm.Get_size() > 1
         local.Free()
@@ -141,11 +99,11 @@ class _Board:
 class Negotiator:
     """Agreement check and stall inspector for one communicator."""
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, timeline: Timeline) -> None:
         from mpi4py import MPI
 
         self.MPI = MPI
-        self.comm = comm
+        self.comm, self.timeline = comm, timeline
         self.stall_comm = comm.Dup()
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.seq = 0
@@ -153,11 +111,11 @@ class Negotiator:
         self._buf = np.zeros(2, dtype=np.int64)
         self._abandoned: list[tuple[Any, np.ndarray]] = []
         self.broken = ""  # why collectives are refused after one was abandoned
-        self.stall_check_s = _env_seconds("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0)
-        self.stall_shutdown_s = _env_seconds("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0)
-        self.stall_check_enabled = os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") in ("0", "", "false")
+        self.stall_check_s = float(config.STALL_CHECK_TIME.number())
+        self.stall_shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
+        self.stall_check_enabled = not config.STALL_CHECK_DISABLE.flag()
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
-        self.board = _Board.for_comm(comm, MPI)
+        self.board = _SharedMemoryBoard.for_comm(comm, MPI)
 
     def free(self) -> None:
         self.stall_comm.Free()
@@ -170,12 +128,36 @@ class Negotiator:
             h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
         return h
 
+    def check(self, sig: Signature, allow_joined: bool = False, h: int | None = None,
+              name: str | None = None) -> None:
+        """Agree on ``sig`` (recorded on the timeline); raise ``MismatchError`` where the
+        ranks differ, unless ``allow_joined`` and the differing ranks have joined
+        (they then take part with zeros, see ``World.join``)."""
+        timeline = self.timeline
+        if timeline.path is None:  # (a phase's context manager is measurable on the hot path)
+            signatures = self.agree(sig, h, name)
+        else:
+            with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
+                signatures = self.agree(sig, h, name)
+        if signatures is not None:
+            self.disagree(signatures, allow_joined)
+
+    @staticmethod
+    def disagree(signatures: list[Signature], allow_joined: bool) -> None:
+        """Signatures differ: fine where the others have joined, else an error naming what differs."""
+        active = [s for s in signatures if s.kind != JOIN.kind]
+        if allow_joined and active and all(s == active[0] for s in active):
+            return
+        raise MismatchError(describe_mismatch(signatures))
+
     def agree(self, sig: Signature, h: int | None = None, name: str | None = None) -> list[Signature] | None:
         """Wait until every rank reaches a collective; None when all signatures are
         equal, else every rank's signature (index = rank). ``h``: ``hash_of(sig)``
         where the caller has it already; ``name``: the tensor's name where ``sig``
         (cached by the caller) does not carry it."""
         self.seq += 1
+        if self.timeline.path is not None:
+            self.timeline.mark_cycle(self.seq)
         if self.size == 1:  # nobody to disagree with, nobody to wait for
             return None
         if h is None:
@@ -204,12 +186,11 @@ class Negotiator:
                     raise
             if buf[0] == -buf[1]:
                 return None
-        return self.comm.allgather(sig if name is None else Signature(sig.kind, sig.fields, name))
+        return self.comm.allgather(sig.named(name))
 
     def _wait_or_break(self, done: Callable[[], bool], sig: Signature, name: str | None) -> None:
         """Wait until ``done()``; if the wait ends otherwise, refuse every later collective."""
-        if name is not None:
-            sig = Signature(sig.kind, sig.fields, name)
+        sig = sig.named(name)
         try:
             self._wait(done, sig)
         except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
@@ -223,7 +204,7 @@ class Negotiator:
 
     def _wait(self, done: Callable[[], bool], sig: Signature) -> None:
         start = time.monotonic()
-        spin_until = start + 2e-3  # spinning answers within microseconds; a sleep costs 60 us or more
+        spin_until = start + 2e-3  # spin first: a sleep wakes far later than a partner usually arrives
         pause = 10e-6
         warned = False
         next_probe = start + 1.0
@@ -271,7 +252,7 @@ class Negotiator:
         elsewhere = [f"rank {r} waits in collective #{seq} {where}" for r, (seq, where) in sorted(collected.items())
                      if seq != self.seq]
         print(
-            f"[hvd_notebook] WARNING: stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
+            f"{config.WARNING_PREFIX}: stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
             f"(collective #{self.seq}); rank(s) {missing} have not arrived"
             + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
             + ". One or more ranks skipped this collective or are still busy; check that every rank "

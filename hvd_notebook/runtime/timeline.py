@@ -5,7 +5,9 @@ phases (``NEGOTIATE_ALLREDUCE``, ``MEMCPY_IN_FUSION_BUFFER``,
 ``MPI_ALLREDUCE``, ...) with the tensor names and sizes. Unlike Horovod, every
 rank records: ``stop_timeline()`` gathers all ranks' events to rank 0, which
 writes one JSON file that Perfetto and chrome://tracing load, with a process
-track per rank.
+track per rank. With ``mark_cycles`` (``HOROVOD_TIMELINE_MARK_CYCLES``) each
+agreement round is marked by an instant event, ``CYCLE_START``, as Horovod
+marks its background thread's cycles.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 class Timeline:
     """Records phases while active; cheap no-ops while not."""
+
+    __slots__ = ("path", "events", "mark_cycles")
 
     def __init__(self) -> None:
         self.path: str | None = None
@@ -39,6 +43,12 @@ class Timeline:
             return _NO_PHASE
         return _Phase(self.events, name, tensors, nbytes)
 
+    def mark_cycle(self, number: int) -> None:
+        """Mark the start of agreement round ``number`` (where ``mark_cycles`` asks for it)."""
+        if self.path is not None and self.mark_cycles:
+            self.events.append({"name": "CYCLE_START", "ph": "i", "s": "p", "ts": time.time_ns() / 1000, "tid": 0,
+                                "args": {"collective": number}})
+
     def take(self) -> tuple[str | None, list[dict[str, Any]]]:
         """Stop recording; return the path and this rank's events."""
         path, events = self.path, self.events
@@ -47,7 +57,7 @@ class Timeline:
 
 
 class _NoPhase:
-    """What ``phase`` returns while the timeline is off: costs one attribute lookup."""
+    """What ``phase`` returns while the timeline is off: no object per call."""
 
     def __enter__(self) -> None:
         return None

@@ -10,15 +10,14 @@ whose ``apply`` first averages the gradients over all ranks with one fused
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 from typing import Any
 
 from . import basics
-from .collectives import allreduce, grouped_allreduce, not_converted
+from .collectives import allreduce, grouped_allreduce, not_converted, reject_unsupported
 from .compression import Compression
-from .mpi_backend import Adasum, Average, Sum
+from .ops import Adasum, Average, Sum, check_op
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +27,7 @@ def _reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_den
     """Average (or sum) gradients over ranks: dense ones fused, sparse ones allgathered."""
     import tensorflow as tf
 
-    if op == Adasum:
-        raise NotImplementedError("op=hvd.Adasum is not supported by hvd_notebook; use hvd.Average or hvd.Sum.")
+    check_op(op)
     prescale, postscale, reduce_op = 1.0, 1.0, op
     if op == Average and predivide != 1.0:  # as Horovod: divide before and after the sum
         prescale, postscale, reduce_op = 1.0 / predivide, predivide / basics.size(), Sum
@@ -56,7 +54,8 @@ def _reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_den
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
-                         device_dense: str = "", device_sparse: str = "", process_set: Any = None) -> Any:
+                         device_dense: str = "", device_sparse: str = "", process_set: Any = None,
+                         num_groups: int = 0, groups: Any = None) -> Any:
     """Wrap a Keras 3 optimizer so that gradients are reduced over all ranks before each update.
 
     >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
@@ -68,6 +67,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     """
     import keras
 
+    reject_unsupported("hvd.DistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
+                       process_set=process_set, num_groups=num_groups, groups=groups)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer, not {type(optimizer).__name__}.")
     if backward_passes_per_step < 1:
@@ -110,38 +111,10 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
 
 
 def _install_compile_hook() -> None:
-    """Keras's ``jit_compile="auto"`` turns XLA on wherever a GPU is visible, and
-    XLA cannot compile the host-side reduction. After ``Model.compile`` with a
-    ``DistributedOptimizer`` and jit left at "auto", switch XLA off for that
-    model (once, with one log line); an explicit ``jit_compile=True`` is kept and
-    fails at trace time with ``hvd.XLAUnsupportedError``."""
-    import inspect
+    """Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches."""
+    from .. import keras_patches
 
-    import keras
-
-    # patch the class that defines compile: Keras skips compile() on load for a
-    # model class whose compile differs from that one's
-    owner = next(cls for cls in keras.Model.__mro__ if "compile" in cls.__dict__)
-    original = owner.compile
-    if getattr(original, "_hvd_hook", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        try:
-            asked = signature.bind_partial(self, *args, **kwargs).arguments.get("jit_compile", "auto")
-        except TypeError:  # arguments this Keras version's signature does not name
-            asked = kwargs.get("jit_compile", "auto")
-        if asked == "auto" and getattr(self.optimizer, "_hvd_settings", None) is not None and self.jit_compile:
-            self.jit_compile = False
-            log.info("hvd: jit_compile='auto' would compile the training step with XLA, which cannot run "
-                     "DistributedOptimizer's reduction; compiling it without XLA.")
-        return result
-
-    compile._hvd_hook = True  # type: ignore[attr-defined]
-    owner.compile = compile
+    keras_patches.patch_compile()
 
 
 class DistributedGradientTape:
@@ -157,6 +130,8 @@ class DistributedGradientTape:
                  compression: Any = Compression.none, sparse_as_dense: bool = False, op: int = Average,
                  gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
                  process_set: Any = None) -> None:
+        reject_unsupported("hvd.DistributedGradientTape", device_dense=device_dense, device_sparse=device_sparse,
+                           process_set=process_set, num_groups=num_groups, groups=groups)
         self._tape = gradtape
         self._settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                               predivide=gradient_predivide_factor)

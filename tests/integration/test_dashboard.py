@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from hvd_notebook.dashboard import WidgetView
-from hvd_notebook.kernel.session import Session
+from hvd_notebook.dashboard import Dashboard
+from hvd_notebook.dashboard.widget import WidgetView
+from hvd_notebook.kernel import cell
 
 SETUP = """%%hvd
 import time
@@ -27,6 +28,20 @@ class Slow(keras.callbacks.Callback):  # stretches training to a few seconds
 """
 
 
+@pytest.fixture
+def dashboards(monkeypatch) -> list[Dashboard]:
+    """The dashboards the cells of a test made, in order."""
+    made: list[Dashboard] = []
+
+    class Recorded(Dashboard):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(cell, "Dashboard", Recorded)
+    return made
+
+
 @pytest.fixture(scope="module")
 def model(cluster, ip):
     result = ip.run_cell(SETUP)
@@ -34,7 +49,7 @@ def model(cluster, ip):
     return True
 
 
-def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, monkeypatch):
+def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, monkeypatch, dashboards):
     seen: list[tuple[float, list[int], list[int], int]] = []
     original = WidgetView.render
 
@@ -51,7 +66,7 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
                       "callbacks=[Slow()])")
     seconds = time.monotonic() - start
     assert result.success, out
-    progress = Session.get().last_progress
+    (progress,) = dashboards
     view = progress.view
     assert isinstance(view, WidgetView)
     # while training: several redraws with the bars part-way, moving forward
@@ -83,17 +98,17 @@ def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
     assert lines[2].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[2]
 
 
-def test_no_progress_removes_the_callback_and_the_dashboard(model, run):
+def test_no_progress_removes_the_callback_and_the_dashboard(model, run, dashboards):
     result, out = run("%%hvd --no-progress\nimport hvd_notebook.progress as p\nmodel.fit(x, y, epochs=1, verbose=0)\n"
                       "print('enabled', p._State.enabled)")
     assert result.success, out
     assert "[0] enabled False" in out and "[hvd]" not in out
-    assert Session.get().last_progress is None
+    assert dashboards == []
     result, out = run("%%hvd\nprint('enabled', p._State.enabled)")
     assert "[0] enabled True" in out
 
 
-def test_a_failed_rank_turns_red_with_its_error(model, run):
+def test_a_failed_rank_turns_red_with_its_error(model, run, dashboards):
     result, out = run(
         "%%hvd --progress widgets\n"
         "class Fail(keras.callbacks.Callback):\n"
@@ -103,8 +118,8 @@ def test_a_failed_rank_turns_red_with_its_error(model, run):
         "model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[Fail()])"
     )
     assert not result.success
-    progress = Session.get().last_progress
-    assert progress.board.failed == {1: "RuntimeError: rank 1 gave up"}
+    progress = dashboards[-1]
+    assert progress.model.failed == {1: "RuntimeError: rank 1 gave up"}
     bar, text = progress.view.bars[1]
     assert bar.bar_style == "danger" and "rank 1 gave up" in text.value
     assert progress.frozen

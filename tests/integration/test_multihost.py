@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import ProcessWatch, assert_gone, figure
 
+from hvd_notebook.cluster import diagnosis
 from hvd_notebook.cluster import hosts as hostlib
 from hvd_notebook.kernel.session import Session
 
@@ -190,4 +191,4 @@ def test_launch_failures_name_the_host():
             "the same Python environment at the same path",
     }
     for output, sentence in seen.items():
-        assert any(d.startswith(sentence) for d in hostlib.diagnose_launch(output)), (output, sentence)
+        assert any(d.startswith(sentence) for d in diagnosis.diagnose_launch(output)), (output, sentence)

@@ -24,7 +24,8 @@ def run_under_mpiexec(args: list[str], **env_extra: str) -> None:
         "TF_CPP_MIN_LOG_LEVEL": "2",
         **env_extra,
     }
-    cmd = [find_mpiexec(None), "-n", "2", sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    # -rs: each rank's output says why a test skipped (the gpu tests, where no GPU is visible)
+    cmd = [find_mpiexec(None), "-n", "2", sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
            "-o", "addopts=", "-o", "timeout=240", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]

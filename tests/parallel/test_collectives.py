@@ -114,7 +114,7 @@ def test_grouped_allreduce_fused_equals_unfused(hvd, tf, mode, monkeypatch):
 
 @pytest.mark.parametrize("op", ["Sum", "Average", "Max"])
 def test_single_tensor_path_equals_grouped_path(hvd, tf, op):
-    # one eager tensor takes Runtime.allreduce_one (scaling in place); two go through a fusion buffer
+    # one eager tensor takes MpiBackend.allreduce_one (scaling in place); two go through a fusion buffer
     op = getattr(hvd, op)
     for dtype, dim in [("float32", 1), ("float64", 3), ("int32", 2), ("int64", 0)]:
         x = tf.convert_to_tensor(make(hvd, dtype, dim))
@@ -148,9 +148,9 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
     # numpy_function callbacks would pay AutoGraph's dispatch on every call of every step
     import inspect
 
-    from hvd_notebook.runtime import mpi_backend
+    from hvd_notebook.runtime import world
 
-    rt = mpi_backend.runtime()
+    rt = world.current().mpi
     frames: list[str] = []
     for method in ("allreduce_one", "allreduce_fused", "allgather"):
         original = getattr(rt, method)
@@ -178,14 +178,14 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
 
 
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
-    from hvd_notebook.runtime.mpi_backend import Runtime
+    from hvd_notebook.runtime.mpi_backend import MpiBackend
 
     arrays = [np.ones(256, np.float32), np.ones(3, np.float64), np.ones(256, np.float32), np.ones(256, np.float32)]
-    assert Runtime._fusion_groups(arrays) == [[0, 2, 3], [1]]
+    assert MpiBackend.fusion_plan(arrays) == [[0, 2, 3], [1]]
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(2 * 1024))  # two 1 KiB tensors per buffer
-    assert Runtime._fusion_groups(arrays) == [[0, 2], [1], [3]]
+    assert MpiBackend.fusion_plan(arrays) == [[0, 2], [1], [3]]
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
-    assert Runtime._fusion_groups(arrays) == [[0], [1], [2], [3]]
+    assert MpiBackend.fusion_plan(arrays) == [[0], [1], [2], [3]]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -360,7 +360,7 @@ def test_join_fills_in_zeros(hvd):
 
 
 def test_join_serves_eager_tensors(hvd, tf):
-    # the single eager tensor path (Runtime.allreduce_one) meets a joined rank too
+    # the single eager tensor path (MpiBackend.allreduce_one) meets a joined rank too
     if hvd.rank() == 0:
         last = hvd.join()
     else:
@@ -376,9 +376,9 @@ def test_agreement_road(hvd):
     # both ranks share this host: shared memory, unless HVD_NOTEBOOK_SHM_AGREEMENT=0 asks for the collective
     import os
 
-    from hvd_notebook.runtime import mpi_backend
+    from hvd_notebook.runtime import world
 
-    board = mpi_backend.runtime().negotiator.board
+    board = world.current().negotiator.board
     assert (board is not None) == (os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0")
 
 

@@ -20,7 +20,7 @@ def published(hvd, monkeypatch):
     monkeypatch.setattr(progress._State, "publish", lambda data: sent.extend(data.values()))
     monkeypatch.setattr(progress._State, "rank", hvd.rank())
     monkeypatch.setattr(progress._State, "enabled", True)
-    progress._hook_keras()
+    progress.install_keras_hooks()
     return sent
 
 
@@ -140,7 +140,7 @@ def test_custom_loops_report_through_report(published):
 
 def test_outside_an_engine_nothing_is_published(hvd, model, monkeypatch):
     monkeypatch.setattr(progress._State, "publish", None)
-    progress._hook_keras()
+    progress.install_keras_hooks()
     x, y = data()
     model.fit(x, y, epochs=1, verbose=0)  # the hook passes straight through
     progress.report(step=1, total=1)

@@ -38,10 +38,31 @@ def test_timeline_records_phases_of_every_rank(hvd, tmp_path_factory):
     assert all(e["dur"] >= 0 and e["ts"] > 0 for e in events if e["ph"] == "X")
 
 
-def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
-    from hvd_notebook.runtime import mpi_backend
+def test_timeline_marks_cycles_when_asked(hvd, tmp_path_factory):
+    for mark_cycles in (False, True):
+        path = hvd.broadcast_object(str(tmp_path_factory.mktemp("cycles") / "trace.json"), root_rank=0)
+        hvd.start_timeline(path, mark_cycles=mark_cycles)
+        hvd.allreduce(np.ones(4), name="a")
+        hvd.barrier()
+        hvd.stop_timeline()
+        hvd.barrier()
+        if hvd.rank() != 0:
+            continue
+        events = json.loads(open(path).read())["traceEvents"]
+        cycles = [e for e in events if e["name"] == "CYCLE_START"]
+        if not mark_cycles:
+            assert cycles == []
+            continue
+        for r in range(hvd.size()):
+            mine = [e for e in cycles if e["pid"] == r]
+            assert len(mine) == 2 and all(e["ph"] == "i" for e in mine)  # the allreduce's round and the barrier's
+            assert mine[1]["args"]["collective"] == mine[0]["args"]["collective"] + 1
 
-    negotiator = mpi_backend.runtime().negotiator
+
+def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
+    from hvd_notebook.runtime import world
+
+    negotiator = world.current().negotiator
     monkeypatch.setattr(negotiator, "stall_check_s", 1.0)
     if hvd.rank() == 1:
         time.sleep(3.0)  # rank 1 is late: rank 0 waits alone
@@ -75,6 +96,7 @@ def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
 
 
 def hvd_negotiator():
-    from hvd_notebook.runtime import mpi_backend
+    from hvd_notebook.runtime import world
 
-    return mpi_backend.runtime().negotiator
+    return world.current().negotiator
+

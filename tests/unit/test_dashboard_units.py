@@ -6,8 +6,17 @@ import base64
 
 import pytest
 
-from hvd_notebook.dashboard import Board, Progress, TextView, dashboard, resolve_mode, static_bundle
-from hvd_notebook.progress import KEY_PREFIX, Throttle
+from hvd_notebook.dashboard import (
+    Dashboard,
+    ProgressModel,
+    ProgressUpdate,
+    TextView,
+    formatting,
+    resolve_mode,
+    static_bundle,
+)
+from hvd_notebook.dashboard.message import KEY_PREFIX
+from hvd_notebook.progress import Throttle
 
 
 class Clock:
@@ -18,11 +27,11 @@ class Clock:
         return self.now
 
 
-def update(rank: int, seq: int, run: str = "r", kind: str = "fit", **fields) -> dict:
+def update(rank: int, seq: int, run: str = "r", kind: str = "fit", **fields) -> ProgressUpdate:
     base = {"rank": rank, "seq": seq, "run": f"{rank}.{run}", "kind": kind, "state": "running", "epoch": 0,
             "epochs": 2, "step": 0, "steps": 100, "samples": 0, "elapsed": 0.0, "logs": {}, "epoch_logs": {}}
     base.update(fields)
-    return base
+    return ProgressUpdate.from_dict(base)
 
 
 def test_throttle_passes_at_most_ten_a_second_and_forced_events_always():
@@ -37,7 +46,7 @@ def test_throttle_passes_at_most_ten_a_second_and_forced_events_always():
 
 
 def test_rates_sum_over_ranks_over_the_recent_window():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     for t in range(0, 6):
         board.feed(update(0, t, step=t * 10, samples=t * 640, elapsed=float(t)))  # 640 samples/s
         board.feed(update(1, t, step=t * 5, samples=t * 320, elapsed=float(t)))  # 320 samples/s
@@ -46,7 +55,7 @@ def test_rates_sum_over_ranks_over_the_recent_window():
 
 
 def test_rate_falls_back_to_steps_when_samples_are_unknown():
-    board = Board([0])
+    board = ProgressModel([0])
     board.feed(update(0, 0, step=0, samples=None, elapsed=0.0))
     board.feed(update(0, 1, step=30, samples=None, elapsed=3.0))
     assert board.current.unit == "steps/s"
@@ -54,7 +63,7 @@ def test_rate_falls_back_to_steps_when_samples_are_unknown():
 
 
 def test_eta_follows_the_slowest_rank():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     board.feed(update(0, 0, epoch=1, step=0, elapsed=10.0))  # half of 2 x 100 steps in 10 s
     board.feed(update(1, 0, epoch=0, step=50, elapsed=10.0))  # a quarter in 10 s
     assert board.eta() == pytest.approx(30.0)
@@ -64,7 +73,7 @@ def test_eta_follows_the_slowest_rank():
 
 
 def test_straggler_is_a_rank_more_than_ten_percent_behind_the_median():
-    board = Board([0, 1, 2])
+    board = ProgressModel([0, 1, 2])
     board.feed(update(0, 0, step=100))
     board.feed(update(1, 0, step=95))
     board.feed(update(2, 0, step=80))
@@ -74,14 +83,14 @@ def test_straggler_is_a_rank_more_than_ten_percent_behind_the_median():
 
 
 def test_no_straggler_before_the_median_has_ten_steps():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     board.feed(update(0, 0, step=4))
     board.feed(update(1, 0, step=1))
     assert board.stragglers() == []
 
 
 def test_epoch_rows_average_the_ranks_once_every_rank_finished_the_epoch():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     e0 = {"loss": 1.0, "accuracy": 0.5, "time": 2.0, "samples": 1000}
     board.feed(update(0, 0, state="epoch_end", step=100, epoch_logs={0: e0}))
     assert board.epoch_rows() == []  # rank 1 has not finished epoch 1
@@ -93,7 +102,7 @@ def test_epoch_rows_average_the_ranks_once_every_rank_finished_the_epoch():
 
 
 def test_curves_per_rank_and_their_mean():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     board.feed(update(0, 0, step=10, logs={"loss": 2.0}))
     board.feed(update(0, 1, step=20, logs={"loss": 1.0}))
     board.feed(update(1, 0, step=15, logs={"loss": 4.0}))
@@ -103,7 +112,7 @@ def test_curves_per_rank_and_their_mean():
 
 
 def test_runs_of_a_cell_are_matched_across_ranks_by_order():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     board.feed(update(0, 0, run="a"))
     board.feed(update(0, 1, run="b", kind="evaluate"))
     board.feed(update(1, 0, run="x"))
@@ -112,16 +121,16 @@ def test_runs_of_a_cell_are_matched_across_ranks_by_order():
 
 
 def test_a_failed_rank_is_marked_with_its_error():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     board.feed(update(0, 0, step=10))
     board.fail(1, "ValueError: boom")
     assert board.current.ranks[1].state == "failed"
-    assert "failed on rank(s) [1]" in board.headline()
-    assert "FAILED: ValueError: boom" in board.rank_line(board.current.ranks[1])
+    assert "failed on rank(s) [1]" in formatting.headline(board)
+    assert "FAILED: ValueError: boom" in formatting.rank_line(board.current.ranks[1])
 
 
 def test_text_view_prints_one_line_per_epoch_with_the_figures():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     lines: list[str] = []
     view = TextView(board, lines.append)
     for rank in (0, 1):
@@ -143,21 +152,21 @@ def test_text_view_prints_one_line_per_epoch_with_the_figures():
 
 def test_progress_reads_each_ranks_ring_of_published_updates_once():
     lines: list[str] = []
-    progress = Progress("text", [0, 1], write=lines.append)
+    progress = Dashboard("text", [0, 1], write=lines.append)
     data = {0: {}, 1: {}}
     for seq in range(70):  # more than the ring holds: only the newest 64 stay
-        data[0][f"{KEY_PREFIX}{seq % 64}"] = update(0, seq, step=seq, steps=100)
+        data[0][f"{KEY_PREFIX}{seq % 64}"] = update(0, seq, step=seq, steps=100).to_dict()
     assert progress.poll(data)
-    assert progress.board.current.ranks[0].step == 69
+    assert progress.model.current.ranks[0].step == 69
     assert not progress.poll(data)  # nothing new
-    data[1][f"{KEY_PREFIX}0"] = update(1, 0, step=3)
-    assert progress.poll(data) and progress.board.current.ranks[1].step == 3
+    data[1][f"{KEY_PREFIX}0"] = update(1, 0, step=3).to_dict()
+    assert progress.poll(data) and progress.model.current.ranks[1].step == 3
     progress.finish()
-    assert not progress.poll({0: {f"{KEY_PREFIX}5": update(0, 500)}})  # frozen
+    assert not progress.poll({0: {f"{KEY_PREFIX}5": update(0, 500).to_dict()}})  # frozen
 
 
 def test_static_summary_has_bars_the_epoch_table_and_a_png_of_the_curves():
-    board = Board([0, 1])
+    board = ProgressModel([0, 1])
     for rank in (0, 1):
         board.feed(update(rank, 0, step=50, logs={"loss": 1.0, "accuracy": 0.5}))
         board.feed(update(rank, 1, state="done", epoch=1, step=100, logs={"loss": 0.5, "accuracy": 0.8},
@@ -183,6 +192,6 @@ def test_mode_resolution(monkeypatch):
 
 
 def test_formatting():
-    assert dashboard.fmt_duration(75) == "1:15" and dashboard.fmt_duration(3725) == "1:02:05"
-    assert dashboard.fmt_logs({"accuracy": 0.5, "val_loss": 2, "loss": 1, "time": 3}) == \
+    assert formatting.fmt_duration(75) == "1:15" and formatting.fmt_duration(3725) == "1:02:05"
+    assert formatting.fmt_logs({"accuracy": 0.5, "val_loss": 2, "loss": 1, "time": 3}) == \
         "loss 1 accuracy 0.5 val_loss 2"

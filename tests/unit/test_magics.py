@@ -77,7 +77,7 @@ def test_bad_cell_options(ip, run):
 
 
 def test_status_shows_gpu_memory_from_the_driver():
-    from hvd_notebook.cluster.cluster import parse_gpu_memory
+    from hvd_notebook.cluster.gpus import parse_gpu_memory
     from hvd_notebook.kernel.magics import format_status
 
     # the format nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits prints

@@ -1,0 +1,120 @@
+"""What a launch's output says: why it failed, which host broke, how each rank ended.
+
+Everything here reads text that ``mpiexec`` (MPICH's hydra or gforker, Open
+MPI) or ``srun`` printed, and writes the sentences the notebook user sees.
+"""
+
+from __future__ import annotations
+
+import re
+
+# MPICH's words when MPI_Init fails on a rank (MPI_Init_thread is what mpi4py calls)
+_MPI_INIT_FAILED = re.compile(r"Fatal error in (internal_Init_thread|P?MPI_Init)")
+
+# (pattern, sentence): the groups name the host and the cause
+_FAILURES = [
+    (r"ssh: connect to host (\S+) port \d+: (.+)", "host {0} is unreachable ({1})"),
+    (r"ssh: Could not resolve hostname (\S+?):? (.+)", "host {0} does not resolve ({1})"),
+    (r"\[proxy:[^@\]]*@([^\]]+)\][^\n]*unable to connect from \"[^\"]+\" to \"([^\"]+)\"",
+     "host {0} cannot reach the launcher on this machine at {1}: check firewalls, and --mpi-args \"-iface IF\""),
+    (r"\[proxy:[^@\]]*@([^\]]+)\][^\n]*execvp error on file (\S+) \(([^)]+)\)",
+     "host {0} cannot run {1} ({2}): every host needs the same Python environment at the same path"),
+    (r"Host key verification failed|Permission denied \(publickey",
+     "ssh to a host was refused: set up password-less ssh keys between the hosts"),
+    (r"srun: error: (.+)", "srun: {0}"),
+]
+
+# gforker's -exitinfo: "[0]1:Return code = 0, signaled with Kill" (world rank after the colon)
+_GFORKER_EXIT = re.compile(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?")
+# srun: "srun: error: node1: task 1: Exited with exit code 7" or "...: task 1: Killed"
+_SRUN_EXIT = re.compile(r"srun: error: \S+: task (\d+): (?:Exited with exit code (\d+)|(\w[\w ]*))")
+
+
+def diagnose_launch(output: str) -> list[str]:
+    """Sentences naming the host and the cause, read from what ``mpiexec`` or
+    ``srun`` printed when a launch failed (empty when nothing is recognised)."""
+    found: list[str] = []
+    for pattern, message in _FAILURES:
+        for m in re.finditer(pattern, output):
+            text = message.format(*(g.strip().rstrip(".") for g in m.groups()))
+            if text not in found:
+                found.append(text)
+    return found
+
+
+def names_a_host(causes: list[str]) -> bool:
+    """Does any of ``diagnose_launch``'s sentences say which host failed?"""
+    return any(c.startswith("host ") for c in causes)
+
+
+def telling_line(output: str) -> str:
+    """The line of a failed launch's output that says most: a missing file or
+    module, else an error, else the last line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    for needle in ("No such file or directory", "ModuleNotFoundError", "not found", "rror"):
+        for line in lines:
+            if needle in line:
+                return line
+    return lines[-1] if lines else "it printed nothing"
+
+
+def mpi_init_failed(output: str) -> bool:
+    """Did MPI_Init itself fail on a rank (as opposed to the launcher or our code)?"""
+    return bool(_MPI_INIT_FAILED.search(output))
+
+
+def tail(text: str, lines: int = 20) -> str:
+    """The last non-blank lines of a launcher's output, indented for a message."""
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return "\n".join("    " + line for line in kept) or "    (mpiexec printed nothing)"
+
+
+def exit_reports(output: str) -> dict[int, str]:
+    """How each rank ended, where the launcher said so (gforker's ``-exitinfo``,
+    srun's task errors): rank -> "exit code 7" or "signal Kill"."""
+    reports: dict[int, str] = {}
+    for line in output.splitlines():
+        m = _GFORKER_EXIT.match(line)
+        if m:
+            rank, code, sig = int(m.group(1)), int(m.group(2)), m.group(3)
+            reports[rank] = f"signal {sig}" if sig else f"exit code {code}"
+        m = _SRUN_EXIT.search(line)
+        if m:
+            reports.setdefault(int(m.group(1)), f"exit code {m.group(2)}" if m.group(2) else m.group(3).strip())
+    return reports
+
+
+def launcher_exited(launcher: str, code: object, n: int, connected: int, causes: list[str], command: str,
+                    output: str) -> str:
+    """The message for a launcher that exited before every engine connected."""
+    listed = "".join(f"\n  - {c}" for c in causes)
+    return (f"{launcher} exited (code {code}) before all {n} engines connected ({connected} did).{listed}\n"
+            f"Command: {command}\nLast lines of its output:\n{tail(output)}\n"
+            "Check --mpiexec and --mpi-args, and that this environment's mpi4py was built for that MPI.")
+
+
+def engines_late(n: int, connected: int, timeout: float, command: str, output: str) -> str:
+    """The message for engines that did not all connect within ``--timeout``."""
+    return (f"Only {connected} of {n} engines connected within --timeout {timeout:g} s. Command: {command}\n"
+            f"Last lines of mpiexec's output:\n{tail(output)}\n"
+            "Raise --timeout on a slow or busy machine, or check the MPI set-up.")
+
+
+def setup_late(timeout: float) -> str:
+    """The message for engines that connected but did not finish their bootstrap in time."""
+    return (f"The engines did not finish setting up (importing TensorFlow, initialising MPI) within "
+            f"--timeout {timeout:g} s. Raise --timeout.")
+
+
+def setup_failed(error: BaseException) -> str:
+    """The message for a bootstrap that raised on an engine (ipyparallel's CompositeError
+    has one entry per failed engine; the first is named)."""
+    ename, evalue, _tb, info = getattr(error, "elist", [(type(error).__name__, error, "", {})])[0]
+    return f"Setting up engine {info.get('engine_id', '?')} failed: {ename}: {evalue}"
+
+
+def not_one_world(n: int, sizes: list[int], mpiexec: str) -> str:
+    """The message for ranks that did not form one MPI world of ``n``."""
+    return (f"mpiexec started {n} processes but they did not form one MPI world of {n} ranks (they report "
+            f"sizes {sizes}). This happens when mpiexec ({mpiexec}) belongs to a different MPI than the one "
+            "mpi4py was built for; pass the matching --mpiexec.")

@@ -1,0 +1,12 @@
+"""The one error the cluster layer raises to the kernel side."""
+
+from __future__ import annotations
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started, or broke; the message says what to do.
+    ``mpi_init_failed``: MPI_Init itself failed before any engine connected."""
+
+    def __init__(self, message: str, mpi_init_failed: bool = False) -> None:
+        super().__init__(message)
+        self.mpi_init_failed = mpi_init_failed

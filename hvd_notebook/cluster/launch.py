@@ -1,0 +1,104 @@
+"""The ipyparallel side of a cluster: the controller and engine launchers, how
+they are configured, and what every rank's environment gets.
+
+Only ipyparallel's public launcher API is used: ``poll()`` for the exit of the
+engine launcher and ``get_output()`` once it has exited. (``on_stop`` callbacks
+run on the event loop that started the launcher, which ipyparallel's ``*_sync``
+methods close again outside a running loop, so they cannot be waited on.)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import config
+from .placement import Placement
+
+# an idle engine whose controller is gone exits by itself after this many missed
+# heartbeats (the controller pings every 3 s, the engine checks every 3.5 s)
+ENGINE_HEARTBEAT_MISSES = 7
+
+HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What every rank gets on top of the launching environment: glibc's malloc asks
+    for transparent huge pages (added to any ``GLIBC_TUNABLES`` already set), so that
+    TensorFlow's tensors and MPI's buffers sit on 2 MiB pages as numpy's large arrays
+    do. ``HVD_NOTEBOOK_HUGEPAGES=0`` leaves malloc alone; a ``glibc.malloc.hugetlb``
+    already set wins."""
+    environ = dict(os.environ) if environ is None else environ
+    tunables = environ.get("GLIBC_TUNABLES", "")
+    if not config.HUGEPAGES.flag(environ) or "glibc.malloc.hugetlb" in tunables:
+        return {}
+    return {"GLIBC_TUNABLES": f"{tunables}:{HUGEPAGES_TUNABLE}" if tunables else HUGEPAGES_TUNABLE}
+
+
+def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n: int, controller_ip: str) -> Any:
+    """An ipyparallel ``Cluster`` (not started) whose engines are one world of the placement's launcher."""
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    options = placement.options
+    cfg = Config()
+    cfg.MPILauncher.mpi_cmd = [placement.command]
+    cfg.MPILauncher.mpi_args = placement.launcher_args()
+    user_env = dict(options.env)
+    environ = {**os.environ, **user_env}
+    cfg.MPIEngineSetLauncher.environment = {**placement.rank_env(environ), **rank_environment(environ), **user_env}
+    cfg.MPIEngineSetLauncher.engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
+    beyond_loopback = controller_ip != "127.0.0.1"
+    return ipp.Cluster(
+        engines="mpi",
+        n=n,
+        cluster_id=cluster_id,
+        profile_dir=str(profile_dir),
+        shutdown_atexit=False,  # the session's own atexit stops it, leftovers included
+        log_level=logging.ERROR,
+        # one host: nothing of the controller listens beyond loopback; several: CurveZMQ always
+        controller_ip=controller_ip,
+        controller_args=["--IPController.enable_curve=True"] if options.secure or beyond_loopback else [],
+        config=cfg,
+    )
+
+
+class EngineWorld:
+    """The launcher process (``mpiexec`` or ``srun``) of one world of engines."""
+
+    def __init__(self, launcher: Any) -> None:
+        self._launcher = launcher
+
+    @property
+    def pid(self) -> int:
+        """The launcher's own process."""
+        return self._launcher.pid
+
+    @property
+    def command(self) -> str:
+        """The launcher's command line, as a shell would read it."""
+        return shlex.join(self._launcher.args)
+
+    def exit_code(self) -> Any:
+        """None while the launcher runs, else its exit code (ipyparallel says "unknown"
+        where it could not be read)."""
+        return self._launcher.poll()
+
+    def output(self) -> str:
+        """What the launcher and the engines have written so far."""
+        if not self._launcher.running:  # ipyparallel has read the log and removed it
+            return self._launcher.get_output()
+        try:
+            return Path(self._launcher.output_file).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float) -> None:
+        """Give the launcher up to ``timeout`` seconds to exit."""
+        deadline = time.monotonic() + timeout
+        while self.exit_code() is None and time.monotonic() < deadline:
+            time.sleep(0.05)

@@ -1,0 +1,98 @@
+"""The PID registry: every process of a cluster, and how they are killed.
+
+A PID alone is not a process: once it has exited, the operating system may
+give its PID to an unrelated process. Every process is therefore remembered
+with its creation time, and only a process whose PID and creation time both
+match is ever signalled.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable
+
+import psutil
+
+from .workdir import Record, WorkDir
+
+
+def same_process(record: Record) -> psutil.Process | None:
+    """The process ``record`` names, if it still exists and is that process."""
+    pid, created = record
+    try:
+        proc = psutil.Process(pid)
+        return proc if abs(proc.create_time() - created) < 0.01 else None
+    except psutil.Error:
+        return None
+
+
+def is_alive(record: Record) -> bool:
+    """Is the recorded process still there, and not a zombie?"""
+    proc = same_process(record)
+    try:
+        return proc is not None and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def live_processes(records: Iterable[Record]) -> list[psutil.Process]:
+    """Those of ``records`` that are still the processes recorded."""
+    return [p for p in map(same_process, records) if p is not None]
+
+
+def kill_all(processes: Iterable[psutil.Process | int], grace: float, wait: float | None = None) -> None:
+    """SIGTERM every process, SIGKILL those still there after ``grace`` seconds,
+    then wait up to ``wait`` seconds (default ``grace``) for them to be gone."""
+    procs = []
+    for p in processes:
+        try:
+            procs.append(p if isinstance(p, psutil.Process) else psutil.Process(p))
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace if wait is None else wait)
+
+
+class PidRegistry:
+    """The processes of one cluster, written to its PID file for the reaper."""
+
+    def __init__(self) -> None:
+        self._pids: set[int] = set()
+        self.workdir: WorkDir | None = None
+
+    def add(self, *pids: int) -> None:
+        """Remember these processes, and their descendants."""
+        self._pids.update(pids)
+        self.remember_descendants()
+
+    def remember_descendants(self) -> set[int]:
+        """Add the children of every known process, tell the reaper, and return them all."""
+        for pid in list(self._pids):
+            try:
+                self._pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+        if self.workdir is not None:
+            records = []
+            for pid in sorted(self._pids):
+                try:
+                    records.append((pid, psutil.Process(pid).create_time()))
+                except psutil.NoSuchProcess:
+                    pass
+            self.workdir.write_pids(records)
+        return set(self._pids)
+
+    def clear(self) -> None:
+        """Forget everything (the cluster has stopped)."""
+        self._pids.clear()
+        self.workdir = None

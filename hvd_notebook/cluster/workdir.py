@@ -1,0 +1,117 @@
+"""The on-disk format of a cluster's directory, read and written only here.
+
+Each running cluster has a folder ``$TMPDIR/hvd_notebook-$USER/CLUSTER_ID/``
+(readable by its owner only) holding:
+
+- ``owner``: ``"pid create_time"`` of the kernel that started the cluster;
+- ``pids``: one ``"pid create_time"`` line per process of the cluster, so that a
+  PID reused by an unrelated process is never mistaken for one of ours;
+- ``profile/``: ipyparallel's profile directory (connection files, logs).
+
+The cluster writes it, the reaper and ``hvd-notebook list/clean`` read it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+OWNER_FILE = "owner"
+PID_FILE = "pids"
+PROFILE_DIR = "profile"
+
+Record = tuple[int, float]  # (pid, create_time): one process, whatever later reuses its PID
+
+
+def clusters_dir() -> Path:
+    """Per-user folder holding each running cluster's directory."""
+    base = Path(tempfile.gettempdir()) / f"hvd_notebook-{getpass.getuser()}"
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return base
+
+
+def new_cluster_id() -> str:
+    """A name for a new cluster, unique among this user's clusters."""
+    return f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+
+
+def format_record(record: Record) -> str:
+    """A record as a line of the owner or PID file."""
+    return f"{record[0]} {record[1]}"
+
+
+def parse_record(line: str) -> Record | None:
+    """``"pid create_time"`` as a record; None for a line that is not one."""
+    try:
+        pid, created = line.split()
+        return int(pid), float(created)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    """One cluster's directory."""
+
+    path: Path
+
+    @classmethod
+    def create(cls, cluster_id: str) -> WorkDir:
+        """Make the directory (owner only) and record this process as the owning kernel."""
+        path = clusters_dir() / cluster_id
+        path.mkdir(mode=0o700)
+        workdir = cls(path)
+        me = psutil.Process()
+        workdir._write(OWNER_FILE, format_record((me.pid, me.create_time())))
+        return workdir
+
+    @property
+    def profile(self) -> Path:
+        """ipyparallel's profile directory of this cluster."""
+        return self.path / PROFILE_DIR
+
+    def owner(self) -> Record | None:
+        """The kernel that started the cluster, as recorded."""
+        try:
+            return parse_record((self.path / OWNER_FILE).read_text())
+        except OSError:
+            return None
+
+    def write_pids(self, records: list[Record]) -> None:
+        """Replace the PID file at once (the reaper may read it at any moment)."""
+        self._write(PID_FILE, "\n".join(format_record(r) for r in records))
+
+    def read_pids(self) -> list[Record]:
+        """The processes the PID file lists (whether or not they still run)."""
+        try:
+            lines = (self.path / PID_FILE).read_text().split("\n")
+        except OSError:
+            return []
+        return [r for r in map(parse_record, lines) if r is not None]
+
+    def make_private(self) -> None:
+        """The profile (its connection files hold the key that signs every message): owner only."""
+        for path in self.profile.rglob("*"):
+            path.chmod(0o700 if path.is_dir() else 0o600)
+
+    def remove(self) -> None:
+        """Remove the directory and everything in it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def _write(self, name: str, text: str) -> None:
+        tmp = self.path / f"{name}.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.path / name)
+
+
+def find_workdirs(base: Path | None = None) -> list[WorkDir]:
+    """Every cluster directory of this user, by name."""
+    base = base or clusters_dir()
+    return [WorkDir(p) for p in sorted(base.iterdir()) if p.is_dir()]

@@ -1,0 +1,62 @@
+"""How figures read on the dashboard: durations, rates, metric lists, the
+headline of a run and the line of one rank. Shared by every view."""
+
+from __future__ import annotations
+
+from .message import RankState
+from .model import ProgressModel, RankProgress, Run
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """``1:15`` or ``1:02:05``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def fmt_rate(rate: float | None) -> str:
+    """``6,400`` for large rates, three significant digits for small ones."""
+    if rate is None:
+        return "-"
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def fmt_logs(logs: dict[str, float], skip: tuple[str, ...] = ("time", "samples")) -> str:
+    """``loss 0.41 accuracy 0.88``: loss first, then the other metrics, validation last."""
+    names = sorted((k for k in logs if k not in skip), key=lambda k: (k.startswith("val_"), "loss" not in k))
+    return " ".join(f"{k} {logs[k]:.4g}" for k in names)
+
+
+def headline(model: ProgressModel, run: Run | None = None) -> str:
+    """One line: the run, its epoch, the global rate, elapsed and ETA."""
+    run = run or model.current
+    if run is None:
+        return "waiting for the ranks' progress"
+    any_rank = next(iter(run.ranks.values()))
+    parts = [run.kind.value]
+    if run.kind.has_curves and (any_rank.epochs or 1) > 1:
+        parts.append(f"epoch {min(any_rank.epoch + 1, any_rank.epochs or 1)}/{any_rank.epochs}")
+    parts.append(f"{fmt_rate(model.rate(run))} {run.unit} over {len(run.ranks)} rank(s)")
+    parts.append(f"elapsed {fmt_duration(model.elapsed())}")
+    if model.run_done(run):
+        parts.append("done")
+    elif model.failed:
+        parts.append(f"failed on rank(s) {sorted(model.failed)}")
+    else:
+        parts.append(f"ETA {fmt_duration(model.eta(run))}")
+    return " | ".join(parts)
+
+
+def rank_line(rank_progress: RankProgress) -> str:
+    """One rank's epoch, step, and metrics (or its error)."""
+    parts = []
+    if (rank_progress.epochs or 1) > 1:
+        parts.append(f"epoch {min(rank_progress.epoch + 1, rank_progress.epochs or 1)}/{rank_progress.epochs}")
+    parts.append(f"step {rank_progress.step}/{rank_progress.steps if rank_progress.steps is not None else '?'}")
+    if rank_progress.state == RankState.FAILED:
+        parts.append(f"FAILED: {rank_progress.error}")
+    else:
+        parts.append(fmt_logs(rank_progress.logs))
+    return "  ".join(p for p in parts if p)

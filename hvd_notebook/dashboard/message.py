@@ -1,0 +1,97 @@
+"""The progress update a rank publishes and the notebook's dashboard reads,
+defined once for both sides.
+
+Each rank publishes ``ProgressUpdate.to_dict()`` on its engine's IOPub channel
+under one of ``RING`` rotating keys ``KEY_PREFIX + str(seq % RING)``; the kernel
+reads the ones it has not seen (by ``seq``) with ``ProgressUpdate.from_dict``.
+Plain dicts travel, so the kernel needs nothing of the engine to read them.
+
+This module imports no display library: the engines import it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KEY_PREFIX = "hvd_progress."
+RING = 64  # rotating keys per rank: the kernel polls often enough that none is overwritten unread
+
+
+class RunKind(enum.StrEnum):
+    """What a run is: a Keras call, or a custom loop that calls ``progress.report``."""
+
+    FIT = "fit"
+    EVALUATE = "evaluate"
+    PREDICT = "predict"
+    CUSTOM = "custom"
+
+    @property
+    def has_curves(self) -> bool:
+        """Training runs draw metric curves over steps; evaluate/predict have one result."""
+        return self in (RunKind.FIT, RunKind.CUSTOM)
+
+
+class RankState(enum.StrEnum):
+    """Where one rank is in a run."""
+
+    RUNNING = "running"
+    EPOCH_END = "epoch_end"
+    DONE = "done"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RankState.DONE, RankState.FAILED)
+
+
+@dataclass
+class ProgressUpdate:
+    """One rank's state in one run, as published.
+
+    >>> ProgressUpdate.from_dict(ProgressUpdate("123.0", RunKind.FIT, step=5).to_dict()).step
+    5
+    """
+
+    run: str  # unique per rank and run: "<pid>.<counter>"
+    kind: RunKind
+    state: RankState = RankState.RUNNING
+    epoch: int = 0  # 0-based, counted from fit's initial_epoch
+    epochs: int | None = 1
+    step: int = 0  # completed steps of the current epoch
+    steps: int | None = None  # steps per epoch, where known
+    samples: int | None = None  # this rank's samples so far, where known
+    elapsed: float = 0.0
+    logs: dict[str, float] = field(default_factory=dict)
+    epoch_logs: dict[int, dict[str, float]] = field(default_factory=dict)  # the last few epochs' end logs
+    rank: int = 0
+    seq: int = 0  # per rank, increasing
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, as IOPub serializes them."""
+        data = asdict(self)
+        data["kind"], data["state"] = self.kind.value, self.state.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProgressUpdate:
+        """An update read back; missing fields take their defaults."""
+        return cls(
+            run=str(data["run"]), kind=RunKind(data.get("kind", RunKind.FIT)),
+            state=RankState(data.get("state", RankState.RUNNING)),
+            epoch=int(data.get("epoch", 0)), epochs=data.get("epochs", 1), step=int(data.get("step", 0)),
+            steps=data.get("steps"), samples=data.get("samples"), elapsed=float(data.get("elapsed", 0.0)),
+            logs={str(k): float(v) for k, v in (data.get("logs") or {}).items()},
+            epoch_logs={int(e): dict(logs) for e, logs in (data.get("epoch_logs") or {}).items()},
+            rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)),
+        )
+
+    @staticmethod
+    def is_key(key: str) -> bool:
+        """Whether a published data key holds a progress update."""
+        return key.startswith(KEY_PREFIX)
+
+    @staticmethod
+    def key(seq: int) -> str:
+        return f"{KEY_PREFIX}{seq % RING}"

@@ -1,0 +1,241 @@
+"""What the dashboard shows, computed from the ranks' updates: each rank's
+progress, global samples/s, elapsed time and ETA, stragglers, curves of every
+metric over steps, and one summary row per epoch. Plain Python, no display."""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .message import ProgressUpdate, RankState, RunKind
+
+STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler
+STRAGGLER_MIN_STEPS = 10  # ... once the median has done this many
+RATE_WINDOW_S = 2.0  # samples/s over about the last two seconds
+MAX_POINTS = 2000  # per curve; older points are thinned beyond this
+_TIMING = ("time", "samples")  # epoch-log entries that are not metrics
+
+
+@dataclass
+class RankProgress:
+    """One rank's latest state in one run."""
+
+    rank: int
+    state: RankState = RankState.RUNNING
+    epoch: int = 0
+    epochs: int | None = 1
+    step: int = 0
+    steps: int | None = None
+    samples: int | None = None
+    elapsed: float = 0.0
+    logs: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed, samples or steps)
+    points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (step, value)
+
+    @property
+    def done_steps(self) -> int:
+        return self.epoch * (self.steps or 0) + self.step
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.epochs * self.steps if self.epochs and self.steps else None
+
+    @property
+    def fraction(self) -> float | None:
+        total = self.total_steps
+        if self.state == RankState.DONE:
+            return 1.0
+        return min(1.0, self.done_steps / total) if total else None
+
+    def rate(self) -> float | None:
+        """Samples (or steps, where samples are unknown) per second, recently."""
+        if not self.history or self.elapsed <= 0:
+            return None
+        t1, v1 = self.history[-1]
+        if self.state == RankState.RUNNING:
+            for t0, v0 in reversed(self.history):
+                if t1 - t0 >= RATE_WINDOW_S:
+                    return (v1 - v0) / (t1 - t0)
+        return v1 / t1 if t1 > 0 else None
+
+    def apply(self, update: ProgressUpdate) -> None:
+        """Take an update's figures and extend the rate history and the curves."""
+        for name in ("state", "epoch", "epochs", "step", "steps", "samples", "elapsed"):
+            setattr(self, name, getattr(update, name))
+        self.logs = dict(update.logs)
+        self.history.append((self.elapsed, float(self.samples if self.samples is not None else self.done_steps)))
+        if len(self.history) > 4 * MAX_POINTS:
+            del self.history[: len(self.history) // 2]
+        if update.kind.has_curves:
+            for name, value in self.logs.items():
+                if not name.startswith("val_"):  # validation metrics exist per epoch only: in the epoch rows
+                    self._add_point(name, value)
+
+    def _add_point(self, metric: str, value: float) -> None:
+        points = self.points.setdefault(metric, [])
+        x = self.done_steps
+        if points and points[-1][0] == x:
+            points[-1] = (x, value)
+        else:
+            points.append((x, value))
+        if len(points) > MAX_POINTS:
+            del points[1::2]
+
+
+@dataclass
+class Run:
+    """One fit/evaluate/predict call (or custom loop) on every rank."""
+
+    kind: RunKind
+    ranks: dict[int, RankProgress] = field(default_factory=dict)
+    epoch_logs: dict[int, dict[int, dict[str, float]]] = field(default_factory=dict)  # epoch -> rank -> logs
+
+    @property
+    def unit(self) -> str:
+        return "samples/s" if any(p.samples is not None for p in self.ranks.values()) else "steps/s"
+
+    def mean_logs(self) -> dict[str, float]:
+        """Each metric's latest value, averaged over the ranks that have it."""
+        names = list(dict.fromkeys(name for p in self.ranks.values() for name in p.logs))
+        return {name: statistics.fmean(p.logs[name] for p in self.ranks.values() if name in p.logs)
+                for name in names}
+
+
+class ProgressModel:
+    """Every rank's progress in a cell, from the updates the ranks publish."""
+
+    def __init__(self, ranks: list[int], clock: Callable[[], float] = time.monotonic) -> None:
+        self.rank_ids = list(ranks)
+        self.clock = clock
+        self.start = clock()
+        self.runs: list[Run] = []
+        self._run_of: dict[tuple[int, str], int] = {}  # (rank, run id) -> index in runs
+        self._runs_per_rank: dict[int, int] = {}
+        self.failed: dict[int, str] = {}
+        self.finished_at: float | None = None
+
+    # -- input
+    def feed(self, update: ProgressUpdate) -> None:
+        """Take one rank's update; the k-th run of each rank is the same fit/evaluate/predict call."""
+        rank = update.rank
+        index = self._run_of.get((rank, update.run))
+        if index is None:
+            index = self._run_of[(rank, update.run)] = self._runs_per_rank.get(rank, 0)
+            self._runs_per_rank[rank] = index + 1
+            while len(self.runs) <= index:
+                self.runs.append(Run(kind=update.kind))
+        run = self.runs[index]
+        rank_progress = run.ranks.setdefault(rank, RankProgress(rank))
+        rank_progress.apply(update)
+        for epoch, logs in update.epoch_logs.items():
+            run.epoch_logs.setdefault(epoch, {})[rank] = dict(logs)
+        if rank in self.failed:
+            rank_progress.state, rank_progress.error = RankState.FAILED, self.failed[rank]
+
+    def fail(self, rank: int, message: str) -> None:
+        """A rank's cell failed: its bars turn red and show the error's first line."""
+        self.failed[rank] = message
+        for run in self.runs[-1:]:
+            rank_progress = run.ranks.setdefault(rank, RankProgress(rank))
+            rank_progress.state, rank_progress.error = RankState.FAILED, message
+
+    def finish(self) -> None:
+        self.finished_at = self.clock()
+
+    # -- what the views show
+    @property
+    def current(self) -> Run | None:
+        return self.runs[-1] if self.runs else None
+
+    @property
+    def curve_run(self) -> Run | None:
+        """The latest run with curves (a fit or a custom loop; evaluate/predict have none)."""
+        return next((run for run in reversed(self.runs) if run.kind.has_curves), None)
+
+    def run_done(self, run: Run) -> bool:
+        """Every rank of the cell has finished this run."""
+        return len(run.ranks) >= len(self.rank_ids) and all(p.state == RankState.DONE for p in run.ranks.values())
+
+    def elapsed(self) -> float:
+        return (self.finished_at or self.clock()) - self.start
+
+    def rate(self, run: Run | None = None) -> float | None:
+        """Samples/s (or steps/s) summed over the ranks."""
+        run = run or self.current
+        rates = [r for r in (p.rate() for p in run.ranks.values()) if r is not None] if run else []
+        return sum(rates) if rates else None
+
+    def eta(self, run: Run | None = None) -> float | None:
+        """Seconds until the slowest rank finishes this run, from its own pace."""
+        run = run or self.current
+        if run is None:
+            return None
+        etas = []
+        for rank_progress in run.ranks.values():
+            if rank_progress.state.finished:
+                continue
+            fraction = rank_progress.fraction
+            if not fraction:
+                return None
+            etas.append(rank_progress.elapsed * (1 - fraction) / fraction)
+        return max(etas) if etas else 0.0
+
+    def stragglers(self, run: Run | None = None) -> list[int]:
+        """Ranks more than 10 % behind the median rank's steps."""
+        run = run or self.current
+        if run is None or len(run.ranks) < 2:
+            return []
+        done = {r: p.done_steps for r, p in run.ranks.items() if p.state != RankState.FAILED}
+        if not done:
+            return []
+        median = statistics.median(done.values())
+        if median < STRAGGLER_MIN_STEPS:
+            return []
+        return sorted(r for r, d in done.items() if median - d > STRAGGLER_BEHIND * median)
+
+    def epoch_rows(self, run: Run | None = None) -> list[dict[str, float]]:
+        """One row per epoch that every rank of the run has finished: the mean
+        of each metric over ranks, the slowest rank's time and the summed rate."""
+        run = run or self.current
+        rows = []
+        for epoch in sorted(run.epoch_logs if run else ()):
+            per_rank = run.epoch_logs[epoch]
+            if not per_rank or len(per_rank) < max(len(run.ranks), len(self.rank_ids)):
+                continue
+            row: dict[str, float] = {"epoch": epoch + 1}
+            row["time"] = max(logs.get("time", 0.0) for logs in per_rank.values())
+            samples = [logs.get("samples") for logs in per_rank.values()]
+            if all(s is not None for s in samples) and row["time"] > 0:
+                row["samples/s"] = sum(samples) / row["time"]  # type: ignore[arg-type]
+            for name in (k for k in next(iter(per_rank.values())) if k not in _TIMING):
+                row[name] = statistics.fmean(logs[name] for logs in per_rank.values() if name in logs)
+            rows.append(row)
+        return rows
+
+    def metrics(self, run: Run | None = None) -> list[str]:
+        """The metrics with curves, loss first (of the latest curve run by default)."""
+        run = run or self.curve_run
+        names = dict.fromkeys(name for p in (run.ranks.values() if run else ()) for name in p.points)
+        return sorted(names, key=lambda n: (n != "loss", n))
+
+    def curve(self, metric: str, run: Run | None = None) -> tuple[dict[int, tuple[list[int], list[float]]],
+                                                                 tuple[list[int], list[float]]]:
+        """Each rank's (steps, values) of ``metric``, and their mean over ranks at
+        every step where each rank has a value at or before it."""
+        run = run or self.curve_run
+        per_rank: dict[int, tuple[list[int], list[float]]] = {}
+        for r, rank_progress in sorted((run.ranks if run else {}).items()):
+            points = rank_progress.points.get(metric, [])
+            if points:
+                per_rank[r] = ([p[0] for p in points], [p[1] for p in points])
+        if not per_rank:
+            return {}, ([], [])
+        start = max(xs[0] for xs, _ in per_rank.values())
+        grid = sorted({x for xs, _ in per_rank.values() for x in xs if x >= start})
+        mean_y = [statistics.fmean(ys[max(0, bisect.bisect_right(xs, x) - 1)] for xs, ys in per_rank.values())
+                  for x in grid]
+        return per_rank, (grid, mean_y)

@@ -1,0 +1,101 @@
+"""The frozen dashboard that stays in the saved notebook once a cell ends:
+bars, the epoch table (HTML) and the curves (a PNG), with a text version."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+from .formatting import headline, rank_line
+from .message import RankState
+from .model import ProgressModel
+
+_COLOURS = {RankState.FAILED: "#d9534f", RankState.DONE: "#5cb85c"}
+_RUNNING_COLOUR = "#f0ad4e"
+
+
+def epoch_table_html(model: ProgressModel) -> str:
+    """A table per run: a row per epoch of fit, one row for evaluate/predict."""
+    parts = []
+    for run in model.runs:
+        rows = model.epoch_rows(run)
+        if not run.kind.has_curves and model.run_done(run):
+            rows = [dict(run.mean_logs(), **{run.unit: model.rate(run) or 0.0})]
+        if not rows:
+            continue
+        cols = list(dict.fromkeys(k for row in rows for k in row))
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{_table_cell(row.get(c))}</td>" for c in cols) + "</tr>" for row in rows
+        )
+        parts.append(f"<div><b>{html.escape(run.kind)}</b> (mean over ranks)"
+                     f"<table class='hvd-epochs'><tr>{head}</tr>{body}</table></div>")
+    return "".join(parts)
+
+
+def _table_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def curves_png(model: ProgressModel) -> bytes | None:
+    """The curves of every metric (mean over ranks, each rank faint) as a PNG;
+    None without curves or without matplotlib."""
+    metrics = model.metrics()
+    if not metrics:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(3.6 * len(metrics), 2.6), dpi=100)
+    for i, metric in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), i + 1)
+        per_rank, (mean_x, mean_y) = model.curve(metric)
+        for rank, (xs, ys) in per_rank.items():
+            ax.plot(xs, ys, linewidth=0.8, alpha=0.4, label=f"rank {rank}")
+        ax.plot(mean_x, mean_y, linewidth=2, color="#1f77b4", label="mean")
+        ax.set_title(metric)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def static_bundle(model: ProgressModel) -> dict[str, str]:
+    """The frozen dashboard as a display bundle: HTML (with the PNG inline) and text."""
+    rows = []
+    run = model.current
+    for rank in model.rank_ids:
+        rank_progress = run.ranks.get(rank) if run else None
+        if rank_progress is None:
+            continue
+        colour = _COLOURS.get(rank_progress.state, _RUNNING_COLOUR)
+        percent = round(100 * (rank_progress.fraction or 0.0))
+        bar = (f"<div class='hvd-static-bar' data-percent='{percent}' style='width:160px;height:10px;"
+               f"background:#eee;display:inline-block'><div style='width:{percent}%;height:10px;"
+               f"background:{colour}'></div></div> {percent}%")
+        rows.append(f"<tr><td>rank {rank}</td><td>{bar}</td><td style='color:{colour}'>"
+                    f"{html.escape(rank_progress.state)}</td><td style='font-family:monospace'>"
+                    f"{html.escape(rank_line(rank_progress))}</td></tr>")
+    png = curves_png(model)
+    img = (f"<img alt='hvd curves' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
+           if png else "")
+    text = "\n".join([headline(model)] + [f"rank {r}: {rank_line(p)}" for r, p in
+                                          sorted((run.ranks if run else {}).items())])
+    body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>"
+            f"<table>{''.join(rows)}</table>{img}{epoch_table_html(model)}</div>")
+    bundle = {"text/html": body, "text/plain": text}
+    if png:
+        bundle["image/png"] = base64.b64encode(png).decode()
+    return bundle

@@ -1,0 +1,136 @@
+"""The live widget view (ipywidgets 8 and bqplot): a bar per rank, the headline,
+metric curves and the epoch table, updated while the cell runs; when the cell
+ends it is replaced by the static summary, which stays in the saved notebook.
+
+It is the text view with other drawing: only ``show``, ``render`` and
+``finish`` differ. The widget libraries are imported when a view is made.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any
+
+from .formatting import headline, rank_line
+from .message import RankState
+from .model import ProgressModel, RankProgress
+from .summary import epoch_table_html, static_bundle
+from .text import TextView
+
+
+class WidgetView(TextView):
+    """The live dashboard: bars per rank, headline, curves (bqplot), epoch table.
+    Raises ImportError where ipywidgets or bqplot are missing."""
+
+    def __init__(self, model: ProgressModel, display: Callable[..., Any] | None = None) -> None:
+        import bqplot
+        import ipywidgets
+
+        super().__init__(model)
+        self._widgets, self._bqplot = ipywidgets, bqplot
+        self._display = display
+        self.handle: Any = None
+        self.headline = ipywidgets.HTML(value=self._headline_html())
+        self.bars: dict[int, tuple[Any, Any]] = {}  # rank -> (progress bar, its text)
+        self.rows = ipywidgets.VBox()
+        self.each_rank = ipywidgets.Checkbox(value=False, description="each rank's curve", indent=False)
+        self.each_rank.observe(lambda change: self._show_ranks(change["new"]), names="value")
+        self.figures: dict[str, tuple[Any, Any, dict[int, Any]]] = {}  # metric -> (figure, mean line, rank lines)
+        self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
+        self.table = ipywidgets.HTML()
+        self.widget = ipywidgets.VBox([self.headline, self.rows, self.plots, self.each_rank, self.table],
+                                      layout=ipywidgets.Layout(border="1px solid #ddd", padding="6px"))
+        self.widget.add_class("hvd-dashboard")
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        self.handle = (self._display or display)(self.widget, display_id=True)
+
+    def render(self) -> None:
+        run = self.model.current
+        if run is None:
+            return
+        self.headline.value = self._headline_html()
+        stragglers = set(self.model.stragglers())
+        for rank in self.model.rank_ids:
+            rank_progress = run.ranks.get(rank)
+            bar, text = self._bar(rank)
+            if rank_progress is not None:
+                self._draw_bar(bar, text, rank_progress, rank in stragglers)
+        for metric in self.model.metrics():
+            self._draw_curve(metric)
+        self.table.value = epoch_table_html(self.model)
+
+    def finish(self) -> None:
+        """Freeze: replace the live widgets with a static summary (HTML + PNG)."""
+        self.render()
+        if self.handle is not None:
+            self.handle.update(static_bundle(self.model), raw=True)
+
+    # -- pieces
+    def _headline_html(self) -> str:
+        return f"<b>hvd</b> {html.escape(headline(self.model))}"
+
+    def _bar(self, rank: int) -> tuple[Any, Any]:
+        if rank not in self.bars:
+            widgets = self._widgets
+            bar = widgets.IntProgress(value=0, min=0, max=1, description=f"rank {rank}",
+                                      layout=widgets.Layout(width="340px"))
+            bar.add_class("hvd-rank-bar")
+            self.bars[rank] = (bar, widgets.HTML(value=""))
+            self.rows.children = [widgets.HBox([b, t]) for b, t in (self.bars[r] for r in sorted(self.bars))]
+        return self.bars[rank]
+
+    def _draw_bar(self, bar: Any, text: Any, rank_progress: RankProgress, straggler: bool) -> None:
+        total = rank_progress.total_steps or max(rank_progress.done_steps, 1)
+        bar.max = max(total, 1)
+        done = rank_progress.state == RankState.DONE
+        bar.value = min(total if done else rank_progress.done_steps, bar.max)
+        label = ""
+        if rank_progress.state == RankState.FAILED:
+            bar.bar_style = "danger"
+        elif done:
+            bar.bar_style = "success"
+        elif straggler:
+            bar.bar_style, label = "warning", "straggler"
+        else:
+            bar.bar_style = ""
+        line = html.escape(rank_line(rank_progress))
+        if label:
+            line = f"<b>{html.escape(label)}</b> " + line
+        text.value = f"<span style='font-family:monospace'>{line}</span>"
+
+    def _figure(self, metric: str) -> tuple[Any, Any, dict[int, Any]]:
+        if metric not in self.figures:
+            bq = self._bqplot
+            x, y = bq.LinearScale(), bq.LinearScale()
+            mean = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, stroke_width=2.5, colors=["#1f77b4"],
+                            labels=["mean"])
+            fig = bq.Figure(marks=[mean], axes=[bq.Axis(scale=x, label="step", side="bottom"),
+                                                bq.Axis(scale=y, side="left", tick_format=".3g")],
+                            title=metric, fig_margin={"top": 40, "bottom": 40, "left": 55, "right": 15},
+                            layout=self._widgets.Layout(width="360px", height="240px"))
+            fig.add_class("hvd-curve")
+            self.figures[metric] = (fig, mean, {})
+            self.plots.children = [f for f, _, _ in self.figures.values()]
+        return self.figures[metric]
+
+    def _draw_curve(self, metric: str) -> None:
+        per_rank, (mean_x, mean_y) = self.model.curve(metric)
+        fig, mean, lines = self._figure(metric)
+        with fig.hold_sync():
+            mean.x, mean.y = mean_x, mean_y
+            for rank, (xs, ys) in per_rank.items():
+                if rank not in lines:
+                    lines[rank] = self._bqplot.Lines(x=[], y=[], scales=mean.scales, stroke_width=1,
+                                                     opacities=[0.5], visible=self.each_rank.value,
+                                                     labels=[f"rank {rank}"])
+                    fig.marks = [mean] + [lines[r] for r in sorted(lines)]
+                lines[rank].x, lines[rank].y = xs, ys
+
+    def _show_ranks(self, visible: bool) -> None:
+        for _, _, lines in self.figures.values():
+            for line in lines.values():
+                line.visible = visible

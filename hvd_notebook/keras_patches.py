@@ -1,0 +1,113 @@
+"""Every global change hvd_notebook makes to Keras, in one place, with ``undo``.
+
+Two patches, each applied at most once per process:
+
+- ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
+  ``ProgressCallback`` (``patch_progress``, from ``engine.progress``);
+- ``compile`` switches XLA off where ``jit_compile="auto"`` would compile a
+  ``DistributedOptimizer``'s host-side reduction (``patch_compile``, from the
+  runtime's ``DistributedOptimizer``).
+
+``patched()`` lists what is patched now; ``undo()`` puts the originals back.
+This module imports nothing of the package and imports Keras only when a patch
+is applied.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One replaced attribute: where, and what was there before."""
+
+    owner: type
+    name: str
+    original: Any  # the owner's own attribute, or _MISSING where it inherited one
+
+    def __str__(self) -> str:
+        return f"{self.owner.__module__}.{self.owner.__qualname__}.{self.name}"
+
+
+_applied: list[Patch] = []
+
+
+def patch(owner: type, name: str, wrap: Wrapper) -> bool:
+    """Replace ``owner.name`` with ``wrap(owner.name)``, once; False when it already is.
+
+    >>> patch(keras.Model, "fit", with_progress)
+    True
+    """
+    if any(p.owner is owner and p.name == name for p in _applied):
+        return False
+    current = getattr(owner, name)
+    _applied.append(Patch(owner, name, owner.__dict__.get(name, _MISSING)))
+    setattr(owner, name, wrap(current))
+    return True
+
+
+def patched() -> list[str]:
+    """What is patched now, as ``module.Class.attribute``."""
+    return [str(p) for p in _applied]
+
+
+def undo() -> None:
+    """Restore every original, newest patch first."""
+    while _applied:
+        p = _applied.pop()
+        if p.original is _MISSING:
+            delattr(p.owner, p.name)  # the class inherited it: inherit it again
+        else:
+            setattr(p.owner, p.name, p.original)
+
+
+def patch_progress(wrap: Wrapper) -> None:
+    """``keras.Model.fit``, ``evaluate`` and ``predict`` through ``wrap`` (the progress hook)."""
+    import keras
+
+    for name in ("fit", "evaluate", "predict"):
+        patch(keras.Model, name, wrap)
+
+
+def patch_compile() -> None:
+    """Keras's ``jit_compile="auto"`` turns XLA on wherever a GPU is visible, and
+    XLA cannot compile the host-side reduction. After ``Model.compile`` with a
+    ``DistributedOptimizer`` and jit left at "auto", switch XLA off for that
+    model (with one log line); an explicit ``jit_compile=True`` is kept and
+    fails at trace time with ``hvd.XLAUnsupportedError``."""
+    import keras
+
+    # patch the class that defines compile: Keras skips compile() on load for a
+    # model class whose compile differs from that one's
+    owner = next(cls for cls in keras.Model.__mro__ if "compile" in cls.__dict__)
+    patch(owner, "compile", _without_auto_xla)
+
+
+def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def compile(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        try:
+            asked = signature.bind_partial(self, *args, **kwargs).arguments.get("jit_compile", "auto")
+        except TypeError:  # arguments this Keras version's signature does not name
+            asked = kwargs.get("jit_compile", "auto")
+        if asked == "auto" and getattr(self.optimizer, "_hvd_settings", None) is not None and self.jit_compile:
+            self.jit_compile = False
+            log.info("hvd: jit_compile='auto' would compile the training step with XLA, which cannot run "
+                     "DistributedOptimizer's reduction; compiling it without XLA.")
+        return result
+
+    return compile

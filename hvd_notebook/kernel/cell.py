@@ -1,0 +1,274 @@
+"""One ``%%hvd`` cell in flight: its request on each rank, the output streams
+it forwards, its deadline and its dashboard; how it ends (a value, or an error
+of ``failures``) and how it stops ranks that are still running."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
+from typing import Any
+
+from ..cluster import ClusterError, MPICluster
+from ..config import WARNING_PREFIX, DashboardMode
+from ..dashboard import Dashboard
+from . import failures
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.02  # how often a running cell's output is forwarded (results wake the loop at once)
+LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes exist
+INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
+DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
+SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
+
+
+def is_busy(queue: Any) -> bool:
+    """Whether one engine's entry of ``Client.queue_status()`` shows work running or queued."""
+    return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
+
+
+@dataclass
+class RankValue:
+    """The value of a cell's last expression on rank 0, shown like a normal cell's."""
+
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
+        return self.data, self.metadata
+
+    def __repr__(self) -> str:
+        return str(self.data.get("text/plain", ""))
+
+
+class OutputStream:
+    """Forwards one rank's accumulated stdout or stderr, a complete line at a time,
+    each line prefixed with the rank; with ``only``, just the lines containing it."""
+
+    def __init__(self, rank: int, name: str, write: Callable[[str], Any], only: str | None = None):
+        self.prefix = f"[{rank}] "
+        self.name = name
+        self.write = write
+        self.only = only
+        self.sent = 0
+
+    def update(self, text: str, final: bool = False) -> None:
+        """Forward what ``text`` (all of it so far) has beyond what was sent; the
+        last, unfinished line only when ``final``."""
+        if len(text) < self.sent:  # ipyparallel collapsed a '\r' line: resend from its start
+            self.sent = text.rfind("\n", 0, len(text)) + 1
+        end = len(text) if final else text.rfind("\n") + 1
+        if end <= self.sent:
+            return
+        chunk = text[self.sent:end]
+        self.sent = end
+        lines = chunk.splitlines(keepends=True)
+        if self.only is not None:
+            lines = [line for line in lines if self.only in line]
+            if not lines:
+                return
+        text = "".join(self.prefix + line for line in lines)
+        self.write(text if text.endswith("\n") else text + "\n")
+
+
+@dataclass
+class RankRequest:
+    """One rank's part of a cell: its result and ipyparallel's record of its output.
+
+    ipyparallel drops its client-side records of a request once its output is
+    complete; ``metadata`` holds this one's record for as long as the cell needs it.
+    """
+
+    rank: int
+    result: Any  # this rank's AsyncResult (from AsyncResult.split)
+    metadata: dict[str, Any]
+    displayed: int = 0  # how many of its rich outputs were shown
+    finished_at: float | None = None  # when the cell first saw it finished
+
+    @property
+    def done(self) -> bool:
+        return self.result.done()
+
+    @property
+    def error(self) -> Any:
+        """The RemoteError (or EngineError) this rank's request ended with, or None."""
+        if not self.result.done():
+            return None
+        return self.result.exception()
+
+    def printed(self) -> str:
+        return (self.metadata["stdout"] or "") + (self.metadata["stderr"] or "")
+
+
+class RunningCell:
+    """A cell sent to ``ranks``; ``wait()`` forwards its output and ends it.
+
+    >>> cell = RunningCell(cluster, "print(hvd.rank())", [0, 1], show={0}, timeout=None, mode=DashboardMode.TEXT)
+    >>> value = cell.wait()
+    """
+
+    def __init__(self, cluster: MPICluster, code: str, ranks: list[int], show: set[int], timeout: float | None,
+                 mode: DashboardMode) -> None:
+        self.cluster = cluster
+        self.ranks = ranks
+        self.show = show
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.dashboard = Dashboard(mode, ranks) if mode != DashboardMode.NONE else None
+        self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
+        engine_ids = cluster.engine_ids(ranks)
+        # one engine as an int: its AsyncResult is then a single result, as split() makes of several
+        targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
+        self.async_result = cluster.client[targets].execute(code, silent=False, block=False)
+        parts = self.async_result.split() if len(engine_ids) > 1 else (self.async_result,)
+        self.requests = [RankRequest(rank, part, part.metadata) for rank, part in zip(ranks, parts)]
+        self.streams = [
+            (req, OutputStream(req.rank, name, getattr(sys, name).write))
+            for req in self.requests if req.rank in show for name in ("stdout", "stderr")
+        ] + [  # the runtime's warnings (stalls) are shown from every rank
+            (req, OutputStream(req.rank, "stderr", sys.stderr.write, only=WARNING_PREFIX))
+            for req in self.requests if req.rank not in show
+        ]
+
+    def wait(self) -> RankValue | None:
+        """Forward output until every rank finished (rank 0's value) or one failed (an error)."""
+        try:
+            try:
+                failed = self._watch()
+            except KeyboardInterrupt:
+                running, note = self._stop_running()
+                print(failures.interrupted(running, note), file=sys.stderr)
+                raise
+            if failed:
+                self._fail(failed)
+            self.async_result.wait_for_output(5.0)  # results can overtake the last lines of output
+            self.pump(final=True)
+        finally:
+            if self.dashboard is not None:
+                self.dashboard.finish()
+        if 0 in self.ranks:
+            result = self.requests[self.ranks.index(0)].metadata["execute_result"]
+            if result:
+                return RankValue(result["data"], result.get("metadata", {}))
+        return None
+
+    def pump(self, final: bool = False) -> None:
+        """Forward new output, rich displays and progress; ``final`` also forwards unfinished lines."""
+        if self.dashboard is not None:
+            self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)
+        for req, stream in self.streams:
+            stream.update(req.metadata[stream.name] or "", final)
+        for req in self.requests:
+            if req.rank in self.show:
+                outputs = req.metadata["outputs"]
+                for out in outputs[req.displayed:]:
+                    _publish(out)
+                req.displayed = len(outputs)
+
+    def _watch(self) -> list[RankRequest]:
+        """Forward output until every rank is done (returns []) or some failed
+        (returns them, first failure first); raises when ranks die or time runs out."""
+        next_liveness_check = time.monotonic() + LIVENESS_S
+        while True:
+            pending = [req.result for req in self.requests if not req.done]
+            if pending:  # wakes as soon as a rank finishes, else after POLL_S to stream output
+                futures_wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
+            now = time.monotonic()
+            for req in self.requests:
+                if req.finished_at is None and req.done:
+                    req.finished_at = now
+            failed = sorted((req for req in self.requests if req.error is not None), key=lambda r: r.finished_at)
+            self.pump()
+            if failed or all(req.done for req in self.requests):
+                return failed
+            if time.monotonic() > next_liveness_check:
+                next_liveness_check = time.monotonic() + LIVENESS_S
+                dead = [r for r, ok in self.cluster.alive().items() if not ok and r in self.ranks]
+                if dead:
+                    self.pump(final=True)
+                    raise self._ranks_died(dead)
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                running, note = self._stop_running()
+                raise failures.cell_timeout(self.timeout or 0.0, running, note)
+
+    def _fail(self, failed: list[RankRequest]) -> None:
+        """Raise the error of a cell that failed on the ranks ``failed``."""
+        if self.dashboard is not None:
+            for req in failed:
+                self.dashboard.fail(req.rank, failures.describe(req.error))
+        died = [req for req in failed if failures.is_engine_death(req.error)]
+        if died:
+            self.pump(final=True)
+            # MPI ends the other ranks when one dies: name the one(s) that died first
+            raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at])
+        time.sleep(SIMULTANEOUS_FAILURE_S)
+        running, note = self._stop_running(wait_for_output_s=1.0)
+        raise failures.rank_error({req.rank: req.error for req in self.requests}, failed[0].rank, running, note)
+
+    def _stop_running(self, wait_for_output_s: float = 0.0) -> tuple[list[int], str]:
+        """Stop the ranks still running, then forward the last of the output.
+        Returns those ranks and a note for the user (empty when they stopped)."""
+        running = [req.rank for req in self.requests if not req.done]
+        note = self._interrupt(running)
+        if wait_for_output_s:
+            self.async_result.wait_for_output(wait_for_output_s)
+        self.pump(final=True)
+        return running, note
+
+    def _interrupt(self, ranks: list[int]) -> str:
+        """Interrupt ranks; a rank stuck in an MPI collective ignores SIGINT, so
+        after a grace period restart the whole MPI world. Returns a note."""
+        if not ranks:
+            return ""
+        client = self.cluster.client
+        targets = self.cluster.engine_ids(ranks)
+        try:
+            client.send_signal(signal.SIGINT, targets=targets, block=True)
+        except Exception:
+            log.debug("send_signal failed", exc_info=True)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        while time.monotonic() < deadline:
+            if not any(is_busy(queue) for queue in client.queue_status(targets=targets).values()):
+                return ""
+            time.sleep(0.1)
+        try:
+            self.cluster.restart()
+        except ClusterError as exc:
+            self.cluster_lost = True
+            return failures.unresponsive(ranks, str(exc))
+        return failures.unresponsive(ranks)
+
+    def _ranks_died(self, dead: list[int]) -> failures.RankDied:
+        """A rank's process is gone (os._exit, a signal, out of memory): end the
+        others too, so that none stays blocked in a collective, and let mpiexec
+        report how each one ended."""
+        if self.dashboard is not None:
+            for rank in dead:
+                self.dashboard.fail(rank, failures.DIED)
+        self.cluster.end_world()
+        deadline = time.monotonic() + DEATH_REPORT_S
+        ended = self.cluster.exit_reports()
+        while not all(r in ended for r in dead) and time.monotonic() < deadline:
+            time.sleep(0.1)  # mpiexec's last words reach its log a moment after it exits
+            ended = self.cluster.exit_reports()
+        last_lines = []
+        for req in self.requests:
+            if req.rank in dead:
+                printed = req.printed().strip().splitlines()[-5:]
+                last_lines += [f"  [{req.rank}] {line}" for line in printed] or [f"  [{req.rank}] (nothing)"]
+        return failures.ranks_died(
+            dead, how="; ".join(f"rank {r}: {ended[r]}" for r in dead if r in ended),
+            others=[req.rank for req in self.requests if req.rank not in dead], last_lines=last_lines,
+            mpiexec_tail=self.cluster.mpiexec_output_tail())
+
+
+def _publish(output: dict) -> None:
+    from IPython.display import publish_display_data
+
+    publish_display_data(output.get("data", {}), output.get("metadata", {}))

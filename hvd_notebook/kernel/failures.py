@@ -1,0 +1,128 @@
+"""How a ``%%hvd`` cell or ``%hvd`` command fails: the error classes the user
+sees (each shown as its message alone) and every message they carry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
+INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
+
+
+class HvdError(Exception):
+    """An error to show the user as its message alone, without a kernel-side traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+
+class NoClusterError(HvdError):
+    """A command that needs a cluster ran without one."""
+
+
+class RankError(HvdError):
+    """A ``%%hvd`` cell failed on one or more ranks; carries the first failure's traceback."""
+
+    def __init__(self, message: str, remote_traceback: list[str], outcomes: list[str]):
+        super().__init__(message)
+        self.remote_traceback = remote_traceback
+        self.outcomes = outcomes
+
+    def _render_traceback_(self) -> list[str]:
+        return (
+            [f"\x1b[0;31mRankError\x1b[0m: {self.args[0]}"]
+            + self.remote_traceback
+            + ["", "Outcome on each rank:"]
+            + [f"  {line}" for line in self.outcomes]
+        )
+
+
+class CellTimeout(HvdError):
+    """A ``%%hvd --timeout`` cell ran too long."""
+
+
+class RankDied(HvdError):
+    """A rank's process is gone; the MPI world cannot go on without it."""
+
+
+def is_engine_death(error: Any) -> bool:
+    """Whether a rank's request ended because its engine process died."""
+    from ipyparallel.error import EngineError
+
+    # raised in this process when the nanny reports a death, or relayed as a RemoteError
+    return isinstance(error, EngineError) or getattr(error, "ename", None) == "EngineError"
+
+
+def describe(error: Any) -> str:
+    """``ValueError: message`` of a rank's error, for its dashboard bar."""
+    if is_engine_death(error):
+        return DIED
+    return f"{getattr(error, 'ename', type(error).__name__)}: {getattr(error, 'evalue', error)}"
+
+
+def no_cluster() -> NoClusterError:
+    return NoClusterError("No cluster is running. Start one with %hvd start (e.g. %hvd start -n 2).")
+
+
+def unknown_ranks(unknown: list[int], size: int) -> HvdError:
+    return HvdError(f"Rank(s) {unknown} do not exist: this cluster has ranks 0..{size - 1}.")
+
+
+def dead_before_cell(dead: list[int]) -> RankDied:
+    return RankDied(f"Rank(s) {dead} of this cluster are dead. Run %hvd restart for a fresh cluster "
+                    "of the same shape (every rank's variables are lost).")
+
+
+def ranks_died(dead: list[int], how: str, others: list[int], last_lines: list[str], mpiexec_tail: str) -> RankDied:
+    """Ranks died during a cell: how each ended (from mpiexec), which others were
+    ended with them, and the last lines each dead rank printed."""
+    return RankDied(
+        f"rank(s) {dead} died while running the cell ({how or 'the process exited or was killed'}; "
+        "out of memory is a common cause). An MPI world cannot go on without a rank"
+        + (f", so rank(s) {others} were ended too" if others else "") + ": run "
+        "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells. "
+        "%hvd status shows which ranks are dead.\nLast lines the rank(s) printed:\n" + "\n".join(last_lines)
+        + "\nLast lines of mpiexec's output:\n" + mpiexec_tail
+    )
+
+
+def cell_timeout(timeout: float, running: list[int], note: str) -> CellTimeout:
+    return CellTimeout(f"The cell did not finish within --timeout {timeout:g} s; rank(s) "
+                       f"{running} were still running. {note or INTERRUPTED}")
+
+
+def interrupted(running: list[int], note: str) -> str:
+    """What the user reads after interrupting a cell (Ctrl-C or the stop button)."""
+    return f"Rank(s) {running} were still running. {note or INTERRUPTED}"
+
+
+def unresponsive(ranks: list[int], restart_error: str | None = None) -> str:
+    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to)."""
+    if restart_error is not None:
+        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?) "
+                f"and restarting the engines failed: {restart_error}. Run %hvd restart.")
+    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?), so "
+            "the MPI world was restarted: every rank's variables are lost; re-run your "
+            "set-up cells.")
+
+
+def rank_error(errors: dict[int, Any], first: int, running: list[int], note: str) -> RankError:
+    """The error of a cell that raised on rank ``first``: its remote traceback, and
+    the outcome on each rank (``errors``: every rank of the cell, None where it finished)."""
+    outcomes = []
+    for rank, error in errors.items():
+        if rank in running:
+            outcomes.append(f"rank {rank}: was still running; interrupted")
+        elif error is not None:
+            outcomes.append(f"rank {rank}: raised {error.ename}: {error.evalue}")
+        else:
+            outcomes.append(f"rank {rank}: finished")
+    if note:
+        outcomes.append(note)
+    first_error = errors[first]
+    tb = getattr(first_error, "traceback", None) or []
+    return RankError(
+        f"rank {first} raised {first_error.ename}: {first_error.evalue}",
+        tb.splitlines() if isinstance(tb, str) else list(tb),
+        outcomes,
+    )

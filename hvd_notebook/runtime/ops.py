@@ -1,0 +1,98 @@
+"""The reduction ops (Horovod's names and values) and the arithmetic every
+backend applies around a reduction: scaling, averaging, the row split.
+
+Works on numpy and cupy arrays alike (both have ``dtype.kind`` and in-place ``*=``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Reduction ops, with Horovod's values
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+_OPS_BY_NAME = {name: op for op, name in OP_NAMES.items()}
+REDUCING_OPS = (Average, Sum, Min, Max, Product)  # what the built-in backends reduce (no Adasum)
+
+
+def op_named(name: str) -> int:
+    """The op a signature names (``"Sum"`` -> ``Sum``)."""
+    return _OPS_BY_NAME[name]
+
+
+def check_op(op: int) -> None:
+    """Raise for an op the built-in backends cannot reduce, saying which ones they can."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "op=hvd.Adasum is not supported by hvd_notebook's built-in runtime; use hvd.Average or hvd.Sum."
+        )
+    if op not in REDUCING_OPS:
+        raise ValueError(f"op={op!r} is not one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product.")
+
+
+_DTYPE_NAMES: dict[np.dtype, str] = {}
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """``dtype.name``, cached: numpy computes it in Python on every access."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = dtype.name
+    return name
+
+
+HALF_DTYPE_NAMES = ("float16", "bfloat16")
+
+
+def reduce_dtype(dtype: np.dtype) -> np.dtype:
+    """MPI has no half-precision types: float16 and bfloat16 are reduced as float32."""
+    if dtype.itemsize == 2 and dtype_name(dtype) in HALF_DTYPE_NAMES:
+        return np.dtype(np.float32)
+    return dtype
+
+
+def bfloat16() -> np.dtype:
+    """numpy's bfloat16 (from ml_dtypes, which TensorFlow installs)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype a signature names, bfloat16 included."""
+    return bfloat16() if name == "bfloat16" else np.dtype(name)
+
+
+def averages_to_float(op: int, kind: str) -> bool:
+    """Horovod's rule: the average of integers (or booleans) is a float64 tensor."""
+    return op == Average and kind in "iub"
+
+
+def scale(buf: Any, factor: float) -> Any:
+    """``buf * factor`` in ``buf``'s dtype: in place for floats, a new array for integers."""
+    if buf.dtype.kind == "f":
+        buf *= buf.dtype.type(factor)
+        return buf
+    return (buf * factor).astype(buf.dtype)
+
+
+def average(buf: Any, size: int) -> Any:
+    """The mean of a sum over ``size`` ranks: floats in place, integers as a new float64 array."""
+    return buf / size if buf.dtype.kind in "iub" else scale(buf, 1.0 / size)
+
+
+def finish_reduction(buf: Any, op: int, size: int, postscale: float) -> Any:
+    """What follows the summation: the average's division, then the postscale."""
+    if op == Average:
+        buf = average(buf, size)
+    if postscale != 1.0:
+        buf = scale(buf, postscale)
+    return buf
+
+
+def even_rows(rows: int, size: int) -> list[int]:
+    """Rows per rank when ``rows`` are split as evenly as possible (the first ``rows % size`` get one more)."""
+    base, extra = divmod(rows, size)
+    return [base + (1 if r < extra else 0) for r in range(size)]

@@ -1,0 +1,179 @@
+"""The state of one initialised world: its communicators, the agreement check,
+the timeline, both backends, join, and init/shutdown.
+
+``hvd.init()`` builds one ``World`` (a collective call) and ``hvd.shutdown()``
+frees it; everything above asks ``current()`` for it. Modelled on Horovod's
+framework-free ``common/basics.py`` and JAX's ``distributed.State``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .. import config
+from . import nccl_backend
+from .mpi_backend import MpiBackend
+from .negotiation import Negotiator
+from .signatures import BARRIER, JOIN, AllreduceCall, MismatchError, describe_mismatch
+from .timeline import Timeline, write_trace
+
+NOT_INITIALIZED = "hvd_notebook's runtime has not been initialized; call hvd.init() first."
+
+
+class World:
+    """Every rank of a job (or of the communicator given to ``init``), split by host."""
+
+    def __init__(self, comm: Any, local_comm: Any, cross_comm: Any, homogeneous: bool) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm  # every rank of this job
+        self.local_comm = local_comm  # ranks on this host
+        self.cross_comm = cross_comm  # ranks with the same local rank, one per host
+        self.homogeneous = homogeneous
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.timeline = Timeline()
+        # now, while every rank is here: the negotiator duplicates a communicator, a
+        # blocking collective that must not wait for a rank's first hvd.allreduce
+        self.negotiator = Negotiator(comm, self.timeline)
+        self.mpi = MpiBackend(comm, self.negotiator, self.timeline)
+        # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
+        self.nccl = nccl_backend.start(comm, local_comm.Get_rank(), self.negotiator, self.timeline)
+
+    @classmethod
+    def create(cls, comm: Any) -> World:
+        """Split ``comm`` (duplicated) by host and build the world on it (collective)."""
+        from mpi4py import MPI
+
+        comm = comm.Dup()
+        local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
+        local_sizes = comm.allgather(local_comm.Get_size())
+        return cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
+
+    def free(self) -> None:
+        """Write a running timeline, then release NCCL and the communicators (collective)."""
+        if self.timeline.active:
+            self.stop_timeline()
+        if self.nccl is not None:
+            self.nccl.free()
+            self.nccl = None
+        self.negotiator.free()
+        for c in (self.cross_comm, self.local_comm, self.comm):
+            c.Free()
+
+    # ----------------------------------------------------------- timeline
+    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
+        """Record every collective's phases (and agreement rounds with ``mark_cycles``)."""
+        self.timeline.start(path, mark_cycles)
+
+    def stop_timeline(self) -> None:
+        """Stop recording; rank 0 writes every rank's events (collective)."""
+        path, events = self.timeline.take()
+        gathered = self.comm.gather(events, root=0)
+        if self.rank == 0 and path is not None:
+            write_trace(path, gathered)
+
+    # ------------------------------------------------------- join, barrier
+    def barrier(self) -> None:
+        # agreement needs every rank's contribution: it is a barrier in itself
+        self.negotiator.check(BARRIER)
+
+    def join(self) -> int:
+        """Take part, with zeros, in the other ranks' allreduces until every rank
+        has joined; return the rank that joined last."""
+        served = 0
+        while True:
+            signatures = self.negotiator.agree(JOIN)
+            if signatures is None:
+                break
+            active = [s for s in signatures if s.kind != JOIN.kind]
+            if not all(s == active[0] for s in active) or active[0].kind != "allreduce":
+                raise MismatchError(
+                    "After hvd.join() a rank can only take part in allreduce; " + describe_mismatch(signatures)
+                )
+            call = AllreduceCall.of(active[0])
+            (self.nccl if call.via == "NCCL" else self.mpi).allreduce_zeros(call)
+            served += 1
+        return int(self.comm.allreduce(self.rank if served == 0 else -1, op=self.MPI.MAX))
+
+
+_lock = threading.Lock()
+_current: World | None = None
+
+
+def current() -> World:
+    """The initialised world; raises before ``init()``."""
+    world = _current
+    if world is None:
+        raise ValueError(NOT_INITIALIZED)
+    return world
+
+
+def is_initialized() -> bool:
+    """Is there a world (between ``init()`` and ``shutdown()``)?"""
+    return _current is not None
+
+
+def init(comm: Any = None) -> None:
+    """Build the world (collective); a second call does nothing. ``comm``: an mpi4py
+    communicator or a list of world ranks instead of ``MPI.COMM_WORLD``."""
+    global _current
+    with _lock:
+        if _current is not None:
+            return
+        _current = World.create(_communicator(comm))
+    path = config.TIMELINE.text()
+    if path:
+        _current.start_timeline(path, mark_cycles=config.TIMELINE_MARK_CYCLES.flag())
+
+
+def shutdown() -> None:
+    """Free the world; ``init()`` may be called again later."""
+    global _current
+    with _lock:
+        world, _current = _current, None
+    if world is not None:
+        world.free()
+
+
+def _communicator(comm: Any) -> Any:
+    from mpi4py import MPI
+
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, Sequence) and not isinstance(comm, (str, bytes)):
+        return _comm_from_ranks(MPI, list(comm))
+    if not isinstance(comm, MPI.Comm):
+        raise TypeError(f"hvd.init(comm=...) takes an mpi4py communicator or a list of ranks, "
+                        f"not {type(comm).__name__}.")
+    return comm
+
+
+def _comm_from_ranks(MPI: Any, ranks: list[int]) -> Any:
+    world = MPI.COMM_WORLD
+    bad = [r for r in ranks if not 0 <= int(r) < world.Get_size()]
+    if bad or not ranks:
+        raise ValueError(
+            f"hvd.init(comm={ranks!r}): ranks must be a non-empty list within "
+            f"0..{world.Get_size() - 1}."
+        )
+    group = world.Get_group().Incl(sorted(set(int(r) for r in ranks)))
+    sub = world.Create_group(group) if world.Get_rank() in ranks else None
+    if sub is None or sub == MPI.COMM_NULL:
+        raise ValueError(
+            f"hvd.init(comm={ranks!r}) was called on world rank {world.Get_rank()}, "
+            "which is not in the list; call it only on the listed ranks."
+        )
+    return sub
+
+
+@atexit.register
+def _write_timeline_at_exit() -> None:
+    """Write a timeline started by HOROVOD_TIMELINE when the process ends."""
+    world = _current
+    if world is not None and world.timeline.active:
+        world.stop_timeline()

@@ -1,0 +1,93 @@
+"""What the cluster layer reads from a launcher's output: the causes of a failed
+launch, how each rank ended, and the messages built from them."""
+
+from __future__ import annotations
+
+from hvd_notebook.cluster import diagnosis
+
+# printed by MPICH's hydra in this machine's network namespaces (tests/integration/test_multihost.py)
+HYDRA_UNREACHABLE = "ssh: connect to host 10.231.0.12 port 22: No route to host\n[mpiexec@vm] Launch proxy failed.\n"
+HYDRA_NO_CALLBACK = ('[proxy:1@hvdh2] HYDU_sock_connect (lib/utils/sock.c:140): unable to connect from "hvdh2" to '
+                     '"10.231.0.1" (No route to host)\n')
+HYDRA_NO_PYTHON = ("[proxy:1@hvdh2] HYDU_create_process (lib/utils/launch.c:73): execvp error on file "
+                   "/nonexistent/venv/bin/python (No such file or directory)\n")
+
+
+def test_hydra_failures_name_the_host():
+    assert diagnosis.diagnose_launch(HYDRA_UNREACHABLE) == ["host 10.231.0.12 is unreachable (No route to host)"]
+    (callback,) = diagnosis.diagnose_launch(HYDRA_NO_CALLBACK)
+    assert callback.startswith("host hvdh2 cannot reach the launcher on this machine at 10.231.0.1")
+    (python,) = diagnosis.diagnose_launch(HYDRA_NO_PYTHON)
+    assert python.startswith("host hvdh2 cannot run /nonexistent/venv/bin/python (No such file or directory)")
+    assert all(diagnosis.names_a_host([c]) for c in (callback, python))
+
+
+def test_ssh_and_srun_failures():
+    found = diagnosis.diagnose_launch("ssh: Could not resolve hostname nodex: Name or service not known\n"
+                                      "Host key verification failed.\n"
+                                      "srun: error: Unable to allocate resources: Invalid partition\n")
+    assert found == ["host nodex does not resolve (Name or service not known)",
+                     "ssh to a host was refused: set up password-less ssh keys between the hosts",
+                     "srun: Unable to allocate resources: Invalid partition"]
+    assert not diagnosis.names_a_host(found[1:])
+
+
+def test_the_same_cause_is_said_once_and_noise_says_nothing():
+    assert len(diagnosis.diagnose_launch(HYDRA_UNREACHABLE * 3)) == 1
+    assert diagnosis.diagnose_launch("Traceback (most recent call last):\nValueError: x\n") == []
+
+
+def test_telling_line_prefers_a_missing_file_then_an_error_then_the_last_line():
+    assert diagnosis.telling_line("a\nbash: /x/python: No such file or directory\nRuntimeError: y\n") \
+        == "bash: /x/python: No such file or directory"
+    assert diagnosis.telling_line("a\nRuntimeError: y\nz\n") == "RuntimeError: y"
+    assert diagnosis.telling_line("a\n  last  \n\n") == "last"
+    assert diagnosis.telling_line("") == "it printed nothing"
+
+
+def test_gforker_exitinfo_becomes_exit_reports():
+    output = ("[0]0:Return code = 0\n"
+              "[0]1:Return code = 0, signaled with Kill\n"
+              "[0]2:Return code = 7\n"
+              "[0]3:Return code = -1, signaled with Segmentation_fault\n"
+              "some engine output\n")
+    assert diagnosis.exit_reports(output) == {0: "exit code 0", 1: "signal Kill", 2: "exit code 7",
+                                              3: "signal Segmentation_fault"}
+
+
+def test_srun_task_errors_become_exit_reports():
+    output = ("srun: error: node1: task 1: Exited with exit code 7\n"
+              "srun: error: node2: task 3: Killed\n"
+              "srun: Terminating StepId=12.0\n")
+    assert diagnosis.exit_reports(output) == {1: "exit code 7", 3: "Killed"}
+    assert diagnosis.exit_reports("") == {}
+
+
+def test_mpi_init_failure_is_recognised():
+    assert diagnosis.mpi_init_failed("Abort(1090959) on node 1: Fatal error in internal_Init_thread: Other MPI error")
+    assert diagnosis.mpi_init_failed("Fatal error in PMPI_Init: Other MPI error")
+    assert not diagnosis.mpi_init_failed("Fatal error in PMPI_Allreduce: Message truncated")
+
+
+def test_tail_keeps_the_last_non_blank_lines_indented():
+    assert diagnosis.tail("a\n\nb\nc\n", lines=2) == "    b\n    c"
+    assert diagnosis.tail("  \n") == "    (mpiexec printed nothing)"
+
+
+def test_messages_carry_command_causes_and_output():
+    text = diagnosis.launcher_exited("mpiexec", 255, 2, 1, ["host b is unreachable (x)"], "mpiexec -n 2 python",
+                                     "line one\nline two\n")
+    assert text.startswith("mpiexec exited (code 255) before all 2 engines connected (1 did).")
+    assert "\n  - host b is unreachable (x)\n" in text and "Command: mpiexec -n 2 python" in text
+    assert "    line two" in text and "--mpi-args" in text
+    assert "Only 1 of 2 engines connected within --timeout 30 s" in diagnosis.engines_late(2, 1, 30.0, "c", "")
+    assert "--timeout 5 s" in diagnosis.setup_late(5.0)
+    assert "they report sizes [1]" in diagnosis.not_one_world(2, [1], "/usr/bin/mpiexec")
+
+
+def test_setup_failure_names_the_first_failed_engine():
+    class Composite(Exception):
+        elist = [("ImportError", "no module named tensorflow", "", {"engine_id": 3})]
+
+    assert diagnosis.setup_failed(Composite()) == "Setting up engine 3 failed: ImportError: no module named tensorflow"
+    assert diagnosis.setup_failed(ValueError("bad")) == "Setting up engine ? failed: ValueError: bad"

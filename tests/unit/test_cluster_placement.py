@@ -1,0 +1,132 @@
+"""Where the ranks go, chosen from the %hvd start options: one host, a hosts list, a
+Slurm allocation; how n is settled, which launcher and arguments, which GPUs."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from hvd_notebook.cluster import ClusterError, placement
+from hvd_notebook.cluster.placement import HostList, OneHost, SlurmAllocation, choose_placement
+from hvd_notebook.config import ClusterOptions
+
+
+def _executable(folder: Path, name: str) -> Path:
+    path = folder / name
+    path.write_text("#!/bin/sh\nexit 0\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+@pytest.fixture
+def no_slurm(monkeypatch):
+    for key in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture
+def slurm(monkeypatch, tmp_path):
+    """A Slurm allocation of 4 tasks on this host, with an srun on PATH."""
+    _executable(tmp_path, "srun")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "localhost")
+    return tmp_path / "srun"
+
+
+def test_one_host_by_default(no_slurm):
+    chosen = choose_placement(ClusterOptions())
+    assert type(chosen) is OneHost and chosen.launcher_name == "mpiexec"
+    assert chosen.controller_ip() == "127.0.0.1"
+    assert choose_placement(ClusterOptions(ip="0.0.0.0")).controller_ip() == "0.0.0.0"
+
+
+def test_one_host_settles_n(no_slurm):
+    chosen = OneHost(ClusterOptions())
+    assert chosen.ranks([]) == 2  # DEFAULT_RANKS_WITHOUT_GPU
+    assert chosen.ranks(["0", "1", "2"]) is None  # one rank per GPU free at start
+    assert OneHost(ClusterOptions(n=2)).ranks(["0", "1"]) == 2
+    with pytest.raises(ClusterError, match=r"-n 3 ranks but only 2 GPU\(s\) \(0,1\) on this host"):
+        OneHost(ClusterOptions(n=3)).ranks(["0", "1"])
+    with pytest.raises(ClusterError, match="-n 0: a cluster needs at least one rank"):
+        OneHost(ClusterOptions(n=0)).ranks([])
+
+
+def test_one_host_prefers_gforker_and_asks_it_for_exit_info(tmp_path):
+    mpiexec = _executable(tmp_path, "mpiexec")
+    assert OneHost._single_host_launcher(str(mpiexec)) == str(mpiexec)  # no gforker beside it
+    gforker = _executable(tmp_path, "mpiexec.gforker")
+    assert OneHost._single_host_launcher(str(mpiexec)) == str(gforker)
+    chosen = OneHost(ClusterOptions(mpiexec=str(gforker), mpi_args=("-v",)))
+    assert chosen.command == str(gforker) and chosen.launcher_args() == ["-exitinfo", "-v"]
+    assert OneHost(ClusterOptions(mpiexec=str(mpiexec))).launcher_args() == []  # given: used as it is
+
+
+def test_one_host_keeps_mpi_on_shared_memory_unless_told_otherwise(no_slurm):
+    chosen = OneHost(ClusterOptions())
+    assert chosen.rank_env({}) == {"UCX_TLS": "self,sm"}
+    assert chosen.rank_env({"UCX_TLS": "tcp"}) == {}
+    assert HostList(ClusterOptions(hosts="localhost:2")).rank_env({}) == {}
+
+
+def test_a_missing_mpiexec_is_an_error(no_slurm):
+    with pytest.raises(ClusterError, match="--mpiexec '/nonexistent/mpiexec' was not found"):
+        choose_placement(ClusterOptions(mpiexec="/nonexistent/mpiexec"))
+
+
+def test_hosts_list(no_slurm, monkeypatch):
+    chosen = choose_placement(ClusterOptions(hosts="localhost:2,127.0.0.1:1", mpi_args=("-v",)))
+    assert type(chosen) is HostList and chosen.ranks([]) == 3
+    assert chosen.controller_ip() == "127.0.0.1"  # every host is this one
+    monkeypatch.setattr(placement, "is_open_mpi", lambda command: False)
+    assert chosen.launcher_args() == ["-hosts", "localhost:2,127.0.0.1:1", "-v"]
+    monkeypatch.setattr(placement, "is_open_mpi", lambda command: True)
+    assert chosen.launcher_args()[:2] == ["--host", "localhost:2,127.0.0.1:1"]
+    with pytest.raises(ClusterError, match=r"-n 4 ranks but the hosts have only 3 slot\(s\)"):
+        HostList(ClusterOptions(n=4, hosts="localhost:2,127.0.0.1:1")).ranks([])
+
+
+def test_hosts_list_from_a_hostfile(no_slurm, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("node1:2\nnode2 slots=2\n")
+    chosen = choose_placement(ClusterOptions(hostfile=str(hostfile)))
+    assert [h.name for h in chosen.hosts] == ["node1", "node2"] and chosen.ranks([]) == 4
+
+
+def test_hosts_list_gpus_are_the_same_ids_on_every_host(no_slurm):
+    assert HostList(ClusterOptions(hosts="localhost")).take_gpus(["0", "1"], None, "me") == (["0", "1"], None)
+
+
+@pytest.mark.parametrize("options, message", [
+    (ClusterOptions(hosts="a", hostfile="f"), "give the hosts with -H or with --hostfile, not both"),
+    (ClusterOptions(hosts="a", launcher="srun"), "--launcher srun places the ranks on the allocation's nodes"),
+    (ClusterOptions(launcher="ssh"), "--launcher 'ssh': use auto, mpiexec or srun"),
+    (ClusterOptions(hosts="a:x"), "'a:x' is not HOST or HOST:SLOTS"),
+    (ClusterOptions(launcher="srun"), "--launcher srun needs a Slurm allocation"),
+])
+def test_impossible_placements_are_errors(no_slurm, options, message):
+    with pytest.raises(ClusterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        choose_placement(options)
+
+
+def test_slurm_allocation(slurm, monkeypatch):
+    chosen = choose_placement(ClusterOptions())
+    assert type(chosen) is SlurmAllocation and chosen.launcher_name == "srun" and chosen.command == str(slurm)
+    assert chosen.ranks([]) == 4
+    assert chosen.launcher_args() == ["--mpi=pmi2", "--kill-on-bad-exit=1"]
+    monkeypatch.setenv("HVD_NOTEBOOK_SRUN_MPI", "pmix")
+    assert chosen.launcher_args()[0] == "--mpi=pmix"
+    assert SlurmAllocation(ClusterOptions(n=3)).ranks([]) == 3
+    with pytest.raises(ClusterError, match=r"-n 5 ranks but the Slurm allocation has 4 task\(s\)"):
+        SlurmAllocation(ClusterOptions(n=5)).ranks([])
+
+
+def test_slurm_is_not_chosen_over_an_explicit_mpiexec_or_launcher(slurm, tmp_path):
+    mpiexec = _executable(tmp_path, "mpiexec")
+    assert type(choose_placement(ClusterOptions(mpiexec=str(mpiexec)))) is OneHost
+    assert type(choose_placement(ClusterOptions(launcher="mpiexec"))) is OneHost
+    assert type(choose_placement(ClusterOptions(launcher="srun", mpiexec=str(mpiexec)))) is SlurmAllocation

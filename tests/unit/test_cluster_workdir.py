@@ -1,0 +1,141 @@
+"""The cluster directory's format, the PID registry, the reaper's kill and the
+`hvd-notebook list/clean` command that reads them; the ranks' environment and the
+launcher wrapper. Processes here are `sleep`s started by the tests themselves."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import psutil
+import pytest
+
+from hvd_notebook import cli
+from hvd_notebook.cluster import RankInfo, pids, rank_environment, reaper, workdir
+from hvd_notebook.cluster.launch import EngineWorld
+from hvd_notebook.cluster.workdir import WorkDir
+
+
+@pytest.fixture
+def tmpdir_base(monkeypatch, tmp_path):
+    """clusters_dir() under tmp_path."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return workdir.clusters_dir()
+
+
+@pytest.fixture
+def sleeper():
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_new_cluster_directory_is_private_and_names_its_kernel(tmpdir_base):
+    assert tmpdir_base.parent == Path(tempfile.gettempdir()) and tmpdir_base.name.startswith("hvd_notebook-")
+    made = WorkDir.create(workdir.new_cluster_id())
+    assert made.path.parent == tmpdir_base and made.path.stat().st_mode & 0o777 == 0o700
+    me = psutil.Process()
+    assert made.owner() == (me.pid, pytest.approx(me.create_time()))
+    assert (made.path / "owner").read_text().split()[0] == str(me.pid)
+    (made.profile / "security").mkdir(parents=True)
+    (made.profile / "security" / "key.json").write_text("{}")
+    made.make_private()
+    assert (made.profile / "security" / "key.json").stat().st_mode & 0o777 == 0o600
+    made.remove()
+    assert not made.path.exists()
+
+
+def test_pid_file_round_trip_skips_lines_that_are_not_records(tmpdir_base):
+    made = WorkDir.create("c1")
+    made.write_pids([(11, 1.5), (12, 2.25)])
+    assert (made.path / "pids").read_text() == "11 1.5\n12 2.25"
+    assert made.read_pids() == [(11, 1.5), (12, 2.25)]
+    (made.path / "pids").write_text("11 1.5\ngarbage\n\n12 x\n")
+    assert made.read_pids() == [(11, 1.5)]
+    assert WorkDir(tmpdir_base / "none").read_pids() == [] and WorkDir(tmpdir_base / "none").owner() is None
+
+
+def test_a_reused_pid_is_not_the_recorded_process(sleeper):
+    created = psutil.Process(sleeper.pid).create_time()
+    assert pids.same_process((sleeper.pid, created)).pid == sleeper.pid
+    assert pids.same_process((sleeper.pid, created - 10)) is None
+    assert pids.live_processes([(sleeper.pid, created), (sleeper.pid, created + 10)]) == [psutil.Process(sleeper.pid)]
+    assert pids.is_alive((sleeper.pid, created)) and not pids.is_alive((sleeper.pid, created + 1))
+
+
+def test_kill_all_ends_processes_given_by_pid_or_process(sleeper):
+    other = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print(1, flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    other.stdout.readline()  # it ignores SIGTERM from here on: only SIGKILL ends it
+    stubborn = psutil.Process(other.pid)
+    pids.kill_all([sleeper.pid, stubborn, 2**22 + 7], grace=0.2)  # (kill_all reaps them: no exit codes for Popen)
+    assert not psutil.pid_exists(sleeper.pid) and not stubborn.is_running()
+    other.wait()
+
+
+def test_registry_remembers_descendants_and_writes_them_for_the_reaper(tmpdir_base):
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable,"
+                               " '-c', 'import time; time.sleep(60)']); print(1, flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE)
+    try:
+        parent.stdout.readline()
+        registry = pids.PidRegistry()
+        registry.workdir = WorkDir.create("c2")
+        registry.add(parent.pid)
+        (child,) = psutil.Process(parent.pid).children()
+        assert registry.remember_descendants() == {parent.pid, child.pid}
+        assert {pid for pid, _ in registry.workdir.read_pids()} == {parent.pid, child.pid}
+        assert reaper.reap(registry.workdir) == 2
+        assert not registry.workdir.path.exists() and not child.is_running()
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_clean_stops_only_clusters_whose_kernel_is_gone(tmpdir_base, sleeper, capsys):
+    mine = WorkDir.create("hvd-mine")  # owned by this process: a running kernel
+    orphan = WorkDir.create("hvd-orphan")
+    (orphan.path / "owner").write_text(f"{sleeper.pid} 1.0")  # that pid, but not the process that started it
+    orphan.write_pids([(sleeper.pid, psutil.Process(sleeper.pid).create_time())])
+    found = {c.path.name: c for c in cli.find_clusters()}
+    assert not found["hvd-mine"].orphaned and found["hvd-orphan"].orphaned
+    assert found["hvd-orphan"].live_pids == [sleeper.pid] and found["hvd-orphan"].kernel_pid == sleeper.pid
+    assert cli.main(["clean", "--dry-run"]) == 0
+    assert "would stop hvd-orphan: kernel" in capsys.readouterr().out and sleeper.poll() is None
+    assert cli.main(["clean"]) == 0
+    out = capsys.readouterr().out
+    assert f"stopped hvd-orphan (kernel {sleeper.pid} is gone): killed 1 process(es) [{sleeper.pid}]" in out
+    assert "left alone: hvd-mine: kernel" in out and "(running)" in out
+    assert sleeper.wait(5) is not None and not orphan.path.exists() and mine.path.exists()
+
+
+def test_rank_environment_asks_for_huge_pages_unless_told_not_to():
+    assert rank_environment({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+    assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"}
+    assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}) == {}
+    for off in ("0", "false", "no"):
+        assert rank_environment({"HVD_NOTEBOOK_HUGEPAGES": off}) == {}
+
+
+def test_rank_info_from_a_bootstrap_report():
+    report = {"rank": 1, "size": 2, "host": "elsewhere", "pid": 42, "device": "CPU", "local_rank": 0,
+              "local_size": 1, "intra_op_threads": 1, "inter_op_threads": 2, "backend": "builtin", "ip": "10.0.0.2"}
+    info = RankInfo.from_bootstrap(7, report)
+    assert (info.rank, info.engine_id, info.pid, info.ip, info.here) == (1, 7, 42, "10.0.0.2", False)
+
+
+def test_engine_world_reads_the_log_while_running_and_ipyparallels_copy_after(tmp_path):
+    log = tmp_path / "engines.log"
+    log.write_text("[0]1:Return code = 7\n")
+    launcher = SimpleNamespace(pid=5, args=["mpiexec", "-n", "2", "python x"], running=True, output_file=str(log),
+                               poll=lambda: None, get_output=lambda: "kept by ipyparallel")
+    world = EngineWorld(launcher)
+    assert world.command == "mpiexec -n 2 'python x'" and world.exit_code() is None
+    assert world.output() == "[0]1:Return code = 7\n"
+    launcher.running, launcher.poll = False, lambda: 7
+    assert world.output() == "kept by ipyparallel" and world.exit_code() == 7

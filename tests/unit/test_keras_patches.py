@@ -1,0 +1,75 @@
+"""keras_patches' registry on stand-in classes (no Keras import): patch once, list, undo."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_notebook import keras_patches
+
+
+class Base:
+    def fit(self) -> str:
+        return "base fit"
+
+
+class Model(Base):
+    def compile(self) -> str:
+        return "compile"
+
+
+def tagged(method):
+    def wrapper(self, *args, **kwargs):
+        return "patched " + method(self, *args, **kwargs)
+
+    return wrapper
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    keras_patches.undo()
+    yield
+    keras_patches.undo()
+
+
+def test_patch_wraps_once_and_lists_what_it_patched():
+    original_compile = Model.__dict__["compile"]
+    assert keras_patches.patch(Model, "compile", tagged)
+    assert not keras_patches.patch(Model, "compile", tagged)  # a second patch is a no-op
+    assert Model().compile() == "patched compile"
+    assert keras_patches.patched() == [f"{__name__}.Model.compile"]
+    keras_patches.undo()
+    assert Model.__dict__["compile"] is original_compile and Model().compile() == "compile"
+    assert keras_patches.patched() == []
+
+
+def test_undo_of_an_inherited_method_inherits_it_again():
+    assert "fit" not in Model.__dict__
+    keras_patches.patch(Model, "fit", tagged)
+    assert Model().fit() == "patched base fit" and Base().fit() == "base fit"
+    keras_patches.undo()
+    assert "fit" not in Model.__dict__ and Model.fit is Base.fit
+
+
+def test_undo_restores_in_reverse_order():
+    keras_patches.patch(Model, "compile", tagged)
+    keras_patches.patch(Base, "fit", tagged)
+    keras_patches.patch(Model, "fit", tagged)  # wraps the already patched Base.fit
+    assert Model().fit() == "patched patched base fit"
+    keras_patches.undo()
+    assert Model().fit() == "base fit" and Model().compile() == "compile"
+    assert "fit" not in Model.__dict__
+
+
+def test_the_real_keras_patches_come_off_again():
+    keras = pytest.importorskip("keras")
+    owner = next(cls for cls in keras.Model.__mro__ if "compile" in cls.__dict__)
+    originals = {name: getattr(keras.Model, name) for name in ("fit", "evaluate", "predict")}
+    original_compile = owner.__dict__["compile"]
+    keras_patches.patch_progress(tagged)
+    keras_patches.patch_compile()
+    assert all(getattr(keras.Model, name) is not method for name, method in originals.items())
+    assert owner.__dict__["compile"] is not original_compile
+    assert len(keras_patches.patched()) == 4
+    keras_patches.undo()
+    assert all(getattr(keras.Model, name) is method for name, method in originals.items())
+    assert owner.__dict__["compile"] is original_compile

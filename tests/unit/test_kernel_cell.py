@@ -1,0 +1,189 @@
+"""A running cell against stand-in ranks (no engines): how it ends, and how it
+stops ranks that are still running; its output streams; the failure messages."""
+
+from __future__ import annotations
+
+import signal
+from concurrent.futures import Future
+
+import pytest
+
+from hvd_notebook.cluster import ClusterError
+from hvd_notebook.config import DashboardMode
+from hvd_notebook.kernel import cell, failures
+from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy
+
+
+class RemoteError(Exception):
+    def __init__(self, ename: str, evalue: str) -> None:
+        super().__init__(ename)
+        self.ename, self.evalue, self.traceback = ename, evalue, f"Traceback\n{ename}: {evalue}"
+
+
+def part(stdout: str = "") -> Future:
+    future: Future = Future()
+    future.metadata = {"data": {}, "stdout": stdout, "stderr": "", "outputs": [], "execute_result": None}
+    return future
+
+
+class FakeAsyncResult:
+    def __init__(self, parts: list[Future]) -> None:
+        self.parts = parts
+
+    def split(self) -> tuple[Future, ...]:
+        return tuple(self.parts)
+
+    def wait_for_output(self, timeout: float) -> bool:
+        return True
+
+
+class FakeClient:
+    def __init__(self, parts: list[Future], busy: bool) -> None:
+        self.parts, self.busy = parts, busy
+        self.signals: list[tuple[int, list[int]]] = []
+
+    def __getitem__(self, targets):
+        client = self
+
+        class View:
+            def execute(self, code, silent, block):
+                return FakeAsyncResult(client.parts)
+
+        return View()
+
+    def send_signal(self, sig, targets, block):
+        self.signals.append((sig, targets))
+        if not self.busy:  # the ranks stop when interrupted
+            for future in self.parts:
+                if not future.done():
+                    future.set_exception(RemoteError("KeyboardInterrupt", ""))
+
+    def queue_status(self, targets=None):
+        return {t: {"tasks": int(self.busy), "queue": 0} for t in targets or []}
+
+
+class FakeCluster:
+    def __init__(self, parts: list[Future], busy: bool = False, restart_fails: bool = False) -> None:
+        self.client = FakeClient(parts, busy)
+        self.restarts = 0
+        self.restart_fails = restart_fails
+
+    def engine_ids(self, ranks):
+        return [10 + r for r in ranks]
+
+    def alive(self):
+        return {0: True, 1: True}
+
+    def restart(self):
+        self.restarts += 1
+        if self.restart_fails:
+            raise ClusterError("no MPI")
+
+
+@pytest.fixture(autouse=True)
+def quick(monkeypatch):
+    monkeypatch.setattr(cell, "POLL_S", 0.001)
+    monkeypatch.setattr(cell, "INTERRUPT_GRACE_S", 0.05)
+    monkeypatch.setattr(cell, "SIMULTANEOUS_FAILURE_S", 0.0)
+
+
+def start(cluster: FakeCluster, timeout: float | None = None) -> RunningCell:
+    return RunningCell(cluster, "code", [0, 1], show={0}, timeout=timeout, mode=DashboardMode.NONE)
+
+
+def test_a_cell_that_finishes_returns_rank_0s_value_and_its_output(capsys):
+    parts = [part("hello\n"), part("not shown\n")]
+    parts[0].metadata["execute_result"] = {"data": {"text/plain": "42"}}
+    for future in parts:
+        future.set_result(None)
+    value = start(FakeCluster(parts)).wait()
+    assert isinstance(value, RankValue) and repr(value) == "42"
+    assert capsys.readouterr().out == "[0] hello\n"
+
+
+def test_a_timeout_interrupts_the_running_ranks_once():
+    cluster = FakeCluster([part(), part()])
+    with pytest.raises(failures.CellTimeout, match=r"within --timeout 0.01 s; rank\(s\) \[0, 1\] were still "
+                                                   r"running. They were interrupted; their variables are kept"):
+        start(cluster, timeout=0.01).wait()
+    assert cluster.client.signals == [(signal.SIGINT, [10, 11])] and cluster.restarts == 0
+
+
+def test_ranks_that_ignore_the_interrupt_get_the_world_restarted():
+    cluster = FakeCluster([part(), part()], busy=True)
+    with pytest.raises(failures.CellTimeout, match="did not respond to an interrupt .* so the MPI world was "
+                                                   "restarted"):
+        start(cluster, timeout=0.01).wait()
+    assert cluster.restarts == 1
+
+
+def test_a_failed_restart_loses_the_cluster():
+    cluster = FakeCluster([part(), part()], busy=True, restart_fails=True)
+    running = start(cluster, timeout=0.01)
+    with pytest.raises(failures.CellTimeout, match="restarting the engines failed: no MPI. Run %hvd restart"):
+        running.wait()
+    assert running.cluster_lost
+
+
+def test_a_rank_that_raises_fails_the_cell_and_stops_the_others():
+    parts = [part(), part()]
+    parts[1].set_exception(RemoteError("ValueError", "bad shard"))
+    cluster = FakeCluster(parts)
+    with pytest.raises(failures.RankError, match=r"rank 1 raised ValueError: bad shard") as raised:
+        start(cluster).wait()
+    assert raised.value.outcomes == ["rank 0: was still running; interrupted", "rank 1: raised ValueError: bad shard"]
+    assert raised.value.remote_traceback == ["Traceback", "ValueError: bad shard"]
+    assert cluster.client.signals == [(signal.SIGINT, [10])]
+
+
+def test_interrupting_the_kernel_stops_the_ranks_and_says_so(capsys, monkeypatch):
+    cluster = FakeCluster([part(), part()])
+    running = start(cluster)
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(running, "_watch", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        running.wait()
+    assert "Rank(s) [0, 1] were still running. They were interrupted" in capsys.readouterr().err
+
+
+def test_output_streams_forward_whole_lines_with_the_rank():
+    written: list[str] = []
+    stream = OutputStream(3, "stdout", written.append)
+    stream.update("a\nb")
+    stream.update("a\nb\nc")
+    stream.update("a\nb\nc", final=True)
+    assert written == ["[3] a\n", "[3] b\n", "[3] c\n"]
+
+
+def test_output_streams_resend_a_collapsed_carriage_return_line():
+    written: list[str] = []
+    stream = OutputStream(0, "stdout", written.append)
+    stream.update("x\n10%\n")
+    stream.update("x\n1")  # ipyparallel replaced "10%\n" after a '\r'
+    stream.update("x\n100%\n")
+    assert written == ["[0] x\n[0] 10%\n", "[0] 100%\n"]
+
+
+def test_filtered_streams_forward_only_matching_lines():
+    written: list[str] = []
+    stream = OutputStream(1, "stderr", written.append, only="WARNING")
+    stream.update("noise\n[hvd_notebook] WARNING stall\nmore\n")
+    assert written == ["[1] [hvd_notebook] WARNING stall\n"]
+
+
+def test_busy_engines():
+    assert is_busy({"tasks": 1, "queue": 0}) and is_busy({"tasks": 0, "queue": 2})
+    assert not is_busy({"tasks": 0, "queue": 0}) and not is_busy(None) and not is_busy("error")
+
+
+def test_failure_texts():
+    assert failures.describe(RemoteError("EngineError", "died")) == failures.DIED
+    assert failures.describe(RemoteError("KeyError", "'x'")) == "KeyError: 'x'"
+    assert str(failures.unknown_ranks([5], 2)) == "Rank(s) [5] do not exist: this cluster has ranks 0..1."
+    died = failures.ranks_died([1], "rank 1: exit code 7", [0], ["  [1] (nothing)"], "tail")
+    assert str(died).startswith("rank(s) [1] died while running the cell (rank 1: exit code 7; out of memory is "
+                                "a common cause). An MPI world cannot go on without a rank, so rank(s) [0] were "
+                                "ended too: run %hvd restart")

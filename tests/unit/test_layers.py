@@ -1,0 +1,526 @@
+"""The package's layer rules, read from its source with ``ast`` (nothing is imported):
+
+- no module-level import cycle anywhere in ``hvd_notebook``;
+- only ``runtime/`` imports mpi4py or cupy;
+- only ``cluster/`` starts or kills processes;
+- only ``dashboard/`` imports a drawing library.
+
+Each checker also runs on a small synthetic package, so that each rule is shown able to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "hvd_notebook"
+
+MPI_MODULES = frozenset({"mpi4py", "cupy"})
+DRAWING_MODULES = frozenset({"ipywidgets", "bqplot", "matplotlib"})
+# module functions that start, replace or signal a process, by their dotted name
+PROCESS_FUNCTIONS = frozenset(
+    {f"subprocess.{n}" for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput",
+                                 "getstatusoutput")}
+    | {f"os.{n}" for n in ("kill", "killpg", "system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp",
+                           "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+                           "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe")}
+    | {"signal.pthread_kill", "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
+       "multiprocessing.Process"}
+)
+# methods that signal a process (psutil.Process, subprocess.Popen, ipyparallel launchers)
+PROCESS_METHODS = frozenset({"kill", "terminate", "send_signal"})
+# ipyparallel's Client.send_signal asks the engines to signal themselves (how a %%hvd cell is
+# interrupted): a request over the cluster's own messages, not a process this code kills
+ALLOWED_METHOD_RECEIVERS = frozenset({("client", "send_signal")})
+
+
+# ------------------------------------------------------------------ reading a package
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted, e.g. hvd_notebook.runtime.basics
+    path: Path
+    is_package: bool  # an __init__.py
+    tree: ast.Module
+
+    @property
+    def package(self) -> str:
+        """The package a relative import of this module starts from."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+def read_package(package_dir: Path) -> dict[str, Module]:
+    """Every module under ``package_dir`` by dotted name, parsed."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        modules[".".join(parts)] = Module(".".join(parts), path, is_package, ast.parse(path.read_text(), str(path)))
+    return modules
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def import_time_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """The statements that run when the module is imported: everything but function bodies
+    (and ``if TYPE_CHECKING:`` blocks); class bodies run, so they are included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue  # its decorators and defaults run, but hold no import statement
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                yield child
+                yield from import_time_nodes(child)
+            continue
+        yield node
+        yield from import_time_nodes(node)
+
+
+def absolute_name(module: Module, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` names, with a relative one resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imported_modules(module: Module, node: ast.Import | ast.ImportFrom, known: set[str]) -> Iterator[str]:
+    """The modules of ``known`` (or their dotted names, for outside ones) that one import statement
+    runs: each package on the way (its ``__init__`` runs), and a name imported from a package that
+    is one of its submodules."""
+    if isinstance(node, ast.Import):
+        targets = [alias.name for alias in node.names]
+    else:
+        base = absolute_name(module, node)
+        targets = [base]
+        targets += [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known]
+    for target in targets:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            yield ".".join(parts[:i])
+
+
+# ------------------------------------------------------------------ rule 1: no cycles
+def import_graph(modules: dict[str, Module]) -> dict[str, dict[str, int]]:
+    """module -> {module it imports at import time: line of the import}.
+
+    A module's own enclosing packages are left out: Python has them in ``sys.modules`` (initialised
+    up to the import) before the module runs, so ``from .. import config`` depends on ``config``
+    only. A name taken from an enclosing package that is not a submodule (``from . import x``
+    where ``x`` is defined in ``__init__``) does depend on that package, and keeps its edge.
+    """
+    known = set(modules)
+    graph: dict[str, dict[str, int]] = {name: {} for name in modules}
+    for module in modules.values():
+        ancestors = {module.name.rsplit(".", i)[0] for i in range(1, module.name.count(".") + 1)}
+        ancestors.add(module.name)
+        for node in import_time_nodes(module.tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            targets = set(imported_modules(module, node, known)) & known
+            if isinstance(node, ast.ImportFrom):
+                base = absolute_name(module, node)
+                takes_a_name = any(f"{base}.{a.name}" not in known for a in node.names)
+                targets -= ancestors - ({base} if takes_a_name and base != module.name else set())
+            else:
+                targets -= ancestors
+            for target in targets:
+                graph[module.name].setdefault(target, node.lineno)
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """One cycle (first module repeated at the end) per strongly connected component that has one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return [_cycle_in(graph, set(c), c[0]) for c in components]
+
+
+def _cycle_in(graph: dict[str, dict[str, int]], component: set[str], start: str) -> list[str]:
+    """A shortest path from ``start`` back to itself inside ``component`` (breadth first)."""
+    parents: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for v in frontier:
+            for w in sorted(graph[v]):
+                if w not in component:
+                    continue
+                if w == start:
+                    path = [v]
+                    while path[-1] != start:
+                        path.append(parents[path[-1]])
+                    return [start, *reversed(path[:-1]), start] if v != start else [start, start]
+                if w not in parents:
+                    parents[w] = v
+                    following.append(w)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")
+
+
+def describe_cycle(graph: dict[str, dict[str, int]], modules: dict[str, Module], cycle: list[str]) -> str:
+    steps = [f"{a} (line {graph[a][b]} of {modules[a].path.name}) -> {b}" for a, b in zip(cycle, cycle[1:])]
+    return "import cycle:\n    " + "\n    ".join(steps)
+
+
+def cycle_violations(package_dir: Path) -> list[str]:
+    modules = read_package(package_dir)
+    graph = import_graph(modules)
+    return [describe_cycle(graph, modules, c) for c in find_cycles(graph)]
+
+
+# ------------------------------------------------------------------ rules 2-4: who may do what
+def _outside(modules: dict[str, Module], allowed: str) -> Iterator[Module]:
+    for module in modules.values():
+        if module.name != allowed and not module.name.startswith(allowed + "."):
+            yield module
+
+
+def _where(module: Module, node: ast.AST) -> str:
+    return f"{module.name} (line {node.lineno})"
+
+
+def _in_order(found: list[tuple[str, int, str]]) -> list[str]:
+    """Violations sorted by module and line (``ast.walk`` goes breadth first)."""
+    return [text for _, _, text in sorted(found)]
+
+
+def import_violations(package_dir: Path, forbidden: frozenset[str], allowed: str) -> list[str]:
+    """Imports of ``forbidden`` top-level modules, at any level (in functions too), outside package
+    ``allowed``; ``importlib.import_module`` and ``__import__`` of a constant name count."""
+    found = []
+    for module in _outside(read_package(package_dir), allowed):
+        for node in ast.walk(module.tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif (isinstance(node, ast.Call) and _call_name(node.func) in ("import_module", "__import__")
+                  and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+                names = [node.args[0].value]
+            for name in names:
+                if name.split(".")[0] in forbidden:
+                    found.append((module.name, node.lineno, f"{_where(module, node)} imports {name}"))
+    return _in_order(found)
+
+
+def _call_name(func: ast.expr) -> str:
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _aliases(tree: ast.Module) -> dict[str, str]:
+    """Local name -> the dotted name it stands for, from every import in the module."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname:
+                    names[a.asname] = a.name
+                else:
+                    names[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """``a.b.c`` with its first name replaced by what the module imported under it; None if not
+    a plain dotted name."""
+    attrs = []
+    while isinstance(node, ast.Attribute):
+        attrs.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([aliases.get(node.id, node.id), *reversed(attrs)])
+
+
+def _receiver_name(node: ast.expr) -> str:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def process_violations(package_dir: Path, allowed: str) -> list[str]:
+    """Calls or references that start, replace or signal a process, outside package ``allowed``."""
+    found = []
+    for module in _outside(read_package(package_dir), allowed):
+        aliases = _aliases(module.tree)
+        for node in ast.walk(module.tree):
+            if isinstance(node, (ast.Attribute, ast.Name)):
+                name = _dotted(node, aliases)
+                if name in PROCESS_FUNCTIONS:
+                    found.append((module.name, node.lineno, f"{_where(module, node)} uses {name}"))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                method, receiver = node.func.attr, _receiver_name(node.func.value)
+                if (method in PROCESS_METHODS and (receiver, method) not in ALLOWED_METHOD_RECEIVERS
+                        and _dotted(node.func, aliases) not in PROCESS_FUNCTIONS):  # os.kill: reported above
+                    found.append((module.name, node.lineno,
+                                  f"{_where(module, node)} calls {receiver or '<expression>'}.{method}()"))
+    return _in_order(found)
+
+
+# which layers each layer may import (at any level: a lazy import couples as much), so that data flows
+# one way: kernel -> cluster / engine -> runtime, and progress engine -> (IOPub) -> dashboard
+MAY_IMPORT = {
+    "config": set(),
+    "keras_patches": set(),  # every global change to Keras, with undo; imported by the layers that patch
+    "runtime": {"runtime", "config", "keras_patches"},
+    "cluster": {"cluster", "engine", "config"},  # engine: the bootstrap function it runs on new engines
+    "dashboard": {"dashboard", "config"},
+    "engine": {"engine", "runtime", "config", "keras_patches"},
+    "kernel": {"kernel", "cluster", "engine", "dashboard", "config"},
+}
+# the engine <-> kernel update message is defined once, beside its reader, and written by the engine
+MAY_ALSO_IMPORT = {"engine": {"dashboard.message"}}
+
+
+def layer_of(name: str) -> str | None:
+    """``runtime`` for hvd_notebook.runtime.basics; None for the package's top-level entry points
+    (``__init__``, ``cli``, ``progress``), which may import any layer."""
+    parts = name.split(".")[1:]
+    if not parts or parts[0] in ("cli", "progress", "__main__"):
+        return None
+    return parts[0]
+
+
+def named_modules(module: Module, node: ast.Import | ast.ImportFrom, known: set[str]) -> set[str]:
+    """The modules an import statement names (not the packages on the way to them): ``import a.b``
+    names a.b; ``from a import b`` names a.b where that is a module, else a."""
+    if isinstance(node, ast.Import):
+        return {alias.name for alias in node.names}
+    base = absolute_name(module, node)
+    names = {f"{base}.{alias.name}" for alias in node.names}
+    return (names & known) | ({base} if names - known else set())
+
+
+def direction_violations(package_dir: Path) -> list[str]:
+    """Imports, at any level, from a layer into one it may not import."""
+    modules = read_package(package_dir)
+    found = []
+    for module in modules.values():
+        layer = layer_of(module.name)
+        if layer is None:
+            continue
+        allowed = MAY_IMPORT.get(layer, {layer})
+        for node in ast.walk(module.tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in sorted(named_modules(module, node, set(modules)) & set(modules)):
+                within = target.partition(".")[2]
+                if layer_of(target) in allowed or layer_of(target) is None or within in MAY_ALSO_IMPORT.get(layer, ()):
+                    continue
+                found.append((module.name, node.lineno, f"{_where(module, node)}: {layer} imports {target}"))
+    return _in_order(found)
+
+
+# ------------------------------------------------------------------ the rules, on hvd_notebook
+def _report(violations: list[str]) -> str:
+    return f"{len(violations)} violation(s):\n" + "\n".join(violations)
+
+
+def test_no_import_cycle():
+    violations = cycle_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_only_the_runtime_imports_mpi4py_and_cupy():
+    violations = import_violations(PACKAGE, MPI_MODULES, "hvd_notebook.runtime")
+    assert not violations, _report(violations)
+
+
+def test_only_the_cluster_starts_or_kills_processes():
+    violations = process_violations(PACKAGE, "hvd_notebook.cluster")
+    assert not violations, _report(violations)
+
+
+def test_only_the_dashboard_draws():
+    violations = import_violations(PACKAGE, DRAWING_MODULES, "hvd_notebook.dashboard")
+    assert not violations, _report(violations)
+
+
+def test_layers_import_only_the_layers_below():
+    violations = direction_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_every_module_is_in_a_layer():
+    strays = [name for name in read_package(PACKAGE) if layer_of(name) not in (None, *MAY_IMPORT)]
+    assert not strays, f"modules outside the layers of MAY_IMPORT (move them into one, or add a layer): {strays}"
+
+
+def test_the_package_is_read_whole():
+    modules = read_package(PACKAGE)
+    for name in ("hvd_notebook", "hvd_notebook.config", "hvd_notebook.runtime", "hvd_notebook.cluster.cluster",
+                 "hvd_notebook.kernel.magics", "hvd_notebook.dashboard"):
+        assert name in modules
+    graph = import_graph(modules)
+    # the extension's entry points import the kernel side lazily, in functions: no edge
+    assert "hvd_notebook.kernel.magics" not in graph["hvd_notebook"]
+
+
+# ------------------------------------------------------------------ the checkers can fail
+def write_package(root: Path, files: dict[str, str]) -> Path:
+    """A package ``pkg`` under ``root`` from {relative path: source}."""
+    for rel, source in files.items():
+        path = root / "pkg" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    for folder in {p.parent for p in (root / "pkg").rglob("*.py")}:
+        (folder / "__init__.py").touch()
+    return root / "pkg"
+
+
+def test_a_cycle_is_found_and_printed(tmp_path):
+    pkg = write_package(tmp_path, {
+        "low/a.py": "from . import b\n",
+        "low/b.py": "import os\nfrom ..high import c\n",
+        "high/c.py": "from ..low.a import thing\n",
+    })
+    (violation,) = cycle_violations(pkg)
+    assert "pkg.high.c (line 1 of c.py) -> pkg.low.a" in violation
+    assert "pkg.low.a (line 1 of a.py) -> pkg.low.b" in violation
+    assert "pkg.low.b (line 2 of b.py) -> pkg.high.c" in violation
+
+
+def test_a_cycle_through_a_package_init(tmp_path):
+    # importing pkg.sub.m runs pkg/sub/__init__.py, which imports pkg.a back
+    pkg = write_package(tmp_path, {"a.py": "import pkg.sub.m\n", "sub/__init__.py": "from .. import a\n",
+                                   "sub/m.py": ""})
+    (violation,) = cycle_violations(pkg)
+    assert "pkg.a" in violation and "-> pkg.sub\n" in violation + "\n"
+
+
+def test_a_name_from_the_own_package_init_is_a_cycle(tmp_path):
+    pkg = write_package(tmp_path, {"__init__.py": "from .m import f\nVALUE = 1\n", "m.py": "from . import VALUE\n"})
+    assert cycle_violations(pkg)
+
+
+def test_what_is_not_a_cycle(tmp_path):
+    pkg = write_package(tmp_path, {
+        "__init__.py": "from .m import f\n",
+        "m.py": "from . import n\n",  # a submodule, not the package's __init__
+        "sub/x.py": "from .. import m\nfrom ..n import g\n",
+        "n.py": textwrap.dedent("""\
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                from .m import f
+            def g():
+                from .m import f
+                return f
+        """),
+    })
+    assert cycle_violations(pkg) == []
+
+
+def test_a_self_import_is_a_cycle(tmp_path):
+    graph = {"a": {"a": 1}, "b": {}}
+    assert find_cycles(graph) == [["a", "a"]]
+
+
+def test_mpi_outside_the_runtime_is_found_even_in_a_function(tmp_path):
+    pkg = write_package(tmp_path, {
+        "runtime/ok.py": "from mpi4py import MPI\nimport cupy\n",
+        "engine/bad.py": "def f():\n    from mpi4py import MPI\n    return MPI\n",
+        "engine/worse.py": "import importlib\ncp = importlib.import_module('cupy.cuda')\n",
+    })
+    found = import_violations(pkg, MPI_MODULES, "pkg.runtime")
+    assert found == ["pkg.engine.bad (line 2) imports mpi4py", "pkg.engine.worse (line 2) imports cupy.cuda"]
+
+
+def test_drawing_outside_the_dashboard_is_found(tmp_path):
+    pkg = write_package(tmp_path, {"dashboard/view.py": "import ipywidgets\n",
+                                   "kernel/s.py": "import matplotlib.pyplot as plt\n"})
+    assert import_violations(pkg, DRAWING_MODULES, "pkg.dashboard") == ["pkg.kernel.s (line 1) imports "
+                                                                        "matplotlib.pyplot"]
+
+
+def test_processes_outside_the_cluster_are_found(tmp_path):
+    pkg = write_package(tmp_path, {
+        "cluster/ok.py": "import subprocess, os\nsubprocess.run(['x'])\nos.kill(1, 9)\n",
+        "kernel/bad.py": textwrap.dedent("""\
+            import os
+            import subprocess as sp
+            from os import killpg as kp
+            import psutil
+            sp.Popen(['x'])
+            kp(1, 9)
+            os.execv('/bin/true', [])
+            psutil.Process(1).terminate()
+            handle.kill()
+            client.send_signal(2)  # ipyparallel: a request to the engines
+            self.client.send_signal(2)
+            proc.send_signal(2)
+            os.getpid()
+        """),
+    })
+    found = process_violations(pkg, "pkg.cluster")
+    assert found == [
+        "pkg.kernel.bad (line 5) uses subprocess.Popen",
+        "pkg.kernel.bad (line 6) uses os.killpg",
+        "pkg.kernel.bad (line 7) uses os.execv",
+        "pkg.kernel.bad (line 8) calls <expression>.terminate()",
+        "pkg.kernel.bad (line 9) calls handle.kill()",
+        "pkg.kernel.bad (line 12) calls proc.send_signal()",
+    ], found
+
+
+@pytest.mark.parametrize("source", ["from subprocess import run\nrun(['x'])\n",
+                                    "import subprocess\nf = subprocess.call\n",
+                                    "import signal\nsignal.pthread_kill(1, 9)\n", "import os\nos.system('x')\n"])
+def test_each_way_to_start_a_process_is_found(tmp_path, source):
+    pkg = write_package(tmp_path, {"engine/m.py": source})
+    assert process_violations(pkg, "pkg.cluster")
+
+
+def test_an_import_against_the_flow_is_found(tmp_path):
+    pkg = write_package(tmp_path, {
+        "runtime/basics.py": "from ..config import X\n",
+        "runtime/bad.py": "def f():\n    from ..kernel import session\n",
+        "engine/ok.py": "from ..dashboard.message import Update\nfrom .. import runtime\n",
+        "engine/bad.py": "from ..dashboard import view\n",
+        "dashboard/message.py": "", "dashboard/view.py": "", "kernel/session.py": "", "config.py": "",
+    })
+    assert direction_violations(pkg) == [
+        "pkg.engine.bad (line 1): engine imports pkg.dashboard.view",
+        "pkg.runtime.bad (line 2): runtime imports pkg.kernel.session",
+    ]

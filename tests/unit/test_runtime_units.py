@@ -1,0 +1,261 @@
+"""Pure parts of the runtime (hvd_notebook.runtime): no MPI, no engines."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hvd_notebook import config
+from hvd_notebook.runtime import fusion, ops, signatures
+from hvd_notebook.runtime.signatures import MismatchError, describe_mismatch
+from hvd_notebook.runtime.timeline import Timeline
+
+RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
+
+# each module may import (at module level or inside a function) only modules of a lower layer
+LAYERS = [
+    {"ops", "timeline", "topology"},
+    {"signatures", "fusion"},
+    {"bridges", "negotiation"},
+    {"mpi_backend", "nccl_backend"},
+    {"world"},
+    {"basics", "compression"},
+    {"collectives"},
+    {"training", "callbacks"},
+    {"__init__"},
+]
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The runtime modules a module imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hvd_notebook.runtime."):
+            found.add(node.module.split(".")[2])
+    return found
+
+
+def test_every_runtime_module_has_a_layer():
+    modules = {p.stem for p in RUNTIME.glob("*.py")}
+    assert modules == set().union(*LAYERS)
+
+
+def test_runtime_modules_import_only_lower_layers():
+    layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    wrong = []
+    for path in RUNTIME.glob("*.py"):
+        for imported in _runtime_imports(path):
+            if layer_of[imported] >= layer_of[path.stem]:
+                wrong.append(f"{path.stem} (layer {layer_of[path.stem]}) imports {imported} "
+                             f"(layer {layer_of[imported]})")
+    assert not wrong, wrong
+
+
+def test_the_backends_never_import_each_other():
+    assert "nccl_backend" not in _runtime_imports(RUNTIME / "mpi_backend.py")
+    assert "mpi_backend" not in _runtime_imports(RUNTIME / "nccl_backend.py")
+
+
+def test_importing_the_runtime_loads_no_mpi_tensorflow_or_cupy():
+    import subprocess
+
+    code = ("import sys, hvd_notebook.runtime; "
+            "print([m for m in ('mpi4py', 'tensorflow', 'cupy', 'keras') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ------------------------------------------------------------------ ops
+def test_ops_have_horovods_values_and_names():
+    assert (ops.Average, ops.Sum, ops.Adasum, ops.Min, ops.Max, ops.Product) == (0, 1, 2, 3, 4, 5)
+    assert all(ops.op_named(name) == op for op, name in ops.OP_NAMES.items())
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        ops.check_op(ops.Adasum)
+    with pytest.raises(ValueError, match="not one of"):
+        ops.check_op(42)
+    ops.check_op(ops.Max)
+
+
+def test_scale_floats_in_place_integers_in_their_dtype():
+    floats = np.array([1.0, 2.0], np.float32)
+    assert ops.scale(floats, 0.5) is floats and floats.tolist() == [0.5, 1.0]
+    ints = np.array([3, 5], np.int32)
+    scaled = ops.scale(ints, 0.5)
+    assert scaled.dtype == np.int32 and scaled.tolist() == [1, 2] and ints.tolist() == [3, 5]
+
+
+def test_average_of_integers_is_float64():
+    summed = np.array([3, 4], np.int64)
+    out = ops.average(summed, 2)
+    assert out.dtype == np.float64 and out.tolist() == [1.5, 2.0]
+    floats = np.array([3.0, 4.0], np.float32)
+    assert ops.average(floats, 2) is floats and floats.tolist() == [1.5, 2.0]
+    assert ops.averages_to_float(ops.Average, "i") and ops.averages_to_float(ops.Average, "b")
+    assert not ops.averages_to_float(ops.Sum, "i") and not ops.averages_to_float(ops.Average, "f")
+
+
+def test_finish_reduction_averages_then_postscales():
+    assert ops.finish_reduction(np.array([4.0]), ops.Average, 2, 3.0).tolist() == [6.0]
+    assert ops.finish_reduction(np.array([4.0]), ops.Sum, 2, 1.0).tolist() == [4.0]
+
+
+def test_reduce_dtype_widens_half_precision_only():
+    assert ops.reduce_dtype(np.dtype(np.float16)) == np.float32
+    assert ops.reduce_dtype(ops.bfloat16()) == np.float32
+    assert ops.reduce_dtype(np.dtype(np.int16)) == np.int16
+    assert ops.reduce_dtype(np.dtype(np.float64)) == np.float64
+    assert ops.numpy_dtype("bfloat16") == ops.bfloat16() and ops.numpy_dtype("int8") == np.int8
+
+
+@pytest.mark.parametrize("rows,size,expected", [(5, 2, [3, 2]), (4, 2, [2, 2]), (1, 3, [1, 0, 0]), (0, 2, [0, 0]),
+                                                (7, 3, [3, 2, 2])])
+def test_even_rows(rows, size, expected):
+    assert ops.even_rows(rows, size) == expected
+
+
+# ------------------------------------------------------------ signatures
+def test_describe_mismatch_names_ranks_and_field():
+    a = signatures.allreduce_signature(ops.Sum, "float32", ((3,),), 1.0, 1.0, "w")
+    b = signatures.allreduce_signature(ops.Sum, "float32", ((4,),), 1.0, 1.0, "w")
+    text = describe_mismatch([a, b, a])
+    assert text.startswith("allreduce of tensor 'w' does not match across ranks: shapes: ")
+    assert "rank(s) [0, 2] ((3,),)" in text and "rank(s) [1] ((4,),)" in text
+    assert "Every rank must pass the same op, dtype, shapes" in text
+
+
+def test_describe_mismatch_of_different_collectives():
+    text = describe_mismatch([signatures.BARRIER, signatures.allgather_object_signature("x")])
+    assert "Ranks called different collectives" in text and "rank 0: barrier" in text
+    assert "rank 1: allgather_object('x')" in text
+
+
+def test_signature_equality_ignores_the_label():
+    a = signatures.broadcast_signature(0, ("float32",), ((2,),), "a")
+    assert a == signatures.broadcast_signature(0, ("float32",), ((2,),), "b")
+    assert a != signatures.broadcast_signature(1, ("float32",), ((2,),), "a")
+    assert a.named("c").name == "c" and a.named(None) is a
+    assert a.describe() == "broadcast('a')" and signatures.BARRIER.describe() == "barrier"
+
+
+def test_signature_builders():
+    sig = signatures.allreduce_signature(ops.Average, "float16", ((2, 3),), 0.5, 2.0, "g", via="NCCL")
+    assert sig.kind == "allreduce" and dict(sig.fields) == {
+        "op": "Average", "dtype": "float16", "shapes": ((2, 3),), "prescale_factor": 0.5, "postscale_factor": 2.0,
+        "via": "NCCL"}
+    call = signatures.AllreduceCall.of(sig)
+    assert (call.op, call.dtype, call.prescale, call.postscale, call.via) == (ops.Average, "float16", 0.5, 2.0,
+                                                                                "NCCL")
+    assert call.elements == 6
+    assert dict(signatures.allgather_signature(("int8",), ((2,),), "x").fields) == {
+        "dtypes": ("int8",), "trailing shapes": ((2,),)}
+    assert dict(signatures.alltoall_signature("int8", (2,), "x").fields) == {"dtype": "int8", "trailing shape": (2,)}
+    assert dict(signatures.reducescatter_signature(ops.Max, "int8", (4, 2), "x").fields) == {
+        "op": "Max", "dtype": "int8", "shape": (4, 2)}
+    assert dict(signatures.broadcast_object_signature(1, "o").fields) == {"root_rank": 1}
+    assert isinstance(MismatchError("x"), ValueError)
+
+
+# ---------------------------------------------------------------- fusion
+def test_fusion_groups_by_dtype_within_the_threshold(monkeypatch):
+    items = [("f4", 1024), ("f8", 24), ("f4", 1024), ("f4", 1024)]
+    monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD", raising=False)
+    assert fusion.fusion_groups(items) == [[0, 2, 3], [1]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "2048")
+    assert fusion.fusion_groups(items) == [[0, 2], [1], [3]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
+    assert fusion.fusion_groups(items) == [[0], [1], [2], [3]]
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "not a number")
+    assert fusion.fusion_threshold() == config.FUSION_THRESHOLD.default
+
+
+def test_fused_label():
+    assert fusion.fused_label(["a"]) == "a" and fusion.fused_label(["a", "b", "c"]) == "a +2 fused"
+
+
+def test_aligned_offsets_start_every_tensor_on_64_bytes():
+    assert fusion.aligned_offsets([16, 16], 4) == ([0, 16], 32)  # 64 bytes each: no padding
+    assert fusion.aligned_offsets([3, 5, 1], 4) == ([0, 16, 32], 33)
+    assert fusion.aligned_offsets([1, 1], 8) == ([0, 8], 9)
+    assert fusion.aligned_offsets([100, 1], 1) == ([0, 128], 129)
+    assert fusion.aligned_offsets([], 4) == ([], 0)
+
+
+def test_buffer_pool_reuses_free_buffers_only():
+    pool = fusion.BufferPool(max_bytes=1024, per_size=2)
+    a = pool.get(64)
+    assert fusion.is_aligned(a) and a.nbytes == 64
+    view = a.view(np.float32)
+    b = pool.get(64)
+    assert b.__array_interface__["data"] != a.__array_interface__["data"]  # ``view`` keeps ``a`` in use
+    del view, a, b
+    c = pool.get(64)
+    assert c.__array_interface__["data"][0] in {raw.__array_interface__["data"][0]
+                                                for _, raw in pool.buffers[64]}
+    assert len(pool.buffers[64]) == 2 and pool.total == 128
+
+
+def test_buffer_pool_stays_within_its_bounds():
+    pool = fusion.BufferPool(max_bytes=128, per_size=2)
+    held = [pool.get(64).view(np.uint8) for _ in range(3)]  # callers hold views (see BufferPool.get)
+    assert len(pool.buffers[64]) == 2 and pool.total == 128
+    big = pool.get(256)
+    assert 256 not in pool.buffers and fusion.is_aligned(big)
+    assert all(fusion.is_aligned(h) for h in held)
+    arr = pool.empty(5, np.float64)
+    assert arr.dtype == np.float64 and arr.shape == (5,) and fusion.is_aligned(arr)
+
+
+# -------------------------------------------------------------- timeline
+def test_timeline_marks_cycles_only_when_asked():
+    timeline = Timeline()
+    timeline.mark_cycle(1)
+    assert timeline.events == []  # off
+    timeline.start("t.json")
+    timeline.mark_cycle(1)
+    with timeline.phase("MPI_ALLREDUCE", "x", 8):
+        pass
+    assert [e["name"] for e in timeline.events] == ["MPI_ALLREDUCE"]
+    timeline.start("t.json", mark_cycles=True)
+    timeline.mark_cycle(7)
+    (event,) = timeline.events
+    assert event["name"] == "CYCLE_START" and event["ph"] == "i" and event["args"] == {"collective": 7}
+    path, events = timeline.take()
+    assert path == "t.json" and events == [event] and not timeline.active
+
+
+# -------------------------------------------------------------- settings
+@pytest.mark.parametrize("value,expected", [("1", True), ("true", True), ("Yes", True), ("on", True), ("0", False),
+                                            ("false", False), ("no", False), ("", False), ("maybe", None)])
+def test_runtime_flags_parse_alike(value, expected):
+    for setting in (config.NCCL, config.SHM_AGREEMENT, config.TIMELINE_MARK_CYCLES, config.STALL_CHECK_DISABLE):
+        want = setting.default if expected is None else expected
+        assert setting.flag({setting.name: value}) is want
+        assert setting.flag({}) is setting.default
+
+
+def test_runtime_numbers():
+    assert config.STALL_CHECK_TIME.number({config.STALL_CHECK_TIME.name: "2.5"}) == 2.5
+    assert config.STALL_SHUTDOWN_TIME.number({}) == 0.0
+    assert config.FUSION_THRESHOLD.number({config.FUSION_THRESHOLD.name: "64"}) == 64
+    assert config.TIMELINE.text({}) is None and config.TIMELINE.text({"HOROVOD_TIMELINE": "t.json"}) == "t.json"
+
+
+def test_alltoall_splits():
+    from hvd_notebook.runtime.mpi_backend import alltoall_splits
+
+    assert alltoall_splits((4, 3), None, 2, "x").tolist() == [2, 2]
+    assert alltoall_splits((4,), [3, 1], 2, "x").tolist() == [3, 1]
+    with pytest.raises(ValueError, match="must divide evenly by the number of ranks"):
+        alltoall_splits((5,), None, 2, "x")
+    with pytest.raises(ValueError, match="summing to the first dimension"):
+        alltoall_splits((4,), [3, 2], 2, "x")
+    with pytest.raises(ValueError, match="one non-negative entry per rank"):
+        alltoall_splits((4,), [4], 2, "x")
+    with pytest.raises(ValueError, match="at least one dimension"):
+        alltoall_splits((), None, 2, "x")
