@@ -12,14 +12,11 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import Context, Report, Row
+from common import Context, Report, Row, run_worker
 
 HERE = Path(__file__).resolve().parent
 LARGE_TARGET = 1.1
@@ -33,29 +30,16 @@ def _run_horovod(ctx: Context) -> dict | None:
     env = Path(os.environ.get("HVD_HOROVOD_ENV", Path.home() / ".cache/hvd_notebook/horovod-tf2.15"))
     if not (env / ".complete").exists():
         return None
-    out = Path(tempfile.mkdtemp()) / "horovod.json"
-    cmd = [str(env / "bin/mpiexec"), "-n", "2", str(env / "bin/python"), str(HERE / "mpi_horovod_worker.py"),
-           str(out)] + (["--quick"] if ctx.quick else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Horovod worker failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    return run_worker(HERE / "mpi_horovod_worker.py", 2, ctx, mpiexec=str(env / "bin/mpiexec"),
+                      python=str(env / "bin/python"))
 
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
     from hvd_notebook.cluster import find_mpiexec, rank_environment
 
-    out = Path(tempfile.mkdtemp()) / "allreduce.json"
-    cmd = [find_mpiexec(None), "-n", "2", sys.executable, str(HERE / "mpi_allreduce_worker.py"), str(out)]
-    if ctx.quick:
-        cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **rank_environment()})  # as %hvd start's ranks
-    if proc.returncode != 0:
-        raise RuntimeError(f"the MPI worker failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    res = json.loads(out.read_text())
+    # the ranks get what %hvd start's ranks get
+    res = run_worker(HERE / "mpi_allreduce_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
 
     us = 1e6
     rows = []

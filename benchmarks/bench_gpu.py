@@ -8,14 +8,11 @@ Not part of `make bench` (it needs an NVIDIA GPU, TensorFlow's CUDA build and cu
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import Context, Report, Row
+from common import Context, Report, Row, run_worker
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,16 +21,8 @@ def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
     from hvd_notebook.cluster import find_mpiexec
 
-    out = Path(tempfile.mkdtemp()) / "gpu.json"
-    cmd = [find_mpiexec(None), "-n", "1", sys.executable, str(HERE / "mpi_gpu_worker.py"), str(out)]
-    if ctx.quick:
-        cmd.append("--quick")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the GPU worker failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    res = json.loads(out.read_text())
+    res = run_worker(HERE / "mpi_gpu_worker.py", 1, ctx, mpiexec=find_mpiexec(None),
+                     env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"})
 
     rows = []
     for nbytes, r in res["bandwidth"]["sizes"].items():

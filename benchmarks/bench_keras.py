@@ -8,14 +8,10 @@ DistributedOptimizer at most 5 % slower than with the plain optimizer.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from common import Context, Report, Row
+from common import Context, Report, Row, run_worker
 
 HERE = Path(__file__).resolve().parent
 
@@ -24,15 +20,8 @@ def _run(n: int, ctx: Context) -> dict:
     sys.path.insert(0, str(HERE.parent))
     from hvd_notebook.cluster import find_mpiexec, rank_environment
 
-    out = Path(tempfile.mkdtemp()) / f"keras-{n}.json"
-    cmd = [find_mpiexec(None), "-n", str(n), sys.executable, str(HERE / "mpi_keras_worker.py"), str(out)]
-    if ctx.quick:
-        cmd.append("--quick")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **rank_environment()})  # as %hvd start's ranks
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Keras worker on {n} rank(s) failed:\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
-    return json.loads(out.read_text())
+    # the ranks get what %hvd start's ranks get
+    return run_worker(HERE / "mpi_keras_worker.py", n, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
 
 
 def run(ctx: Context) -> Report:

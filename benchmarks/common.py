@@ -8,10 +8,16 @@ what it imports and when (import time can be part of what it measures).
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -119,6 +125,19 @@ class Context:
 
 
 # ------------------------------------------------------------------ processes
+def run_worker(worker: Path, ranks: int, ctx: Context, mpiexec: str, python: str = sys.executable,
+               env: dict[str, str] | None = None) -> dict:
+    """Run ``worker`` under ``mpiexec -n ranks``; it writes its figures as JSON to the
+    path it is given, which this returns (an error with the worker's output if it fails)."""
+    out = Path(tempfile.mkdtemp()) / f"{worker.stem}-{ranks}.json"
+    cmd = [mpiexec, "-n", str(ranks), python, str(worker), str(out)] + (["--quick"] if ctx.quick else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{worker.name} on {ranks} rank(s) failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
 def descendants() -> dict[int, str]:
     """PID -> command line of every live process below this one."""
     out = {}

@@ -84,13 +84,20 @@ def lab(tmp_path):
         pytest.fail(f"{CHROMIUM} is missing: run `make install` (it installs Debian's chromium) as root.")
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, tmp_path / "dashboard.ipynb")
+    work = tmp_path / "work"  # the file browser shows this folder only, not the server's state below
+    work.mkdir()
+    nbformat.write(nb, work / "dashboard.ipynb")
+    # no "get notified about Jupyter news?" pop-up over the dashboard
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
     port, token = _free_port(), secrets.token_hex(16)
     env = {**os.environ, "HVD_NOTEBOOK_GPUS": "", "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")}
+           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
     env.pop("HVD_NOTEBOOK_PROGRESS", None)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
            "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -110,7 +117,7 @@ def lab(tmp_path):
     lab_process = psutil.Process(proc.pid)
     seen: set[int] = set()
     yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),
-           "log": tmp_path / "lab.log", "notebook": tmp_path / "dashboard.ipynb"}
+           "log": tmp_path / "lab.log", "notebook": work / "dashboard.ipynb"}
     seen |= _cluster_pids(lab_process)
     proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
     try:
