@@ -10,14 +10,17 @@ LAB_ARGS ?=
 
 .PHONY: install demo test test-fast test-horovod gpu-check lab bench clean
 
+# also links .venv/bin/horovodrun to hvd-notebook (which then answers as `hvd-notebook run`), unless
+# a real Horovod has installed its own (docs/running-scripts.md)
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml setup.py Makefile
 	@bash scripts/ensure-python.sh $(VENV)
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),mpich,test,lab]"
 	$(PY) -c "import tensorflow, keras, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
+	@[ -e $(VENV)/bin/horovodrun ] || [ -L $(VENV)/bin/horovodrun ] || ln -s hvd-notebook $(VENV)/bin/horovodrun
 	@touch $(STAMP)
 
 demo: install

@@ -5,6 +5,9 @@
     hvd-notebook clean --dry-run  only say what would be stopped
     hvd-notebook install-kernel [--user | --sys-prefix | --prefix P] [--name N] [--env K=V ...]
                                   install the "Python 3 (hvd_notebook)" kernelspec
+    hvd-notebook run -np 4 [-H host1:2,host2:2 | --hostfile F] python train.py
+                                  launch a script on 4 ranks, as horovodrun does; installed
+                                  under the name ``horovodrun`` (a link), it answers to that
 
 A cluster lives in its own directory under ``$TMPDIR/hvd_notebook-$USER/``
 (readable by its owner only), which records the kernel that started it and
@@ -17,15 +20,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
 from .cluster.reaper import reap
+from .cluster.run import Job, run_job
 from .cluster.workdir import WorkDir, clusters_dir, find_workdirs
+from .config import (
+    FUSION_THRESHOLD,
+    STALL_CHECK_DISABLE,
+    STALL_CHECK_TIME,
+    STALL_SHUTDOWN_TIME,
+    TIMELINE,
+    TIMELINE_MARK_CYCLES,
+    ClusterOptions,
+    Launcher,
+    choices,
+    int_at_least,
+    seconds,
+)
 
 
 @dataclass
@@ -98,9 +118,125 @@ def install_kernel(name: str, display_name: str | None, env: list[str], user: bo
                                                             prefix=prefix))
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``hvd-notebook list | clean [--dry-run] | install-kernel ...``; the exit status."""
-    parser = argparse.ArgumentParser(prog="hvd-notebook", description="Manage hvd_notebook clusters of this user.")
+# ------------------------------------------------------------------ run (horovodrun)
+HOROVODRUN = "horovodrun"
+START_TIMEOUT_S = 30.0  # horovodrun's default
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level
+# read by a real Horovod only: the built-in runtime has no cycle and logs only warnings
+CYCLE_TIME_VARIABLE = "HOROVOD_CYCLE_TIME"
+LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"
+UNSUPPORTED = ("Horovod's options for Gloo, elastic training, autotuning, ssh and network interfaces are not "
+               "supported")
+
+
+def non_negative(kind: type) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` that is 0 or more."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{text} is negative; give 0 or more")
+        return value
+
+    return parse
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """``horovodrun``'s common options (same spellings), then hvd-notebook's own launcher options."""
+    parser.add_argument("-np", "--num-proc", dest="np", metavar="N",
+                        type=int_at_least(1, "{value}: a job needs at least one rank, e.g. -np 2"),
+                        help="number of ranks (required)")
+    parser.add_argument("-H", "--hosts", help="run the ranks on these hosts, e.g. -H node1:4,node2:4",
+                        metavar="HOST:SLOTS,...")
+    parser.add_argument("-hostfile", "--hostfile", help="hosts from a file, one 'HOST slots=N' or 'HOST:N' per line",
+                        metavar="FILE")
+    parser.add_argument("--start-timeout", type=seconds, default=START_TIMEOUT_S, metavar="S",
+                        help=f"seconds the checks of the hosts before launch may take (default {START_TIMEOUT_S:g}; "
+                        "on one host there is nothing to check)")
+    parser.add_argument("--disable-cache", action="store_true",
+                        help="accepted for horovodrun's sake: the host checks are never cached here, they run "
+                        "every time")
+    parser.add_argument("--verbose", action="store_true", help="print the launcher, its command line and the "
+                        "environment the ranks get")
+    tunables = parser.add_argument_group("Horovod settings, passed to every rank as HOROVOD_* variables")
+    tunables.add_argument("--fusion-threshold-mb", type=non_negative(int), metavar="MB",
+                          help="fusion buffer size in MiB (0: no fusion); sets HOROVOD_FUSION_THRESHOLD in bytes")
+    tunables.add_argument("--cycle-time-ms", type=non_negative(float), metavar="MS",
+                          help="accepted and passed on as HOROVOD_CYCLE_TIME for a real Horovod; the built-in "
+                          "runtime has no cycle (ranks agree on each collective as it is called)")
+    tunables.add_argument("--timeline-filename", metavar="FILE", help="record a timeline (sets HOROVOD_TIMELINE)")
+    tunables.add_argument("--timeline-mark-cycles", action="store_true",
+                          help="mark agreement rounds on the timeline (HOROVOD_TIMELINE_MARK_CYCLES)")
+    tunables.add_argument("--no-stall-check", action="store_true",
+                          help="no stall warnings (HOROVOD_STALL_CHECK_DISABLE)")
+    tunables.add_argument("--stall-check-warning-time-seconds", type=non_negative(int), metavar="S",
+                          help="seconds before a stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)")
+    tunables.add_argument("--stall-check-shutdown-time-seconds", type=non_negative(int), metavar="S",
+                          help="seconds before a stalled collective raises (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
+    tunables.add_argument("--log-level", choices=LOG_LEVELS, help="passed on as HOROVOD_LOG_LEVEL for a real "
+                          "Horovod; the built-in runtime prints warnings only")
+    launcher = parser.add_argument_group("hvd-notebook's launcher options (as %hvd start's)")
+    launcher.add_argument("--mpi-args", default="", metavar='"ARGS"', help="extra launcher arguments, quoted")
+    launcher.add_argument("--mpiexec", metavar="PATH", help="mpiexec to launch with (default: the one beside "
+                          "this Python, else PATH)")
+    launcher.add_argument("--launcher", default=Launcher.AUTO.value, choices=choices(Launcher),
+                          help="mpiexec, or srun inside a Slurm allocation (auto: srun where SLURM_JOB_ID is set)")
+    parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER,
+                        help="the command every rank runs, e.g. python train.py")
+
+
+def horovod_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The HOROVOD_* variables that ``args``' Horovod settings give every rank (as horovodrun sets them)."""
+    env = {}
+    if args.fusion_threshold_mb is not None:
+        env[FUSION_THRESHOLD.name] = str(args.fusion_threshold_mb * 1024 * 1024)
+    if args.cycle_time_ms is not None:
+        env[CYCLE_TIME_VARIABLE] = f"{args.cycle_time_ms:g}"
+    if args.timeline_filename:
+        env[TIMELINE.name] = args.timeline_filename
+        if args.timeline_mark_cycles:
+            env[TIMELINE_MARK_CYCLES.name] = "1"
+    if args.no_stall_check:
+        env[STALL_CHECK_DISABLE.name] = "1"
+    if args.stall_check_warning_time_seconds is not None:
+        env[STALL_CHECK_TIME.name] = str(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env[STALL_SHUTDOWN_TIME.name] = str(args.stall_check_shutdown_time_seconds)
+    if args.log_level:
+        env[LOG_LEVEL_VARIABLE] = args.log_level
+    return env
+
+
+def job_from_arguments(args: argparse.Namespace) -> Job:
+    """The job a parsed ``run`` line asks for; a ClusterError where it cannot be run."""
+    if args.np is None:
+        raise ClusterError("give the number of ranks with -np, e.g. -np 2")
+    if args.timeline_mark_cycles and not args.timeline_filename:
+        raise ClusterError("--timeline-mark-cycles marks a timeline: give --timeline-filename FILE too")
+    options = ClusterOptions(n=args.np, hosts=args.hosts, hostfile=args.hostfile, mpiexec=args.mpiexec,
+                             mpi_args=tuple(shlex.split(args.mpi_args)), launcher=args.launcher,
+                             env=tuple(horovod_environment(args).items()), timeout=args.start_timeout)
+    return Job(tuple(args.program), options, verbose=args.verbose)
+
+
+def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:
+    """``run``: the job's exit code; 2 with a message for a line that cannot be run."""
+    try:
+        if unknown:
+            raise ClusterError(f"{unknown[0]}: not an option of {prog} (see {prog} --help). {UNSUPPORTED}.")
+        return run_job(job_from_arguments(args))
+    except ClusterError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hvd-notebook`` command line, with one subcommand each."""
+    parser = argparse.ArgumentParser(prog="hvd-notebook",
+                                     description="Manage this user's hvd_notebook clusters; run scripts on N ranks.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list this user's clusters and the kernels that own them")
     clean = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
@@ -114,7 +250,29 @@ def main(argv: list[str] | None = None) -> int:
     kernel.add_argument("--display-name", help="name shown in the launcher (default: Python 3 (hvd_notebook))")
     kernel.add_argument("--env", action="append", default=[], metavar="K=V",
                         help="environment variable for the kernel, e.g. HVD_NOTEBOOK_GPUS=0,1 (repeatable)")
-    args = parser.parse_args(argv)
+    run = sub.add_parser("run", allow_abbrev=False, help="launch a command on N ranks, as horovodrun does",
+                         description="Launch a command on N ranks, as horovodrun does, placed as %hvd start places "
+                         "engines.")
+    add_run_arguments(run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hvd-notebook list | clean [--dry-run] | install-kernel ... | run ...``; the exit status.
+    Run under the name ``horovodrun`` (a link to this command), it is ``hvd-notebook run``."""
+    if argv is None and Path(sys.argv[0]).name == HOROVODRUN:
+        parser = argparse.ArgumentParser(prog=HOROVODRUN, allow_abbrev=False,
+                                         description="hvd-notebook run, under horovodrun's name: launch a command "
+                                         "on N ranks.")
+        add_run_arguments(parser)
+        args, unknown = parser.parse_known_args(sys.argv[1:])
+        return run_command(args, unknown, HOROVODRUN)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if args.command == "run":
+        return run_command(args, unknown, "hvd-notebook run")
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
 
     if args.command == "install-kernel":
         prefix = sys.prefix if args.sys_prefix else args.prefix

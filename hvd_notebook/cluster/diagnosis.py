@@ -28,6 +28,8 @@ _FAILURES = [
 _GFORKER_EXIT = re.compile(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?")
 # srun: "srun: error: node1: task 1: Exited with exit code 7" or "...: task 1: Killed"
 _SRUN_EXIT = re.compile(r"srun: error: \S+: task (\d+): (?:Exited with exit code (\d+)|(\w[\w ]*))")
+# MPICH on a rank that calls MPI_Abort: "Abort(3) on node 1 (rank 1 in comm 0): ..." (node: the world rank)
+_MPI_ABORT = re.compile(r"Abort\((-?\d+)\) on node (\d+) \(rank \d+ in comm \d+\)")
 
 
 def diagnose_launch(output: str) -> list[str]:
@@ -71,7 +73,8 @@ def tail(text: str, lines: int = 20) -> str:
 
 def exit_reports(output: str) -> dict[int, str]:
     """How each rank ended, where the launcher said so (gforker's ``-exitinfo``,
-    srun's task errors): rank -> "exit code 7" or "signal Kill"."""
+    srun's task errors, MPICH's MPI_Abort line): rank -> "exit code 7", "signal Kill" or
+    "MPI_Abort with code 3"."""
     reports: dict[int, str] = {}
     for line in output.splitlines():
         m = _GFORKER_EXIT.match(line)
@@ -81,7 +84,15 @@ def exit_reports(output: str) -> dict[int, str]:
         m = _SRUN_EXIT.search(line)
         if m:
             reports.setdefault(int(m.group(1)), f"exit code {m.group(2)}" if m.group(2) else m.group(3).strip())
+        m = _MPI_ABORT.search(line)
+        if m:
+            reports.setdefault(int(m.group(2)), f"MPI_Abort with code {m.group(1)}")
     return reports
+
+
+def is_exit_info(line: str) -> bool:
+    """Is ``line`` one of gforker's ``-exitinfo`` lines (read for ``exit_reports``, not for users)?"""
+    return _GFORKER_EXIT.match(line) is not None
 
 
 def launcher_exited(launcher: str, code: object, n: int, connected: int, causes: list[str], command: str,

@@ -39,6 +39,14 @@ def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {"GLIBC_TUNABLES": f"{tunables}:{HUGEPAGES_TUNABLE}" if tunables else HUGEPAGES_TUNABLE}
 
 
+def world_environment(placement: Placement) -> dict[str, str]:
+    """What the launcher of the ranks gets on top of this process's environment: the
+    placement's defaults and ``rank_environment``, under the user's own ``--env``."""
+    user_env = dict(placement.options.env)
+    environ = {**os.environ, **user_env}
+    return {**placement.rank_env(environ), **rank_environment(environ), **user_env}
+
+
 def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n: int, controller_ip: str) -> Any:
     """An ipyparallel ``Cluster`` (not started) whose engines are one world of the placement's launcher."""
     import ipyparallel as ipp
@@ -48,9 +56,7 @@ def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n
     cfg = Config()
     cfg.MPILauncher.mpi_cmd = [placement.command]
     cfg.MPILauncher.mpi_args = placement.launcher_args()
-    user_env = dict(options.env)
-    environ = {**os.environ, **user_env}
-    cfg.MPIEngineSetLauncher.environment = {**placement.rank_env(environ), **rank_environment(environ), **user_env}
+    cfg.MPIEngineSetLauncher.environment = world_environment(placement)
     cfg.MPIEngineSetLauncher.engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
     beyond_loopback = controller_ip != "127.0.0.1"
     return ipp.Cluster(

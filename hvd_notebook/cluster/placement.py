@@ -187,9 +187,9 @@ class HostList(Placement):
 
     def diagnose(self, output: str) -> list[str]:
         found = diagnose_launch(output)
-        return found if names_a_host(found) else found + self._probe_hosts()
+        return found if names_a_host(found) else found + self.probe_hosts()
 
-    def _probe_hosts(self, timeout: float = 30.0) -> list[str]:
+    def probe_hosts(self, timeout: float = 30.0) -> list[str]:
         """One trivial rank on each host alone, all at once, to tell which hosts fail
         and why (a host without the environment makes hydra fail without naming it)."""
         env = {**os.environ, **dict(self.options.env)}

@@ -32,6 +32,9 @@ def load_backend(backend: str) -> tuple[Any, str]:
     if backend in (Backend.AUTO, Backend.HOROVOD):
         try:
             import horovod
+
+            if hasattr(horovod, "__hvd_notebook_alias__"):  # _hvd_notebook_horovod's stand-in, not a Horovod
+                raise ModuleNotFoundError("no real horovod is installed (import horovod gives hvd_notebook's alias)")
             import horovod.tensorflow as horovod_tf
 
             return horovod_tf, f"horovod {horovod.__version__}"

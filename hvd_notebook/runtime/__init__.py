@@ -15,28 +15,41 @@ Layers, each importing only those above it in this list (tests/unit/test_runtime
 - ``negotiation`` (the agreement check every collective starts with), ``bridges`` (DLPack)
 - ``mpi_backend`` and ``nccl_backend``: each built from (communicator, negotiator, timeline)
 - ``world``: the state of one ``hvd.init()``: communicators, both backends, join
-- ``basics`` (process queries), ``compression``; ``collectives``; ``training``, ``callbacks``
+- ``basics`` (process queries), ``compression``; ``collectives``; ``gradients``; ``tf1`` (TF1 graphs);
+  ``training``, ``callbacks``
 """
 
 from .basics import (
+    _executing_eagerly as _executing_eagerly,  # Horovod's tests import this private name
+)
+from .basics import (
+    ccl_built,
     communicator,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,
     is_homogeneous,
     is_initialized,
     local_rank,
+    local_rank_op,
     local_size,
+    local_size_op,
     mpi_built,
     mpi_enabled,
     mpi_threads_supported,
     nccl_built,
     nccl_enabled,
+    process_set_included_op,
     rank,
+    rank_op,
+    rocm_built,
     shutdown,
     size,
+    size_op,
 )
 from .collectives import (
     Adasum,
@@ -52,6 +65,7 @@ from .collectives import (
     alltoall,
     barrier,
     broadcast,
+    broadcast_,
     broadcast_object,
     broadcast_variables,
     grouped_allgather,
@@ -71,6 +85,10 @@ def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only
         from . import training as _training
 
         return getattr(_training, name)
+    if name in ("BroadcastGlobalVariablesHook", "broadcast_global_variables"):  # TF1 graphs
+        from . import tf1 as _tf1
+
+        return getattr(_tf1, name)
     if name == "callbacks":
         import importlib
 
@@ -78,12 +96,14 @@ def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only
     raise AttributeError(f"module 'hvd_notebook.runtime' has no attribute {name!r}")
 
 __all__ = [
-    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
-    "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError", "allgather", "allgather_object",
-    "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "callbacks",
-    "communicator", "cross_rank", "cross_size", "gloo_built", "gloo_enabled", "grouped_allgather",
-    "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized", "join",
-    "load_model", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-    "nccl_enabled",
-    "rank", "reducescatter", "scale_lr", "shard", "shutdown", "size", "start_timeline", "stop_timeline",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer", "Max", "Min", "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError",
+    "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
+    "broadcast_object", "broadcast_variables", "callbacks", "communicator", "cross_rank", "cross_size",
+    "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
+    "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "nccl_enabled", "rank", "reducescatter", "scale_lr",
+    "shard", "shutdown", "size", "start_timeline", "stop_timeline",
+    "broadcast_", "ccl_built", "cuda_built", "ddl_built", "local_rank_op", "local_size_op", "process_set_included_op",
+    "rank_op", "rocm_built", "size_op",
 ]

@@ -8,10 +8,18 @@ cross ranks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from . import world as _world
+from .bridges import tf as _tf
 from .nccl_backend import cupy_importable
+
+# what Horovod's process_set_included_op returns instead of 0 or 1
+PROCESS_SET_ERROR_INIT = -1  # hvd.init() not called
+PROCESS_SET_ERROR_UNKNOWN_SET = -3  # no process set of that id (this runtime has only the global set, id 0)
 
 
 def init(comm: Any = None) -> None:
@@ -113,3 +121,80 @@ def gloo_built() -> bool:
 def communicator() -> Any:
     """The runtime's mpi4py communicator (a duplicate of the one given to ``init``)."""
     return _world.current().comm
+
+
+def cuda_built() -> bool:
+    """True where GPU tensors can be reduced on the GPUs (cupy's NCCL bindings installed), as
+    Horovod's ``cuda_built`` says whether it was built with CUDA."""
+    return cupy_importable()
+
+
+def rocm_built() -> bool:
+    """False: no ROCm support."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: no oneCCL support."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: no IBM DDL support."""
+    return False
+
+
+def _executing_eagerly() -> bool:
+    """True when TensorFlow runs eagerly here (not while building a graph or tracing a ``tf.function``);
+    Horovod's own tests import it from ``horovod.tensorflow.util``."""
+    return _tf().executing_eagerly()
+
+
+def _query_op(query: Callable[[], int], name: str | None) -> Any:
+    """An int32 scalar op whose value ``query()`` gives when the op runs (in a graph: at ``session.run``)."""
+    tf = _tf()
+    if tf.executing_eagerly():
+        return tf.constant(query(), dtype=tf.int32, name=name)
+    out = tf.numpy_function(lambda: np.int32(query()), [], tf.int32, stateful=True, name=name)
+    out.set_shape([])
+    return out
+
+
+def size_op(process_set_id: int = 0, name: str | None = None) -> Any:
+    """``size()`` as a TensorFlow op, read when the op runs (a graph may be built before ``init()``)."""
+    _only_the_global_set("hvd.size_op", process_set_id)
+    return _query_op(size, name)
+
+
+def rank_op(name: str | None = None) -> Any:
+    """``rank()`` as a TensorFlow op, read when the op runs."""
+    return _query_op(rank, name)
+
+
+def local_size_op(name: str | None = None) -> Any:
+    """``local_size()`` as a TensorFlow op, read when the op runs."""
+    return _query_op(local_size, name)
+
+
+def local_rank_op(name: str | None = None) -> Any:
+    """``local_rank()`` as a TensorFlow op, read when the op runs."""
+    return _query_op(local_rank, name)
+
+
+def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> Any:
+    """1 if this process belongs to the process set ``process_set_id``, as a TensorFlow op; as Horovod,
+    an error code instead: ``PROCESS_SET_ERROR_INIT`` before ``init()``, ``PROCESS_SET_ERROR_UNKNOWN_SET``
+    for an unknown set (this runtime has only the global set, id 0)."""
+
+    def included() -> int:
+        if not is_initialized():
+            return PROCESS_SET_ERROR_INIT
+        return 1 if process_set_id == 0 else PROCESS_SET_ERROR_UNKNOWN_SET
+
+    return _query_op(included, name)
+
+
+def _only_the_global_set(call: str, process_set_id: int) -> None:
+    if process_set_id != 0:
+        raise ValueError(f"{call}(process_set_id={process_set_id!r}): process sets are not supported by "
+                         f"hvd_notebook's built-in runtime; omit it (the global set, 0, is all ranks).")

@@ -506,9 +506,32 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
     variables = list(variables)
     if not variables:
         return None
+    assigns = _assign_from_root(variables, root_rank, [_name(None, "broadcast_variables", v) for v in variables])
+    return None if _tf().executing_eagerly() else _tf().group(*assigns)
+
+
+@not_converted
+def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, process_set: Any = None) -> list[Any]:
+    """In-place broadcast, as Horovod's: assign ``root_rank``'s values to every rank's ``variables`` and
+    return their new values (in a graph, tensors that read them after the assignment)."""
+    reject_unsupported("hvd.broadcast_", process_set=process_set)
+    variables = list(variables)
+    if not variables:
+        return []
+    names = [f"{name}.{i}" for i in range(len(variables))] if name else \
+        [_name(None, "broadcast_", v) for v in variables]
+    assigns = _assign_from_root(variables, root_rank, names)
+    tf = _tf()
+    if tf.executing_eagerly():
+        return [v.read_value() for v in variables]
+    with tf.control_dependencies(assigns):
+        return [tf.identity(v.read_value()) for v in variables]
+
+
+def _assign_from_root(variables: list[Any], root_rank: int, names: list[str]) -> list[Any]:
+    """Broadcast the variables' values from ``root_rank`` in one fused call and assign them; the assignments."""
     tf = _tf()
     world = _world.current()
-    names = [_name(None, "broadcast_variables", v) for v in variables]
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return world.mpi.broadcast(arrays, root_rank, names)
@@ -517,8 +540,7 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
                                for v in variables],
                     [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
                     [v.shape for v in variables], gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, names))
-    assigns = [v.assign(x) for v, x in zip(variables, values)]
-    return None if tf.executing_eagerly() else tf.group(*assigns)
+    return [v.assign(x) for v, x in zip(variables, values)]
 
 
 @not_converted
@@ -632,6 +654,6 @@ def stop_timeline() -> None:
 
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_object", "broadcast_variables", "grouped_allgather",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_variables", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "start_timeline", "stop_timeline",
 ]

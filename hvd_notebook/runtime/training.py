@@ -1,5 +1,6 @@
 """Keras 3 training on the runtime: ``DistributedOptimizer``,
-``DistributedGradientTape``, ``shard`` and ``scale_lr``.
+``DistributedGradientTape``, ``shard`` and ``scale_lr``; ``DistributedOptimizer``
+of a TF1 ``tf.compat.v1.train.Optimizer`` is built by ``tf1``.
 
 Horovod's Keras layer stops at Keras 2. Here ``DistributedOptimizer(opt)``
 returns an optimizer of a subclass of ``type(opt)`` built from the same config,
@@ -15,70 +16,58 @@ import math
 from typing import Any
 
 from . import basics
-from .collectives import allreduce, grouped_allreduce, not_converted, reject_unsupported
+from .collectives import not_converted, reject_unsupported
 from .compression import Compression
-from .ops import Adasum, Average, Sum, check_op
+from .gradients import reduce_gradients
+from .ops import Adasum, Average, Sum
 
 log = logging.getLogger(__name__)
-
-
-def _reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_dense: bool,
-                      predivide: float) -> list[Any]:
-    """Average (or sum) gradients over ranks: dense ones fused, sparse ones allgathered."""
-    import tensorflow as tf
-
-    check_op(op)
-    prescale, postscale, reduce_op = 1.0, 1.0, op
-    if op == Average and predivide != 1.0:  # as Horovod: divide before and after the sum
-        prescale, postscale, reduce_op = 1.0 / predivide, predivide / basics.size(), Sum
-    out: list[Any] = list(grads)
-    dense = []
-    for i, g in enumerate(grads):
-        if g is None:
-            continue
-        if isinstance(g, tf.IndexedSlices):
-            if sparse_as_dense:
-                out[i] = g = tf.convert_to_tensor(g)
-            else:
-                out[i] = allreduce(g, op=op)
-                continue
-        dense.append(i)
-    if dense:
-        reduced = grouped_allreduce([out[i] for i in dense], op=reduce_op, compression=compression,
-                                    prescale_factor=prescale, postscale_factor=postscale)
-        for i, r in zip(dense, reduced):
-            out[i] = r
-    return out
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          device_dense: str = "", device_sparse: str = "", process_set: Any = None,
-                         num_groups: int = 0, groups: Any = None) -> Any:
-    """Wrap a Keras 3 optimizer so that gradients are reduced over all ranks before each update.
+                         num_groups: int = 0, groups: Any = None, use_locking: bool = False) -> Any:
+    """Wrap a Keras 3 optimizer (or a TF1 ``tf.compat.v1.train.Optimizer``) so that
+    gradients are reduced over all ranks before each update.
 
     >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
     >>> model.compile(opt, loss="sparse_categorical_crossentropy")
 
     ``backward_passes_per_step=k`` accumulates k local steps (Keras's own
     gradient accumulation) and reduces once per k, summing the k gradients
-    unless ``average_aggregated_gradients``.
+    unless ``average_aggregated_gradients``. ``use_locking`` applies to TF1
+    optimizers only.
     """
     import keras
 
+    from . import tf1
+
     reject_unsupported("hvd.DistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
                        process_set=process_set, num_groups=num_groups, groups=groups)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer, not {type(optimizer).__name__}.")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step} must be at least 1.")
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
-    base = type(optimizer)
     settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                     predivide=gradient_predivide_factor)
     k = backward_passes_per_step
+    if tf1.is_v1_optimizer(optimizer):
+        return tf1.distributed_v1_optimizer(optimizer, name, use_locking, settings, k, average_aggregated_gradients)
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
+                        f"not {type(optimizer).__name__}.")
+    if use_locking:
+        raise ValueError("DistributedOptimizer(use_locking=True) applies to TF1 optimizers only: Keras 3 "
+                         "optimizers have no locking; omit it.")
+    return _distributed_keras_optimizer(optimizer, name, settings, k, average_aggregated_gradients)
+
+
+def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dict[str, Any], k: int,
+                                 average_aggregated_gradients: bool) -> Any:
+    """A copy of a Keras 3 optimizer, of a subclass of its class whose update reduces the gradients first."""
+    base = type(optimizer)
 
     class _Distributed(base):  # type: ignore[misc, valid-type]
         _hvd_settings = settings
@@ -89,13 +78,13 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
             grads = list(grads)
             if self._hvd_passes == 1:
-                grads = _reduce_gradients(grads, **self._hvd_settings)
+                grads = reduce_gradients(grads, **self._hvd_settings)
             return super().apply(grads, trainable_variables)
 
         @not_converted
         def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
             if self._hvd_passes > 1:  # Keras hands over the mean of the k accumulated gradients
-                grads = _reduce_gradients(list(grads), **self._hvd_settings)
+                grads = reduce_gradients(list(grads), **self._hvd_settings)
                 if not self._hvd_average_aggregated:
                     grads = [None if g is None else g * self._hvd_passes for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
@@ -142,7 +131,7 @@ class DistributedGradientTape:
 
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
         flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, _reduce_gradients(flat, **self._settings))
+        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, **self._settings))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tape, name)

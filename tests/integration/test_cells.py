@@ -230,6 +230,13 @@ def test_collectives_in_cells(cluster, run):
     assert repr(result.result) == "array([0., 3., 6.])"
 
 
+def test_horovod_import_line_in_a_cell(cluster, run):
+    result, out = run("%%hvd --all-output\nimport horovod.tensorflow as hvd2\n"
+                      "print('alias', hvd2.rank(), hvd2.size(), hvd2.allreduce is hvd.allreduce)")
+    assert result.success, out
+    assert "[0] alias 0 2 True" in out and "[1] alias 1 2 True" in out
+
+
 def test_stall_warning_of_any_rank_is_shown(cluster, run):
     result, out = run(
         "%%hvd\nimport time, numpy as np\nfrom hvd_notebook.runtime import world\n"
@@ -261,3 +268,43 @@ def test_interrupt_in_a_collective_then_a_clear_way_out(cluster, run):
         result, out = run("%%hvd --all-output\nimport numpy as np\nprint('ok', hvd.allreduce(np.ones(2), op=hvd.Sum))")
     assert result.success, out
     assert "[0] ok [2. 2.]" in out and "[1] ok [2. 2.]" in out
+
+
+TF1_EXAMPLE_CELL = """%%hvd --all-output
+import tempfile
+import numpy as np
+import tensorflow as tf
+with tf.Graph().as_default():
+    rng = np.random.default_rng(hvd.rank())
+    x = tf.constant(rng.normal(size=(16, 3)).astype(np.float32))
+    y = tf.constant(rng.normal(size=(16, 1)).astype(np.float32))
+    w = tf.compat.v1.get_variable("w", initializer=rng.normal(size=(3, 1)).astype(np.float32))
+    loss = tf.reduce_mean(tf.square(tf.matmul(x, w) - y))
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.01))
+    seen = {}
+
+    class Keep(tf.compat.v1.train.SessionRunHook):
+        def after_create_session(self, session, coord):
+            seen["start"] = session.run(w)
+
+        def end(self, session):
+            seen["end"] = session.run(w)
+
+    hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.compat.v1.train.StopAtStepHook(last_step=20), Keep()]
+    train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+    ckpt = tempfile.mkdtemp() if hvd.rank() == 0 else None
+    with tf.compat.v1.train.MonitoredTrainingSession(checkpoint_dir=ckpt, hooks=hooks) as sess:
+        while not sess.should_stop():
+            sess.run(train_op)
+both = hvd.allgather(np.stack([seen["start"], seen["end"]])[None])
+print("tf1 same start", np.allclose(both[0, 0], both[1, 0]), "same end", np.allclose(both[0, 1], both[1, 1]),
+      "trained", not np.allclose(both[0, 0], both[0, 1]))
+"""
+
+
+def test_tf1_graph_example_in_a_cell(cluster, run):
+    """Horovod's original TF1 example: rank 1 starts from rank 0's weights, both end equal."""
+    result, out = run(TF1_EXAMPLE_CELL)
+    assert result.success, out
+    for r in (0, 1):
+        assert f"[{r}] tf1 same start True same end True trained True" in out, out

@@ -25,7 +25,10 @@ LAYERS = [
     {"world"},
     {"basics", "compression"},
     {"collectives"},
+    {"gradients"},
+    {"tf1"},
     {"training", "callbacks"},
+    {"keras"},  # Horovod's Keras module: the names of the layers below
     {"__init__"},
 ]
 

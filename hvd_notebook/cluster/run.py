@@ -1,0 +1,339 @@
+"""``hvd-notebook run`` (also ``horovodrun``): one MPI world of a script's ranks.
+
+The ranks start as ``%hvd start`` starts engines (the same placement, launcher,
+loopback rules and rank environment), the job's exit code is the world's, a rank
+that fails is named, and a signal to the command stops every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+from ..config import ClusterOptions
+from . import diagnosis
+from . import hosts as hostlib
+from .errors import ClusterError
+from .launch import world_environment
+from .pids import kill_all
+from .placement import HostList, Placement, choose_placement, is_open_mpi
+
+STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# what a launcher does to the other ranks once one has failed: a consequence, not a cause
+# (gforker sends SIGINT, then SIGQUIT; a Python rank under SCRIPT_MAIN ends on SIGINT with 130)
+ENDED_BY_LAUNCHER = frozenset({"signal Quit", "signal Terminated", "signal Interrupt", "exit code 130"})
+SCRIPT_MAIN = "hvd_notebook.engine.script_main"  # run in the ranks, not imported here
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?")
+_PYTHON_OPTIONS_WITH_VALUE = frozenset({"-W", "-X"})
+# how launchers name signals: gforker prints strsignal's words ("Killed"), srun and others the short name ("Kill")
+_SIGNALS = {**{signal.strsignal(s) or s.name: int(s) for s in signal.Signals},
+            **{s.name.removeprefix("SIG").capitalize(): int(s) for s in signal.Signals}}
+
+
+@dataclass(frozen=True)
+class Job:
+    """What ``hvd-notebook run`` was asked for: the command, where its ranks go
+    (``options.n`` ranks; ``options.env`` holds the Horovod settings for every rank;
+    ``options.timeout`` bounds the checks before launch) and how much to say."""
+
+    command: tuple[str, ...]
+    options: ClusterOptions
+    verbose: bool = False
+
+
+# ------------------------------------------------------------------ the command line of the ranks
+def split_python(command: tuple[str, ...]) -> tuple[list[str], list[str]] | None:
+    """``python -u train.py a`` as the interpreter with its own options (``python -u``) and what
+    it runs (``train.py a``, or ``-m mod ...``, ``-c code ...``); None for any other command, or
+    for a Python line this cannot read (options such as ``-uc`` that take what follows)."""
+    if not command or not _PYTHON.fullmatch(Path(command[0]).name):
+        return None
+    i = 1
+    while i < len(command):
+        arg = command[i]
+        if arg in ("-m", "-c", "-") or not arg.startswith("-"):
+            return list(command[:i]), list(command[i:])
+        if arg == "--" or (not arg.startswith("--") and arg[-1] in "cm" and len(arg) > 2):
+            return None
+        i += 2 if arg in _PYTHON_OPTIONS_WITH_VALUE else 1
+    return None
+
+
+def same_environment(program: str) -> bool:
+    """Is ``program`` an interpreter of this environment (where hvd_notebook imports)?"""
+    found = shutil.which(program)
+    return found is not None and Path(found).absolute().parent == Path(sys.executable).absolute().parent
+
+
+def fail_fast(command: tuple[str, ...]) -> list[str]:
+    """The ranks' command line: a Python script of this environment runs under ``SCRIPT_MAIN``
+    (``python -m hvd_notebook.engine.script_main train.py``), so that a rank that raises or exits
+    non-zero ends at once with its code instead of waiting in MPI_Finalize for ranks that wait
+    for it; the launcher then names it and ends the others."""
+    split = split_python(command)
+    if split is None or not same_environment(command[0]):
+        return list(command)
+    interpreter, program = split
+    if program[0] == "-" or program[:2] in (["-m", "mpi4py"], ["-m", SCRIPT_MAIN]):
+        return list(command)  # stdin, or a runner the user chose
+    return [*interpreter, "-m", SCRIPT_MAIN, *program]
+
+
+def check_command(command: tuple[str, ...]) -> None:
+    """A clear error, before anything starts, for a command the ranks could not run."""
+    if not command:
+        raise ClusterError("give the command to run after the options, e.g. hvd-notebook run -np 2 python train.py")
+    if shutil.which(command[0]) is None:
+        raise ClusterError(f"{command[0]}: command not found. Give its full path, or put it on PATH.")
+    split = split_python(command)
+    if split is not None and split[1][0] not in ("-m", "-c", "-") and not Path(split[1][0]).is_file():
+        raise ClusterError(f"{split[1][0]}: no such file (the ranks start in {os.getcwd()}). Check the script's path.")
+
+
+def forwarded_variables(placement: Placement, names: list[str]) -> list[str]:
+    """Open MPI passes a variable to ranks on other hosts only when named (``-x NAME``);
+    MPICH's hydra and srun pass the whole environment."""
+    if not isinstance(placement, HostList) or not is_open_mpi(placement.command):
+        return []
+    return [arg for name in sorted(names) for arg in ("-x", name)]
+
+
+def launch_argv(placement: Placement, n: int, env: dict[str, str], command: tuple[str, ...]) -> list[str]:
+    """The launcher's command line, in the order ipyparallel gives it for ``%hvd start``."""
+    return [placement.command, "-n", str(n), *placement.launcher_args(), *forwarded_variables(placement, list(env)),
+            *fail_fast(command)]
+
+
+def check_hosts(placement: Placement, timeout: float) -> None:
+    """Before launching on other hosts, one trivial rank on each proves it can start ranks of
+    this environment (as ``horovodrun`` checks ssh to each host), within ``timeout`` seconds."""
+    if not isinstance(placement, HostList) or all(hostlib.is_this_host(h.name) for h in placement.hosts):
+        return
+    failed = placement.probe_hosts(timeout)
+    if failed:
+        listed = "".join(f"\n  - {f}" for f in failed)
+        raise ClusterError(f"not every host can start a rank:{listed}\nFix those hosts, or raise --start-timeout.")
+
+
+# ------------------------------------------------------------------ how the job ended
+def failed_ranks(reports: dict[int, str]) -> dict[int, str]:
+    """The ranks that ended the job: those that failed by themselves, not those the launcher
+    stopped because another one failed (all that failed, where the launcher said no more)."""
+    failed = {rank: how for rank, how in reports.items() if how != "exit code 0"}
+    causes = {rank: how for rank, how in failed.items() if how not in ENDED_BY_LAUNCHER}
+    return causes or failed
+
+
+def rank_status(how: str) -> int | None:
+    """The exit status a shell would report for a rank that ended ``how`` ("exit code 3": 3,
+    "signal Killed": 137, "MPI_Abort with code 5": 5); None where that cannot be read."""
+    m = re.fullmatch(r"(?:exit code|MPI_Abort with code) (-?\d+)", how)
+    if m:
+        return int(m.group(1)) & 0xFF
+    number = _SIGNALS.get(how.removeprefix("signal "))
+    return 128 + number if number else None
+
+
+def exit_status(code: int, failed: dict[int, str]) -> int:
+    """The job's exit code: that of the first rank that failed, where the launcher said how it
+    ended; else the launcher's (1 where it said 0 although a rank failed; 128+N where the
+    launcher itself was killed by signal N)."""
+    for rank in sorted(failed):
+        status = rank_status(failed[rank])
+        if status:
+            return status
+    if code < 0:
+        return 128 - code
+    return 1 if code == 0 and failed else code
+
+
+def ending_message(launcher: str, code: int, reports: dict[int, str], causes: list[str]) -> str | None:
+    """What the job's end says to the user (None for a job whose every rank succeeded)."""
+    failed = failed_ranks(reports)
+    status = exit_status(code, failed)
+    if status == 0:
+        return None
+    if failed:
+        named = ", ".join(f"rank {rank} ({how})" for rank, how in sorted(failed.items()))
+        return f"hvd-notebook run: {named} failed; every rank was stopped. Exit code {status}."
+    listed = "".join(f"\n  - {c}" for c in causes)
+    return f"hvd-notebook run: {launcher} exited with code {status}.{listed}"
+
+
+# ------------------------------------------------------------------ the running job
+class StderrPump(threading.Thread):
+    """Copies the launcher's stderr to ours as it comes (a partial line too: progress bars),
+    keeping back gforker's exit lines, and remembers what ``diagnosis`` reads afterwards."""
+
+    def __init__(self, stream: IO[bytes], sink: IO[bytes]) -> None:
+        super().__init__(daemon=True)
+        self._stream, self._sink = stream, sink
+        self._exit_lines: list[str] = []
+        self._tail: deque[str] = deque(maxlen=200)
+
+    def run(self) -> None:
+        pending, line_start = b"", True
+        while chunk := os.read(self._stream.fileno(), 65536):
+            *lines, pending = (pending + chunk).split(b"\n")
+            shown = b"".join(self._keep(line + b"\n", line_start or i > 0) for i, line in enumerate(lines))
+            line_start = line_start or bool(lines)
+            if pending and not (line_start and pending.startswith(b"[")):  # cannot be an exit line: show it now
+                shown += self._keep(pending, False)
+                pending, line_start = b"", False
+            self._write(shown)
+        self._write(self._keep(pending, line_start) if pending else b"")
+
+    def _keep(self, piece: bytes, line_start: bool) -> bytes:
+        """Remember ``piece``; what of it to show (nothing for an exit line)."""
+        text = piece.decode(errors="replace")
+        if line_start and diagnosis.is_exit_info(text):
+            self._exit_lines.append(text)
+            return b""
+        self._tail.append(text)
+        return piece
+
+    def _write(self, data: bytes) -> None:
+        if data:
+            self._sink.write(data)
+            self._sink.flush()
+
+    def output(self) -> str:
+        """The exit lines, then the last of what was shown."""
+        return "".join(self._exit_lines) + "".join(self._tail)
+
+
+class Stopped(Exception):
+    """A signal asked the job to stop."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP raise ``Stopped`` in the main thread while this is open."""
+
+    def handler(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class RunningJob:
+    """The launcher of one world, in a session of its own so that its process group holds
+    every rank started here: nothing is left of it when it ends or is stopped."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                        stderr=subprocess.PIPE, start_new_session=True)
+        self.pump = StderrPump(self.process.stderr, sys.stderr.buffer)  # type: ignore[arg-type]
+        self.pump.start()
+
+    def wait(self) -> int:
+        """Wait for the launcher to exit; end whatever it left behind; its exit code."""
+        # exited but not reaped: its process group id cannot be reused while the sweep runs
+        os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOWAIT)
+        return self._finish()
+
+    def stop(self) -> int:
+        """Stop the world: the launcher first (it ends ranks on other hosts too), then every
+        process of it still here. Further signals are ignored until it is done."""
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            ranks = psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            ranks = []
+        self.process.send_signal(signal.SIGTERM)
+        if not self._exited_within(STOP_GRACE_S):
+            self._kill_group()
+        kill_all([r for r in ranks if r.is_running()], grace=0.5)  # any that left the launcher's group
+        return self._finish()
+
+    def _exited_within(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        try:
+            while os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.05)
+        except ChildProcessError:
+            pass  # already reaped
+        return True
+
+    def _kill_group(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is empty: nothing was left
+
+    def _finish(self) -> int:
+        self._kill_group()
+        code = self.process.wait()
+        self.pump.join(timeout=5)
+        return code
+
+    def output(self) -> str:
+        """What the launcher wrote to stderr (the exit lines first)."""
+        return self.pump.output()
+
+
+def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
+    """The placement, the launcher's command line and the ranks' environment; a ClusterError
+    saying what to change where any of them cannot work."""
+    check_command(job.command)
+    placement = choose_placement(job.options)
+    n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
+    if n is None:
+        raise ClusterError("give the number of ranks with -np, e.g. -np 2")
+    check_hosts(placement, job.options.timeout)
+    env = world_environment(placement)
+    return placement, launch_argv(placement, n, env, job.command), env
+
+
+def run_job(job: Job) -> int:
+    """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread."""
+    placement, argv, env = prepare(job)
+    if job.verbose:
+        added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+        print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
+              f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    running = None
+    with stop_on_signals():
+        try:
+            running = RunningJob(argv, env)
+            code = running.wait()
+        except Stopped as stop:
+            if running is not None:
+                running.stop()
+            print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
+            return 128 + stop.signum
+    output = running.output()
+    reports = diagnosis.exit_reports(output)
+    causes = placement.diagnose(output) if code and not failed_ranks(reports) else []
+    message = ending_message(placement.launcher_name, code, reports, causes)
+    if message:
+        print(message, file=sys.stderr, flush=True)
+    return exit_status(code, failed_ranks(reports))

@@ -1,0 +1,44 @@
+"""The one gradient reduction behind every ``DistributedOptimizer`` (Keras 3 and
+TF1) and ``DistributedGradientTape``: dense gradients in one fused
+``grouped_allreduce``, sparse ones allgathered, as Horovod does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import basics
+from .collectives import allreduce, grouped_allreduce
+from .ops import Average, Sum, check_op
+
+
+def reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_dense: bool,
+                     predivide: float) -> list[Any]:
+    """Average (or sum) ``grads`` over ranks; None stays None, ``tf.IndexedSlices``
+    are allgathered unless ``sparse_as_dense``."""
+    import tensorflow as tf
+
+    check_op(op)
+    prescale, postscale, reduce_op = 1.0, 1.0, op
+    if op == Average and predivide != 1.0:  # as Horovod: divide before and after the sum
+        prescale, postscale, reduce_op = 1.0 / predivide, predivide / basics.size(), Sum
+    out: list[Any] = list(grads)
+    dense = []
+    for i, g in enumerate(grads):
+        if g is None:
+            continue
+        if isinstance(g, tf.IndexedSlices):
+            if sparse_as_dense:
+                out[i] = g = tf.convert_to_tensor(g)
+            else:
+                out[i] = allreduce(g, op=op)
+                continue
+        dense.append(i)
+    if dense:
+        reduced = grouped_allreduce([out[i] for i in dense], op=reduce_op, compression=compression,
+                                    prescale_factor=prescale, postscale_factor=postscale)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+    return out
+
+
+__all__ = ["reduce_gradients"]

@@ -1,0 +1,104 @@
+"""Horovod's Keras module on the runtime: what ``horovod.tensorflow.keras`` and ``horovod.keras`` give.
+
+The same process queries and training classes as the runtime (``hvd.callbacks``, ``DistributedOptimizer``,
+``load_model``), and the Keras module's own collectives, which take any tensor-like value (numpy array,
+list, number) and return a tensor: ``allreduce(value, name=None, average=None, ...)``, ``allgather``,
+``broadcast``, ``reducescatter``, and ``broadcast_global_variables(root_rank)``. Keras and TensorFlow
+are imported when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from . import collectives
+from .basics import (
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from .bridges import tf as _tf
+from .collectives import start_timeline, stop_timeline
+from .compression import Compression
+from .ops import Adasum, Average, Sum
+
+_FROM_TRAINING = ("DistributedOptimizer", "load_model")
+_LAZY = (*_FROM_TRAINING, "callbacks")  # imported on first use (__getattr__)
+
+
+def __getattr__(name: str) -> Any:  # Keras is imported only when these are used
+    if name in _FROM_TRAINING:
+        return getattr(importlib.import_module(".training", __package__), name)
+    if name == "callbacks":
+        return importlib.import_module(".callbacks", __package__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _evaluated(result: Any) -> Any:
+    """As Horovod's Keras module: eagerly the result itself; in a TF1 graph, its value in the default
+    session where there is one (else the tensor, for the caller's session to run)."""
+    tf = _tf()
+    if tf.executing_eagerly():
+        return result
+    session = tf.compat.v1.get_default_session()
+    return result if session is None else session.run(result)
+
+
+def allreduce(value: Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: int | None = None, compression: Any = Compression.none) -> Any:
+    """Reduce a tensor-like ``value`` over all ranks (default: average)."""
+    return _evaluated(collectives.allreduce(_tf().constant(value), average=average, compression=compression,
+                                            op=op, prescale_factor=prescale_factor,
+                                            postscale_factor=postscale_factor, name=name))
+
+
+def allgather(value: Any, name: str | None = None) -> Any:
+    """Concatenate a tensor-like ``value`` from every rank along the first dimension."""
+    return _evaluated(collectives.allgather(_tf().constant(value), name=name))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> Any:
+    """``root_rank``'s tensor-like ``value`` on every rank."""
+    return _evaluated(collectives.broadcast(_tf().constant(value), root_rank, name=name))
+
+
+def reducescatter(value: Any, name: str | None = None, op: int = Average) -> Any:
+    """Reduce a tensor-like ``value`` over ranks and keep this rank's block of rows."""
+    return _evaluated(collectives.reducescatter(_tf().constant(value), op=op, name=name))
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Broadcast every global variable of the TF1 graph from ``root_rank`` (in its default session, where
+    there is one). Eagerly there are no global variables: as Horovod, a ``RuntimeError`` says what to use."""
+    if _tf().executing_eagerly():
+        raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
+                           "`hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)` in model.fit, or "
+                           "`hvd.broadcast_variables(model.variables, root_rank)`.")
+    runtime = importlib.import_module(__package__)
+    return _evaluated(runtime.broadcast_global_variables(root_rank))
+
+
+__all__ = [
+    "Adasum", "Average", "Compression", "Sum", "allgather", "allreduce", "broadcast", "broadcast_global_variables",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "rank", "reducescatter", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+    *_LAZY,
+]

@@ -1,0 +1,56 @@
+"""A Horovod script, unchanged, under a plain ``mpiexec -n 2`` with the environment's Python: its import
+line gives hvd_notebook's runtime; ``HVD_NOTEBOOK_HOROVOD_ALIAS=0`` turns that off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hvd_notebook.cluster import find_mpiexec
+from hvd_notebook.config import HOROVOD_ALIAS
+
+SCRIPT = textwrap.dedent("""\
+    import sys
+
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    weights = tf.Variable(tf.ones([4]) * (hvd.rank() + 1))
+    hvd.broadcast_([weights], root_rank=0)
+    total = hvd.allreduce(tf.constant([1.0, 2.0]) * (hvd.rank() + 1), op=hvd.Sum)
+    with open(f"{sys.argv[1]}/rank{hvd.rank()}.txt", "w") as out:
+        out.write(f"{hvd.__name__} {int(hvd.rank_op())}/{int(hvd.size_op())} {weights.numpy().tolist()} "
+                  f"{total.numpy().tolist()}")
+""")
+
+
+def run_script(tmp_path, **env_extra: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k != HOROVOD_ALIAS.name}  # the default unless a test sets it
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="60",
+               **env_extra)
+    return subprocess.run([find_mpiexec(None), "-n", "2", sys.executable, str(script), str(tmp_path)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_horovod_script_runs_unchanged_under_mpiexec(tmp_path):
+    proc = run_script(tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    for rank in (0, 1):
+        line = (tmp_path / f"rank{rank}.txt").read_text()
+        assert line == f"horovod.tensorflow {rank}/2 [1.0, 1.0, 1.0, 1.0] [3.0, 6.0]", line
+
+
+@pytest.mark.parametrize("off", ["0", "off"])
+def test_the_switch_turns_the_alias_off(tmp_path, off):
+    proc = run_script(tmp_path, HVD_NOTEBOOK_HOROVOD_ALIAS=off)
+    assert proc.returncode != 0
+    assert "ModuleNotFoundError: No module named 'horovod'" in proc.stderr, proc.stderr[-4000:]
+    assert not list(tmp_path.glob("rank*.txt"))

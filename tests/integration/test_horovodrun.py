@@ -1,0 +1,149 @@
+"""``hvd-notebook run`` (and the same entry point under the name ``horovodrun``) launching real
+scripts on 2 ranks: output of both ranks, the job's exit code, the rank that failed named, Horovod
+settings reaching the ranks, a timeline written, bad input refused, Ctrl-C stopping every rank, and
+nothing left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import assert_gone
+
+BIN = Path(sys.executable).parent
+HVD_NOTEBOOK = BIN / "hvd-notebook"
+ENV = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # `python` is this environment's
+
+SCRIPT = """
+import os, sys, time
+import numpy as np
+import hvd_notebook.runtime as hvd
+hvd.init()
+total = hvd.allreduce(np.array([hvd.rank() + 1.0]), op=hvd.Sum)
+print(f"rank {hvd.rank()} of {hvd.size()} sum {total[0]:g} fusion {os.environ.get('HOROVOD_FUSION_THRESHOLD')}",
+      flush=True)
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+if mode == "exit3" and hvd.rank() == 1:
+    sys.exit(3)
+if mode == "kill" and hvd.rank() == 1:
+    os.kill(os.getpid(), 9)
+if mode == "sleep":
+    print(f"ready {hvd.rank()} {os.getpid()}", flush=True)
+    time.sleep(120)
+hvd.allreduce(np.ones(4))
+"""
+
+
+@pytest.fixture
+def script(tmp_path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def run(args: list[str], cwd: Path, program: Path = HVD_NOTEBOOK, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run the command; past ``timeout``, stop it as a user would (Ctrl-C) and fail with what it printed."""
+    proc = subprocess.Popen([str(program), *args], cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        pytest.fail(f"{args} did not end within {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def left_running(marker: str) -> list[str]:
+    """Processes of this user whose command line names ``marker`` (a test's own tmp path)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["cmdline"] and any(marker in a for a in p.info["cmdline"]) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{p.pid} {' '.join(p.info['cmdline'])}")
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_two_ranks_run_a_script_with_horovod_settings(script, tmp_path):
+    timeline = tmp_path / "timeline.json"
+    done = run(["run", "-np", "2", "--fusion-threshold-mb", "2", "--timeline-filename", str(timeline),
+                "python", str(script)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    # the launcher passes each rank's output on as it comes: lines of two ranks may interleave
+    lines = sorted(re.findall(r"rank \d of \d sum \d+ fusion (?:\d+|None)", done.stdout))
+    assert lines == [f"rank {r} of 2 sum 3 fusion {2 * 1024 * 1024}" for r in (0, 1)]
+    assert "Return code" not in done.stderr  # gforker's exit lines are read, not shown
+    events = json.loads(timeline.read_text())["traceEvents"]  # HOROVOD_TIMELINE reached the ranks
+    assert any("ALLREDUCE" in json.dumps(e).upper() for e in events)
+    assert not left_running(str(tmp_path))
+
+
+def test_a_rank_that_exits_non_zero_ends_the_job_and_is_named(script, tmp_path):
+    started = time.monotonic()
+    done = run(["run", "-np", "2", "python", str(script), "exit3"], tmp_path, timeout=90)
+    assert done.returncode == 3, done.stderr
+    assert "rank 1 (exit code 3) failed" in done.stderr, done.stderr
+    assert time.monotonic() - started < 60  # rank 0, waiting in a collective for rank 1, was ended
+    assert not left_running(str(tmp_path))
+
+
+def test_a_rank_killed_by_a_signal_is_named(script, tmp_path):
+    done = run(["run", "-np", "2", "python", str(script), "kill"], tmp_path, timeout=90)
+    assert done.returncode == 128 + signal.SIGKILL  # the failed rank's status, as a shell reports it
+    assert "rank 1 (signal Killed) failed" in done.stderr, done.stderr
+    assert not left_running(str(tmp_path))
+
+
+def test_the_entry_point_answers_to_horovodrun(script, tmp_path):
+    link = tmp_path / "horovodrun"
+    link.symlink_to(HVD_NOTEBOOK)
+    done = run(["-np", "2", "python", str(script)], tmp_path, program=link)
+    assert done.returncode == 0, done.stderr
+    assert sorted(re.findall(r"rank \d of \d", done.stdout)) == ["rank 0 of 2", "rank 1 of 2"]
+    help_text = run(["--help"], tmp_path, program=link).stdout
+    assert help_text.startswith("usage: horovodrun") and "--cycle-time-ms" in help_text
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-np", "0", "python", "train.py"], "at least one rank"),
+    (["-np", "2", "-H", "localhost:2", "--hostfile", "hosts.txt", "python", "train.py"], "not both"),
+    (["-np", "2", "python", "missing.py"], "missing.py: no such file"),
+    (["-np", "2", "--mpiexec", "no-such-mpiexec", "python", "train.py"], "was not found"),
+    (["-np", "2"], "give the command"),
+    (["-np", "2", "--network-interface", "eth0", "python", "train.py"], "not an option"),
+])
+def test_bad_input_is_refused_with_what_to_do(script, tmp_path, args, says):
+    done = run(["run", *args], tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert says in done.stderr, done.stderr
+
+
+def test_ctrl_c_stops_every_rank(script, tmp_path):
+    proc = subprocess.Popen([str(HVD_NOTEBOOK), "run", "-np", "2", "python", str(script), "sleep"], cwd=tmp_path,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready = []
+    deadline = time.monotonic() + 90
+    while len(ready) < 2 and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("ready "):
+            ready.append(int(line.split()[2]))
+    assert len(ready) == 2, proc.stderr.read() if proc.poll() is not None else "ranks did not start"
+    pids = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)} | set(ready)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGINT
+    assert "stopped by SIGINT" in err
+    assert time.monotonic() - started < 10
+    assert_gone(pids)
+    assert not left_running(str(tmp_path))
