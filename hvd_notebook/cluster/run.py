@@ -313,6 +313,19 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     return placement, launch_argv(placement, n, env, job.command), env
 
 
+def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run the launcher to its end: its exit code and output; ``Stopped`` once every rank is ended."""
+    running = None
+    with stop_on_signals():
+        try:
+            running = RunningJob(argv, env)
+            return running.wait(), running.output()
+        except Stopped:
+            if running is not None:
+                running.stop()
+            raise
+
+
 def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread."""
     placement, argv, env = prepare(job)
@@ -320,17 +333,17 @@ def run_job(job: Job) -> int:
         added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
         print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
               f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
-    running = None
-    with stop_on_signals():
-        try:
-            running = RunningJob(argv, env)
-            code = running.wait()
-        except Stopped as stop:
-            if running is not None:
-                running.stop()
-            print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
-            return 128 + stop.signum
-    output = running.output()
+    try:
+        code, output = _launch(argv, env)
+        if code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv:
+            # MPI_Init fails at random now and then under MPICH; the runner initialises MPI before
+            # the script, so none of the script's code has run yet: one more try is safe
+            print("[hvd_notebook] MPI_Init failed on a rank before the script started; starting the ranks "
+                  "once more.", file=sys.stderr, flush=True)
+            code, output = _launch(argv, env)
+    except Stopped as stop:
+        print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
+        return 128 + stop.signum
     reports = diagnosis.exit_reports(output)
     causes = placement.diagnose(output) if code and not failed_ranks(reports) else []
     message = ending_message(placement.launcher_name, code, reports, causes)

@@ -63,6 +63,9 @@ def _end_now(code: int) -> None:
 
 def main() -> None:
     """Run the script; a failure ends this process at once with the failure's code."""
+    from ..runtime import topology
+
+    topology.initialize_mpi()  # before the script: a failed MPI_Init has then run none of its code
     try:
         run(sys.argv[1:])
     except SystemExit as exc:

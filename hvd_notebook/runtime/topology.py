@@ -14,3 +14,9 @@ def local_rank_before_init() -> tuple[int, int, int]:
         return world.Get_rank(), local.Get_rank(), local.Get_size()
     finally:
         local.Free()
+
+
+def initialize_mpi() -> None:
+    """Initialise MPI now (mpi4py does it on import): a rank whose MPI_Init fails then ends
+    before any of a script's own code has run, so the launch can be tried again."""
+    from mpi4py import MPI  # noqa: F401
