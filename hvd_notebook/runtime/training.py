@@ -11,7 +11,6 @@ whose ``apply`` first averages the gradients over all ranks with one fused
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
@@ -20,8 +19,6 @@ from .collectives import not_converted, reject_unsupported
 from .compression import Compression
 from .gradients import reduce_gradients
 from .ops import Adasum, Average, Sum
-
-log = logging.getLogger(__name__)
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
