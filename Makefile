@@ -8,7 +8,7 @@ TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test test-fast test-horovod gpu-check lab bench clean
+.PHONY: install demo test test-fast test-horovod horovod-suite gpu-check lab bench clean
 
 # also links .venv/bin/horovodrun to hvd-notebook (which then answers as `hvd-notebook run`), unless
 # a real Horovod has installed its own (docs/running-scripts.md)
@@ -45,6 +45,20 @@ HOROVOD_ENV ?= $(HOME)/.cache/hvd_notebook/horovod-tf2.15
 test-horovod:
 	HVD_HOROVOD_ENV=$(HOROVOD_ENV) bash scripts/horovod-env.sh
 	HVD_TEST_BACKEND=horovod HVD_NOTEBOOK_GPUS= $(HOROVOD_ENV)/bin/python -m pytest tests/integration/test_backends.py $(PYTEST_ARGS)
+
+# Horovod's own test files, unchanged, against this runtime: each test in its own 2-rank world (a
+# measurement of compatibility, not part of `make test`; benchmarks/README.md). Needs a Horovod checkout:
+#   make horovod-suite HOROVOD_TESTS=/path/to/horovod [HOROVOD_SUITE_ARGS="-k allreduce --timeout 60"]
+HOROVOD_TESTS ?=
+HOROVOD_SUITE_FILES ?= test_tensorflow.py test_tensorflow2_keras.py test_tensorflow_process_sets.py
+HOROVOD_SUITE_ARGS ?=
+horovod-suite: install
+	@if [ -z "$(HOROVOD_TESTS)" ]; then \
+		echo "make horovod-suite: set HOROVOD_TESTS to a Horovod checkout (or its test/ folder), e.g."; \
+		echo "  git clone --depth 1 --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod"; \
+		echo "  make horovod-suite HOROVOD_TESTS=/tmp/horovod"; \
+		exit 2; fi
+	$(PY) benchmarks/horovod_suite.py --tests $(HOROVOD_TESTS) $(HOROVOD_SUITE_FILES) $(HOROVOD_SUITE_ARGS)
 
 lab: install
 	$(VENV)/bin/hvd-notebook install-kernel --sys-prefix

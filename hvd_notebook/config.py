@@ -126,12 +126,15 @@ STALL_CHECK_TIME = EnvSetting("HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0,
 STALL_SHUTDOWN_TIME = EnvSetting("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0,
                                  "seconds a collective waits before it raises (0: never)")
 STALL_CHECK_DISABLE = EnvSetting("HOROVOD_STALL_CHECK_DISABLE", False, "no stall warnings")
+DYNAMIC_PROCESS_SETS = EnvSetting("HOROVOD_DYNAMIC_PROCESS_SETS", False, "allow hvd.add_process_set and "
+                                  "hvd.remove_process_set after hvd.init()")
 HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.tensorflow (and its Keras "
                            "flavours) gives hvd_notebook's runtime where no real Horovod is installed; off: "
                            "ModuleNotFoundError as without hvd_notebook")
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, FUSION_THRESHOLD, TIMELINE,
-                TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS)
+                TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS,
+                DYNAMIC_PROCESS_SETS)
 
 
 # ------------------------------------------------------------ option parsers

@@ -15,8 +15,9 @@ Layers, each importing only those above it in this list (tests/unit/test_runtime
 - ``negotiation`` (the agreement check every collective starts with), ``bridges`` (DLPack)
 - ``mpi_backend`` and ``nccl_backend``: each built from (communicator, negotiator, timeline)
 - ``world``: the state of one ``hvd.init()``: communicators, both backends, join
+- ``process_sets``: ``hvd.ProcessSet`` and the table of a world's sets, each on its own communicator
 - ``basics`` (process queries), ``compression``; ``collectives``; ``gradients``; ``tf1`` (TF1 graphs);
-  ``training``, ``callbacks``
+  ``training``, ``callbacks``, ``sync_batch_norm``
 """
 
 from .basics import (
@@ -67,6 +68,7 @@ from .collectives import (
     broadcast,
     broadcast_,
     broadcast_object,
+    broadcast_object_fn,
     broadcast_variables,
     grouped_allgather,
     grouped_allreduce,
@@ -77,14 +79,20 @@ from .collectives import (
     stop_timeline,
 )
 from .compression import Compression
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .signatures import MismatchError, StallError
 
 
 def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only when used
-    if name in ("DistributedOptimizer", "DistributedGradientTape", "load_model", "shard", "scale_lr"):
+    if name in ("DistributedOptimizer", "DistributedGradientTape", "PartialDistributedOptimizer",
+                "PartialDistributedGradientTape", "load_model", "shard", "scale_lr"):
         from . import training as _training
 
         return getattr(_training, name)
+    if name == "SyncBatchNormalization":
+        from .sync_batch_norm import SyncBatchNormalization
+
+        return SyncBatchNormalization
     if name in ("BroadcastGlobalVariablesHook", "broadcast_global_variables"):  # TF1 graphs
         from . import tf1 as _tf1
 
@@ -99,11 +107,14 @@ __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
     "DistributedOptimizer", "Max", "Min", "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
-    "broadcast_object", "broadcast_variables", "callbacks", "communicator", "cross_rank", "cross_size",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables",
+    "callbacks", "communicator", "cross_rank", "cross_size",
     "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "nccl_enabled", "rank", "reducescatter", "scale_lr",
     "shard", "shutdown", "size", "start_timeline", "stop_timeline",
     "broadcast_", "ccl_built", "cuda_built", "ddl_built", "local_rank_op", "local_size_op", "process_set_included_op",
     "rank_op", "rocm_built", "size_op",
+    "PartialDistributedGradientTape", "PartialDistributedOptimizer", "SyncBatchNormalization",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
 ]

@@ -13,27 +13,27 @@ from typing import Any
 
 import numpy as np
 
+from . import process_sets as _process_sets
 from . import world as _world
 from .bridges import tf as _tf
 from .nccl_backend import cupy_importable
 
-# what Horovod's process_set_included_op returns instead of 0 or 1
-PROCESS_SET_ERROR_INIT = -1  # hvd.init() not called
-PROCESS_SET_ERROR_UNKNOWN_SET = -3  # no process set of that id (this runtime has only the global set, id 0)
 
-
-def init(comm: Any = None) -> None:
-    """Initialise the runtime on this process; calling it again does nothing.
+def init(comm: Any = None, process_sets: Any = None) -> None:
+    """Initialise the runtime on this process; calling it again keeps the world.
 
     ``comm`` is an ``mpi4py`` communicator or a list of world ranks to use
-    instead of ``MPI.COMM_WORLD``, as in Horovod.
+    instead of ``MPI.COMM_WORLD``, as in Horovod. ``process_sets`` is a list of
+    ``hvd.ProcessSet`` to register (also on a world that exists already, as in a
+    notebook whose ranks called ``init`` at start), or ``"dynamic"`` to allow
+    ``add_process_set``/``remove_process_set`` later.
 
     >>> import hvd_notebook.runtime as hvd
     >>> hvd.init()
     >>> hvd.rank() < hvd.size()
     True
     """
-    _world.init(comm)
+    _process_sets.init(comm, process_sets)
 
 
 def shutdown() -> None:
@@ -161,9 +161,9 @@ def _query_op(query: Callable[[], int], name: str | None) -> Any:
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> Any:
-    """``size()`` as a TensorFlow op, read when the op runs (a graph may be built before ``init()``)."""
-    _only_the_global_set("hvd.size_op", process_set_id)
-    return _query_op(size, name)
+    """The size of the process set ``process_set_id`` (0: every rank) as a TensorFlow op, read when the op
+    runs (a graph may be built before ``init()``)."""
+    return _query_op(lambda: _process_sets.size_of(process_set_id), name)
 
 
 def rank_op(name: str | None = None) -> Any:
@@ -184,17 +184,5 @@ def local_rank_op(name: str | None = None) -> Any:
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> Any:
     """1 if this process belongs to the process set ``process_set_id``, as a TensorFlow op; as Horovod,
     an error code instead: ``PROCESS_SET_ERROR_INIT`` before ``init()``, ``PROCESS_SET_ERROR_UNKNOWN_SET``
-    for an unknown set (this runtime has only the global set, id 0)."""
-
-    def included() -> int:
-        if not is_initialized():
-            return PROCESS_SET_ERROR_INIT
-        return 1 if process_set_id == 0 else PROCESS_SET_ERROR_UNKNOWN_SET
-
-    return _query_op(included, name)
-
-
-def _only_the_global_set(call: str, process_set_id: int) -> None:
-    if process_set_id != 0:
-        raise ValueError(f"{call}(process_set_id={process_set_id!r}): process sets are not supported by "
-                         f"hvd_notebook's built-in runtime; omit it (the global set, 0, is all ranks).")
+    for an unknown set."""
+    return _query_op(lambda: _process_sets.included(process_set_id), name)

@@ -8,7 +8,9 @@ import keras
 import numpy as np
 
 from . import basics
+from .bridges import tf as _tf
 from .collectives import allreduce, broadcast_variables, reject_unsupported
+from .process_sets import check as check_process_set
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -18,22 +20,37 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Broadcasts at the start of training (so a model restored or initialised on
     the root only is shared too), and once more after the first batch if the
-    optimizer created its variables only then.
+    optimizer created its variables only then. ``local_variables`` (a variable
+    or a list of them; or ``register_local_var(var)``) keep each rank's own
+    values; the optimizer's state is broadcast whole, as Horovod does.
+    With ``process_set`` (an extension: Horovod's callback has none) the
+    broadcast runs among that set's ranks; the others keep their values.
     """
 
-    def __init__(self, root_rank: int = 0, device: str = "") -> None:
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None,
+                 process_set: Any = None) -> None:
         reject_unsupported("hvd.callbacks.BroadcastGlobalVariablesCallback", device=device)
+        check_process_set(process_set, "hvd.callbacks.BroadcastGlobalVariablesCallback")
         super().__init__()
         self.root_rank = root_rank
+        self.process_set = process_set
         self._optimizer_done = False
+        self._local_vars: dict[int, Any] = {}  # by identity: variables compare by value
+        for var in _variables(local_variables):
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast: it keeps this rank's value, as Horovod's callback."""
+        self._local_vars[id(var)] = var
 
     def _broadcast(self) -> None:
-        variables = list(self.model.variables)
+        variables = [v for v in self.model.variables if id(v) not in self._local_vars]
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
             self._optimizer_done = True
-        broadcast_variables(variables, root_rank=self.root_rank)
+        if self.process_set is None or self.process_set.included():
+            broadcast_variables(variables, root_rank=self.root_rank, process_set=self.process_set)
 
     def on_train_begin(self, logs: Any = None) -> None:
         self._broadcast()
@@ -43,21 +60,39 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
 
+def _variables(local_variables: Any) -> list[Any]:
+    """Horovod's ``local_variables``: None, a variable or a list of them (Keras or TensorFlow variables)."""
+    kinds = (keras.Variable, _tf().Variable)
+    if local_variables is None:
+        return []
+    if isinstance(local_variables, kinds):
+        return [local_variables]
+    variables = list(local_variables)
+    if not all(isinstance(v, kinds) for v in variables):
+        raise ValueError("All local variables must be of keras.Variable or tf.Variable type.")
+    return variables
+
+
 class MetricAverageCallback(keras.callbacks.Callback):
     """Replace each epoch's metrics by their mean over all ranks, so every rank
     logs (and every later callback sees) the same figures.
 
-    Put it before callbacks that read the metrics (checkpointing, early stopping)."""
+    Put it before callbacks that read the metrics (checkpointing, early stopping).
+    With ``process_set`` (an extension: Horovod's callback has none) the mean is
+    over that set's ranks; the others keep their own figures."""
 
-    def __init__(self, device: str = "") -> None:
+    def __init__(self, device: str = "", process_set: Any = None) -> None:
         reject_unsupported("hvd.callbacks.MetricAverageCallback", device=device)
+        check_process_set(process_set, "hvd.callbacks.MetricAverageCallback")
         super().__init__()
+        self.process_set = process_set
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if not logs:
+        if not logs or not (self.process_set is None or self.process_set.included()):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
-        values = allreduce(np.array([float(logs[k]) for k in keys], dtype=np.float64), name="metric_average")
+        values = allreduce(np.array([float(logs[k]) for k in keys], dtype=np.float64), name="metric_average",
+                           process_set=self.process_set)
         for k, v in zip(keys, values):
             logs[k] = float(v)
 

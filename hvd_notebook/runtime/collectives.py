@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import weakref
 from typing import Any
 
 import numpy as np
 
+from . import process_sets as _process_sets
 from . import world as _world
 from .bridges import adopt as _adopt
 from .bridges import is_eager, is_gpu_tensor
@@ -35,11 +37,10 @@ _counter = itertools.count()
 
 # Horovod arguments this runtime does not implement, and what to do instead
 _UNSUPPORTED = {
-    "process_set": "omit it (all ranks take part)",
     "device_dense": "omit it (tensors are reduced where they live: with NCCL for GPU tensors where every rank "
                     "has a GPU, else with MPI on the host)",
     "device_sparse": "omit it (sparse gradients are allgathered where they live)",
-    "session": "omit it (TensorFlow 2 runs eagerly and has no session)",
+    "session": "pass a tf.compat.v1.Session or omit it (TensorFlow 2 runs eagerly and has no session)",
     "device": "omit it (variables are broadcast where they live)",
     "num_groups": "omit it (tensors are fused by dtype up to HOROVOD_FUSION_THRESHOLD bytes; set that "
                   "environment variable to change the grouping)",
@@ -74,7 +75,7 @@ def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
         return [str(name)]
     if not name and (not _is_tf(tensors[0]) or is_eager(tensors[0])):
         first = next(_counter)  # nameless tensors: numbered without a look at each one
-        return [f"{kind}.{first + i}" for i in range(len(tensors))]
+        return [f"{kind}.noname.{first + i}" for i in range(len(tensors))]
     return [_name(name and f"{name}.{i}", kind, t) for i, t in enumerate(tensors)]
 
 
@@ -96,7 +97,7 @@ def _name(name: str | None, kind: str, tensor: Any = None) -> str:
             return tensor.name  # graph tensors and variables have names
         except (AttributeError, ValueError):
             pass
-    return f"{kind}.{next(_counter)}"
+    return f"{kind}.noname.{next(_counter)}"
 
 
 def _resolve_op(op: int | None, average: bool | None) -> int:
@@ -116,6 +117,20 @@ def _tf_error(exc: MismatchError) -> Exception:
             tf.errors.FailedPreconditionError.__init__(self, None, None, message)
 
     return TensorMismatchError(str(exc))
+
+
+def _tf_invalid_argument(exc: ValueError) -> Exception:
+    """Horovod's ops fail with InvalidArgumentError on a bad argument (as a graph's numpy_function does);
+    the error stays an instance of ``exc``'s own class too, for code that catches that."""
+    tf = _tf()
+    try:
+        class InvalidArgumentError(tf.errors.InvalidArgumentError, type(exc)):
+            def __init__(self, message: str) -> None:
+                tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+        return InvalidArgumentError(str(exc))
+    except TypeError:  # a built-in ValueError subclass with its own layout (UnicodeError): left as it is
+        return exc
 
 
 @functools.cache
@@ -153,6 +168,20 @@ def _check_not_xla() -> None:
 def _nccl() -> Any:
     """The world's NCCL backend, or None where GPU tensors go through the host."""
     return _world.current().nccl
+
+
+def _members(process_set: Any, call: str, tensor: Any = None) -> Any:
+    """What a collective on ``process_set`` runs on: the world (``None``, the global set) or the set's own
+    communicator and backends, alike in ``mpi``, ``nccl``, ``rank`` and ``size``. A rank outside the set gets
+    Horovod's error: an ``InvalidArgumentError`` for TensorFlow tensors, a ``ValueError`` for numpy arrays."""
+    if process_set is None:
+        return _world.current()
+    try:
+        return _process_sets.members(process_set, call)
+    except _process_sets.NotAMemberError as exc:
+        if tensor is None or not _is_tf(tensor):
+            raise
+        raise _tf_invalid_argument(exc) from None
 
 
 def _on_gpus(tensors: list[Any]) -> bool:
@@ -195,6 +224,8 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
             outs = fn([_to_numpy(t) for t in tensors])
         except MismatchError as exc:
             raise _tf_error(exc) from None
+        except ValueError as exc:
+            raise _tf_invalid_argument(exc) from None
         results = [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
         return _back_on_devices(results, tensors) if gpu_fn is not None else results
 
@@ -205,21 +236,75 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
         return _py_function(lambda xs: _on_tf(fn, xs, out_dtypes, out_shapes, gpu_fn), tensors, out_dtypes,
                             out_shapes)
 
-    def graph_fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(list(arrays)), out_dtypes)]
-
-    outs = tf.numpy_function(graph_fn, tensors, Tout=out_dtypes, stateful=True)
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
+    outs = _graph_numpy_function(fn, tensors, out_dtypes)
     for o, shape in zip(outs, out_shapes):
         o.set_shape(shape)
-    return list(outs)
+    return outs
+
+
+def _graph_numpy_function(fn: Any, tensors: list[Any], out_dtypes: list[Any]) -> list[Any]:
+    """``fn(list of numpy) -> list of numpy`` as one ``numpy_function`` op of a graph, in build order.
+
+    A ``numpy_function`` can fail a step only with InvalidArgumentError or UnknownError; in a TF1 graph a
+    mismatch across ranks fails ``session.run`` with Horovod's FailedPreconditionError instead: the op
+    returns the mismatch as a string and a gate after it raises. (A ``tf.function`` keeps the plain op:
+    the gate's cond would cost every training step.)"""
+    tf = _tf()
+    gated = not getattr(tf.compat.v1.get_default_graph(), "building_function", False)
+
+    def run(*arrays: np.ndarray) -> list[Any]:
+        try:
+            outs = [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(fn(list(arrays)), out_dtypes)]
+        except MismatchError as exc:
+            if not gated:
+                raise
+            return [np.zeros(0, d.as_numpy_dtype) for d in out_dtypes] + [np.bytes_(str(exc).encode())]
+        return outs + [np.bytes_(b"")] if gated else outs
+
+    tout = [*out_dtypes, tf.string] if gated else list(out_dtypes)
+    outs = _in_build_order(lambda: tf.numpy_function(not_converted(run), tensors, Tout=tout, stateful=True))
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    if not gated:
+        return outs
+    *outs, mismatch = outs
+    check = tf.cond(tf.equal(mismatch, ""), lambda: tf.constant(b""), lambda: _failed_precondition(mismatch))
+    with tf.control_dependencies([check]):
+        return [tf.identity(o) for o in outs]
+
+
+def _failed_precondition(message: Any) -> Any:
+    """An op that fails with FailedPreconditionError carrying ``message`` (a string tensor) when it runs.
+    TensorFlow has no op to raise an error of a chosen code; reading a path below ``/dev/null`` fails
+    with this code (ENOTDIR) and a message that holds the path."""
+    tf = _tf()
+    return tf.io.read_file(tf.strings.join(["/dev/null/hvd_notebook: ", message]), name="hvd_mismatch")
+
+
+_last_collective: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph: its newest collective op
+
+
+def _in_build_order(build: Any) -> Any:
+    """``build()``'s collective op, run after the one built before it in the same TF1
+    graph. A session's executor runs independent ops in any order, each in a thread of
+    its pool until it returns; collectives in a different order on each rank would
+    fill the pools with calls that wait for each other. (A ``tf.function``, or a
+    branch of a cond or a loop, orders its stateful ops in program order by itself.)"""
+    tf = _tf()
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "building_function", False):
+        return build()
+    previous = _last_collective.get(graph)
+    with tf.control_dependencies([previous] if previous is not None else []):
+        outs = build()
+    first = outs[0] if isinstance(outs, (list, tuple)) else outs
+    _last_collective[graph] = first.op
+    return outs
 
 
 def _py_function(eager_fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[Any]) -> list[Any]:
     """``eager_fn(list of eager tensors) -> list of tensors`` as one op of a graph."""
     tf = _tf()
-    outs = tf.py_function(lambda *xs: eager_fn(list(xs)), tensors, Tout=list(out_dtypes))
+    outs = _in_build_order(lambda: tf.py_function(lambda *xs: eager_fn(list(xs)), tensors, Tout=list(out_dtypes)))
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
     for o, shape in zip(outs, out_shapes):
@@ -238,34 +323,38 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     >>> hvd.allreduce(np.array([1.0, 2.0]) * (hvd.rank() + 1), op=hvd.Sum)  # on 2 ranks
     array([3., 6.])
     """
-    if process_set is not None or device_dense or device_sparse:
-        reject_unsupported("hvd.allreduce", process_set=process_set, device_dense=device_dense,
-                           device_sparse=device_sparse)
+    if device_dense or device_sparse:
+        reject_unsupported("hvd.allreduce", device_dense=device_dense, device_sparse=device_sparse)
     op = _resolve_op(op, average)
+    members = _members(process_set, "hvd.allreduce", tensor)
     if compression is Compression.none and is_eager(tensor):
-        out = _eager_allreduce_one(tensor, op, prescale_factor, postscale_factor, name)
+        out = _eager_allreduce_one(members, tensor, op, prescale_factor, postscale_factor, name)
         if out is not None:
             return out
     name = _scoped(name, ignore_name_scope, tensor)
     if _is_tf(tensor) and isinstance(tensor, _tf().IndexedSlices):
-        return _allreduce_indexed_slices(tensor, op, name)
+        return _allreduce_with_slices([tensor], op, compression, prescale_factor, postscale_factor, name,
+                                      process_set)[0]
     return grouped_allreduce([tensor], op=op, compression=compression, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, name=name)[0]
+                             postscale_factor=postscale_factor, name=name, process_set=process_set)[0]
 
 
-def _eager_allreduce_one(tensor: Any, op: int, prescale: float, postscale: float, name: str | None) -> Any:
+def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, postscale: float,
+                         name: str | None) -> Any:
     """One eager host tensor outside any gradient tape, the commonest call: read in
     place, reduced by the MPI backend's single-tensor path into a pooled buffer that
-    becomes the result without a copy. None where the general path must take it."""
-    world = _world.current()
+    becomes the result without a copy. None where the general path must take it.
+    (``world``: the world or a process set's backends, see ``_members``.)"""
     if world.nccl is not None or _has_gpus() or _recording():
         return None
     arr = _to_numpy(tensor)
     try:
         out = world.mpi.allreduce_one(arr, op, prescale, postscale,
-                                      str(name) if name else f"allreduce.{next(_counter)}")
+                                      str(name) if name else f"allreduce.noname.{next(_counter)}")
     except MismatchError as exc:
         raise _tf_error(exc) from None
+    except ValueError as exc:
+        raise _tf_invalid_argument(exc) from None
     return None if out is None else _adopt(out)
 
 
@@ -276,19 +365,22 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
                       process_set: Any = None) -> list[Any]:
     """Reduce several tensors at once, fused into as few MPI calls as the fusion
     threshold allows (``HOROVOD_FUSION_THRESHOLD``)."""
-    if process_set is not None or device_dense or device_sparse:
-        reject_unsupported("hvd.grouped_allreduce", process_set=process_set, device_dense=device_dense,
-                           device_sparse=device_sparse)
+    if device_dense or device_sparse:
+        reject_unsupported("hvd.grouped_allreduce", device_dense=device_dense, device_sparse=device_sparse)
     op = _resolve_op(op, average)
     if not tensors:
         return []
+    if any(_is_tf(t) and isinstance(t, _tf().IndexedSlices) for t in tensors):
+        return _allreduce_with_slices(tensors, op, compression, prescale_factor, postscale_factor, name, process_set)
+    members = _members(process_set, "hvd.grouped_allreduce", tensors[0])
     compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
     if _is_tf(compressed[0]):
-        reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor)
+        reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor,
+                                        members, process_set)
     else:
-        reduced = _world.current().mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor,
-                                                 postscale_factor, names)
+        reduced = members.mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor, postscale_factor,
+                                        names)
     return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
@@ -298,22 +390,23 @@ def _allreduce_out_dtype(dtype: Any, op: int) -> Any:
 
 
 def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                          postscale: float) -> list[Any]:
+                          postscale: float, members: Any, process_set: Any) -> list[Any]:
     tf = _tf()
     tensors = [t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in tensors]
     if not _recording():  # eager, no tape: custom_gradient's bookkeeping is not needed
-        return _eager_grouped_allreduce(tensors, names, op, prescale, postscale)
+        return _eager_grouped_allreduce(tensors, names, op, prescale, postscale, members)
 
     @tf.custom_gradient
     def reduce_tf(*xs: Any) -> Any:
         if tf.executing_eagerly():
-            outs = _eager_grouped_allreduce(list(xs), names, op, prescale, postscale)
+            outs = _eager_grouped_allreduce(list(xs), names, op, prescale, postscale, members)
         else:
-            outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale)
+            outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale, members)
 
         def grad(*dys: Any) -> Any:
             # Horovod: the gradient of an allreduce is the same allreduce of the gradient
-            return grouped_allreduce(list(dys), op=op, prescale_factor=prescale, postscale_factor=postscale)
+            return grouped_allreduce(list(dys), op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                     process_set=process_set)
 
         return outs, grad
 
@@ -321,21 +414,22 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
 
 
 def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                             postscale: float) -> list[Any]:
+                             postscale: float, world: Any) -> list[Any]:
     """Host tensors are read in place (DLPack); the results are views of the reduced
     fusion buffers, adopted by TensorFlow without a copy. GPU tensors go to NCCL
     where it runs (``nccl_backend``)."""
     if _on_gpus(tensors):
         try:
-            return _nccl().allreduce(tensors, op, prescale, postscale, names)
+            return world.nccl.allreduce(tensors, op, prescale, postscale, names)
         except MismatchError as exc:
             raise _tf_error(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
-    world = _world.current()
     try:
         fused = world.mpi.allreduce_fused(arrays, op, prescale, postscale, names)
     except MismatchError as exc:
         raise _tf_error(exc) from None
+    except ValueError as exc:
+        raise _tf_invalid_argument(exc) from None
     results: list[Any] = [None] * len(tensors)
     for group, buf, offsets in fused:
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
@@ -363,13 +457,12 @@ def _unfuse(buf: np.ndarray, offsets: list[int], arrays: list[np.ndarray]) -> li
 
 
 def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                             postscale: float) -> list[Any]:
+                             postscale: float, world: Any) -> list[Any]:
     """In a graph: TensorFlow packs each dtype's tensors into one flat tensor, one
     ``numpy_function`` reduces it, TensorFlow splits it again."""
     _check_not_xla()
-    world = _world.current()
     if world.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
-        return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale), tensors,
+        return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale, world), tensors,
                             [_allreduce_out_dtype(t.dtype, op) for t in tensors], [t.shape for t in tensors])
     groups = fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
@@ -394,8 +487,8 @@ def _graph_allreduce_group(mpi: Any, members: list[Any], label: str, op: int, pr
     static = all(t.shape.is_fully_defined() for t in members)
     flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
     flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
-    out = tf.numpy_function(not_converted(reduce_flat), [flat], Tout=_allreduce_out_dtype(members[0].dtype, op),
-                            stateful=True)
+    (out,) = _graph_numpy_function(lambda arrays: [reduce_flat(arrays[0])], [flat],
+                                   [_allreduce_out_dtype(members[0].dtype, op)])
     out.set_shape([None])
     sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
     pieces = tf.split(out, sizes) if len(members) > 1 else [out]
@@ -408,34 +501,50 @@ def _graph_allreduce_group(mpi: Any, members: list[Any], label: str, op: int, pr
     return results
 
 
-def _allreduce_indexed_slices(slices: Any, op: int, name: str | None) -> Any:
-    """As Horovod: allgather the values and the indices instead of a dense allreduce."""
+def _allreduce_with_slices(tensors: list[Any], op: int, compression: Any, prescale: float, postscale: float,
+                           name: str | None, process_set: Any) -> list[Any]:
+    """As Horovod: the ``tf.IndexedSlices`` among ``tensors`` allgathered (values and indices, one grouped
+    allgather each) instead of a dense allreduce; the dense ones reduced together."""
     tf = _tf()
     if op not in (Average, Sum):
-        raise NotImplementedError("allreduce of tf.IndexedSlices supports op=hvd.Average or hvd.Sum only.")
-    values = allgather(slices.values, name=name and f"{name}.values")
-    indices = allgather(slices.indices, name=name and f"{name}.indices")
-    if op == Average:
-        values = values / tf.cast(_world.current().size, values.dtype)
-    return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
+        raise NotImplementedError("allreduce of tf.IndexedSlices supports op=hvd.Average or hvd.Sum only (for "
+                                  "Adasum, pass sparse_as_dense=True to DistributedOptimizer).")
+    if prescale != 1.0 or postscale != 1.0:  # as Horovod: refused, not silently ignored
+        raise NotImplementedError("allreduce of tf.IndexedSlices does not support prescale_factor or "
+                                  "postscale_factor; scale the values before or after the allreduce.")
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    out: list[Any] = [None] * len(tensors)
+    values = grouped_allgather([tensors[i].values for i in sparse], name=name and f"{name}.values",
+                               process_set=process_set)
+    indices = grouped_allgather([tensors[i].indices for i in sparse], name=name and f"{name}.indices",
+                                process_set=process_set)
+    size = _members(process_set, "hvd.allreduce").size
+    for i, v, ix in zip(sparse, values, indices):
+        out[i] = tf.IndexedSlices(v / tf.cast(size, v.dtype) if op == Average else v, ix,
+                                  dense_shape=tensors[i].dense_shape)
+    if dense:
+        reduced = grouped_allreduce([tensors[i] for i in dense], op=op, compression=compression,
+                                    name=name and f"{name}.dense", process_set=process_set)
+        for i, r in zip(dense, reduced):
+            out[i] = r
+    return out
 
 
 # ------------------------------------------------------------------ allgather
 @not_converted
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
     """Concatenate ``tensor`` from every rank along the first dimension, which may differ."""
-    reject_unsupported("hvd.allgather", process_set=process_set)
     return grouped_allgather([tensor], name=_scoped(name, ignore_name_scope, tensor), process_set=process_set)[0]
 
 
 @not_converted
 def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: Any = None) -> list[Any]:
     """``allgather`` of several tensors with one agreement."""
-    reject_unsupported("hvd.grouped_allgather", process_set=process_set)
     if not tensors:
         return []
+    world = _members(process_set, "hvd.grouped_allgather", tensors[0])
     names = _names(name, "allgather", tensors)
-    world = _world.current()
 
     def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return world.mpi.allgather(arrays, names)
@@ -448,15 +557,15 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     @tf.custom_gradient
     def gather_tf(*xs: Any) -> Any:
         outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs],
-                      gpu_fn=lambda ts: _nccl().allgather(ts, names))
+                      gpu_fn=lambda ts: world.nccl.allgather(ts, names))
 
         def grad(*dys: Any) -> Any:
-            # Horovod: sum the gradient over ranks, then keep this rank's rows
-            summed = grouped_allreduce(list(dys), op=Sum)
+            # Horovod (0.28): average the gradient over ranks, then keep this rank's rows
+            averaged = grouped_allreduce(list(dys), op=Average, process_set=process_set)
             grads = []
-            for x, dy in zip(xs, summed):
+            for x, dy in zip(xs, averaged):
                 rows = tf.reshape(tf.shape(x)[0], [1])
-                all_rows = tf.reshape(allgather(rows), [world.size])
+                all_rows = tf.reshape(allgather(rows, process_set=process_set), [world.size])
                 grads.append(tf.split(dy, all_rows, axis=0)[world.rank])
             return grads
 
@@ -470,12 +579,12 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s value of ``tensor``."""
-    reject_unsupported("hvd.broadcast", process_set=process_set)
+    world = _members(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
-    world = _world.current()
+    root = _process_sets.root_of(world, root_rank)  # (Horovod's root_rank is a global rank)
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return world.mpi.broadcast(arrays, root_rank, names)
+        return world.mpi.broadcast(arrays, root, names)
 
     if not _is_tf(tensor):
         return bcast_np([np.asarray(tensor)])[0]
@@ -485,12 +594,12 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     @tf.custom_gradient
     def bcast_tf(x: Any) -> Any:
         out = _on_tf(bcast_np, [x], [x.dtype], [x.shape],
-                     gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, names))[0]
+                     gpu_fn=lambda ts: world.nccl.broadcast(ts, root, names))[0]
 
         def grad(dy: Any) -> Any:
-            # Horovod: the summed gradient flows back to the root only
-            summed = allreduce(dy, op=Sum)
-            return summed if world.rank == root_rank else summed * 0
+            # Horovod (0.28): the averaged gradient flows back to the root only
+            averaged = allreduce(dy, op=Average, process_set=process_set)
+            return averaged if world.rank == root else averaged * 0
 
         return out, grad
 
@@ -502,11 +611,11 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
                         inplace: bool = False) -> Any:
     """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast.
     (``inplace`` is accepted as in Horovod: variables are always assigned in place.)"""
-    reject_unsupported("hvd.broadcast_variables", process_set=process_set)
     variables = list(variables)
     if not variables:
         return None
-    assigns = _assign_from_root(variables, root_rank, [_name(None, "broadcast_variables", v) for v in variables])
+    assigns = _assign_from_root(variables, root_rank, [_name(None, "broadcast_variables", v) for v in variables],
+                                _members(process_set, "hvd.broadcast_variables", variables[0]))
     return None if _tf().executing_eagerly() else _tf().group(*assigns)
 
 
@@ -514,13 +623,12 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
 def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, process_set: Any = None) -> list[Any]:
     """In-place broadcast, as Horovod's: assign ``root_rank``'s values to every rank's ``variables`` and
     return their new values (in a graph, tensors that read them after the assignment)."""
-    reject_unsupported("hvd.broadcast_", process_set=process_set)
     variables = list(variables)
     if not variables:
         return []
     names = [f"{name}.{i}" for i in range(len(variables))] if name else \
         [_name(None, "broadcast_", v) for v in variables]
-    assigns = _assign_from_root(variables, root_rank, names)
+    assigns = _assign_from_root(variables, root_rank, names, _members(process_set, "hvd.broadcast_", variables[0]))
     tf = _tf()
     if tf.executing_eagerly():
         return [v.read_value() for v in variables]
@@ -528,34 +636,52 @@ def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, pr
         return [tf.identity(v.read_value()) for v in variables]
 
 
-def _assign_from_root(variables: list[Any], root_rank: int, names: list[str]) -> list[Any]:
-    """Broadcast the variables' values from ``root_rank`` in one fused call and assign them; the assignments."""
+def _assign_from_root(variables: list[Any], root_rank: int, names: list[str], world: Any) -> list[Any]:
+    """Broadcast the variables' values from ``root_rank`` in one fused call among ``world`` (the world or a
+    process set's backends) and assign them; the assignments."""
     tf = _tf()
-    world = _world.current()
+    root = _process_sets.root_of(world, root_rank)
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return world.mpi.broadcast(arrays, root_rank, names)
+        return world.mpi.broadcast(arrays, root, names)
 
     values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
                                for v in variables],
                     [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
-                    [v.shape for v in variables], gpu_fn=lambda ts: _nccl().broadcast(ts, root_rank, names))
+                    [v.shape for v in variables], gpu_fn=lambda ts: world.nccl.broadcast(ts, root, names))
     return [v.assign(x) for v, x in zip(variables, values)]
+
+
+def _check_session(call: str, session: Any) -> None:
+    """Horovod evaluates an object collective's ops with ``session`` in a TF1 graph; here the object
+    travels through MPI without a TensorFlow op, so any session gives the same result. Not a session: refused."""
+    if session is not None and not callable(getattr(session, "run", None)):
+        reject_unsupported(call, session=session)
 
 
 @not_converted
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
-    reject_unsupported("hvd.broadcast_object", session=session, process_set=process_set)
-    return _world.current().mpi.broadcast_object(obj, root_rank, _name(name, "broadcast_object"))
+    _check_session("hvd.broadcast_object", session)
+    world = _members(process_set, "hvd.broadcast_object")
+    return world.mpi.broadcast_object(obj, _process_sets.root_of(world, root_rank), _name(name, "broadcast_object"))
+
+
+def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
+                        process_set: Any = None) -> Any:
+    """A function ``obj -> root_rank's obj``: Horovod's TF1 helper, which builds its broadcast ops once for
+    many calls (here each call is a ``broadcast_object``, which needs no ops)."""
+    _check_session("hvd.broadcast_object_fn", session)
+    name = name or "broadcast_object_fn"
+    return lambda obj: broadcast_object(obj, root_rank, session=session, name=name, process_set=process_set)
 
 
 @not_converted
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
-    reject_unsupported("hvd.allgather_object", session=session, process_set=process_set)
-    return _world.current().mpi.allgather_object(obj, _name(name, "allgather_object"))
+    _check_session("hvd.allgather_object", session)
+    return _members(process_set, "hvd.allgather_object").mpi.allgather_object(obj, _name(name, "allgather_object"))
 
 
 # ------------------------------------------------------------- alltoall etc.
@@ -564,9 +690,8 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
              process_set: Any = None) -> Any:
     """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
     concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
-    reject_unsupported("hvd.alltoall", process_set=process_set)
+    world = _members(process_set, "hvd.alltoall", tensor)
     label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
-    world = _world.current()
     if not _is_tf(tensor):
         out, received = world.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
         return out if splits is None else (out, received.astype(np.int32))
@@ -579,8 +704,18 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
         out, received = world.mpi.alltoall(arr, None if splits is None else sp, label)
         return [out, received.astype(np.int32)]
 
-    out, received = _on_tf(a2a_np, [tensor, splits_t], [tensor.dtype, tf.int32],
-                           [[None] + tensor.shape[1:].as_list(), [world.size]])
+    @tf.custom_gradient
+    def a2a_tf(x: Any) -> Any:
+        out, received = _on_tf(a2a_np, [x, splits_t], [x.dtype, tf.int32],
+                               [[None] + x.shape[1:].as_list(), [world.size]])
+
+        def grad(dy: Any, *_: Any) -> Any:
+            # Horovod: each rank's gradient rows go back to the rank they came from
+            return alltoall(dy, splits=received, process_set=process_set)[0]
+
+        return (out, received), grad
+
+    out, received = a2a_tf(tensor)
     return out if splits is None else (out, received)
 
 
@@ -589,7 +724,6 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None, proce
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
     """Reduce over ranks and keep this rank's block of rows."""
-    reject_unsupported("hvd.reducescatter", process_set=process_set)
     return grouped_reducescatter([tensor], op=op, name=_scoped(name, ignore_name_scope, tensor),
                                  process_set=process_set, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor)[0]
@@ -600,17 +734,16 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
                           process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
     """``reducescatter`` of several tensors."""
-    reject_unsupported("hvd.grouped_reducescatter", process_set=process_set)
     if not tensors:
         return []
+    world = _members(process_set, "hvd.grouped_reducescatter", tensors[0])
     names = _names(name, "reducescatter", tensors)
-    world = _world.current()
 
     def scaled(reduce: Any) -> Any:
         """``reduce`` with the prescale before and the postscale after (numpy or TensorFlow)."""
         def run(xs: list[Any]) -> list[Any]:
-            outs = reduce([x * prescale_factor if prescale_factor != 1.0 else x for x in xs])
-            return [o * postscale_factor if postscale_factor != 1.0 else o for o in outs]
+            outs = reduce([_scale(x, prescale_factor) if prescale_factor != 1.0 else x for x in xs])
+            return [_scale(o, postscale_factor) if postscale_factor != 1.0 else o for o in outs]
 
         return run
 
@@ -620,9 +753,33 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
         return rs_np([np.asarray(t) for t in tensors])
     tf = _tf()
     tensors = [tf.convert_to_tensor(t) for t in tensors]
-    return _on_tf(rs_np, tensors, [_allreduce_out_dtype(t.dtype, op) for t in tensors],
-                  [[None] + t.shape[1:].as_list() for t in tensors],
-                  gpu_fn=scaled(lambda ts: _nccl().reducescatter(ts, op, names)))
+
+    @tf.custom_gradient
+    def rs_tf(*xs: Any) -> Any:
+        outs = _on_tf(rs_np, list(xs), [_allreduce_out_dtype(x.dtype, op) for x in xs],
+                      [[None] + x.shape[1:].as_list() for x in xs],
+                      gpu_fn=scaled(lambda ts: world.nccl.reducescatter(ts, op, names)))
+
+        def grad(*dys: Any) -> Any:
+            # Horovod: a Sum's gradient times the size, both scale factors, then every rank's rows gathered
+            scale = (world.size if op == Sum else 1) * prescale_factor * postscale_factor
+            return grouped_allgather([dy * scale if scale != 1 else dy for dy in dys], process_set=process_set)
+
+        return outs, grad
+
+    return list(rs_tf(*tensors))
+
+
+def _scale(x: Any, factor: float) -> Any:
+    """``x * factor`` in ``x``'s dtype, computed as Horovod does: float16 in float32 (the factor is not
+    rounded to float16 first), integers in float64 then truncated. TensorFlow tensors (GPU): as they are."""
+    if not isinstance(x, np.ndarray):
+        return x * factor
+    if x.dtype == np.float16:
+        return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
+    if x.dtype.kind in "iub":
+        return (x * factor).astype(x.dtype)
+    return x * x.dtype.type(factor)
 
 
 @not_converted
@@ -634,9 +791,8 @@ def join() -> int:
 
 @not_converted
 def barrier(process_set: Any = None) -> None:
-    """Return once every rank has called ``barrier()``."""
-    reject_unsupported("hvd.barrier", process_set=process_set)
-    _world.current().barrier()
+    """Return once every rank (of ``process_set``) has called ``barrier()``."""
+    _members(process_set, "hvd.barrier").barrier()
 
 
 # ------------------------------------------------------------------ timeline
@@ -654,6 +810,7 @@ def stop_timeline() -> None:
 
 __all__ = [
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_variables", "grouped_allgather",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_object_fn",
+    "broadcast_variables", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "join", "reducescatter", "start_timeline", "stop_timeline",
 ]

@@ -1,10 +1,10 @@
 """Horovod's Keras module on the runtime: what ``horovod.tensorflow.keras`` and ``horovod.keras`` give.
 
 The same process queries and training classes as the runtime (``hvd.callbacks``, ``DistributedOptimizer``,
-``load_model``), and the Keras module's own collectives, which take any tensor-like value (numpy array,
-list, number) and return a tensor: ``allreduce(value, name=None, average=None, ...)``, ``allgather``,
-``broadcast``, ``reducescatter``, and ``broadcast_global_variables(root_rank)``. Keras and TensorFlow
-are imported when first used.
+``PartialDistributedOptimizer``, ``SyncBatchNormalization``, ``load_model``), and the Keras module's own
+collectives, which take any tensor-like value (numpy array, list, number) and return a tensor:
+``allreduce(value, name=None, average=None, ...)``, ``allgather``, ``broadcast``, ``reducescatter``, and
+``broadcast_global_variables(root_rank)``. Keras and TensorFlow are imported when first used.
 """
 
 from __future__ import annotations
@@ -38,14 +38,17 @@ from .bridges import tf as _tf
 from .collectives import start_timeline, stop_timeline
 from .compression import Compression
 from .ops import Adasum, Average, Sum
+from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
-_FROM_TRAINING = ("DistributedOptimizer", "load_model")
-_LAZY = (*_FROM_TRAINING, "callbacks")  # imported on first use (__getattr__)
+_FROM_TRAINING = ("DistributedOptimizer", "PartialDistributedOptimizer", "load_model")
+_LAZY = (*_FROM_TRAINING, "SyncBatchNormalization", "callbacks")  # imported on first use (__getattr__)
 
 
 def __getattr__(name: str) -> Any:  # Keras is imported only when these are used
     if name in _FROM_TRAINING:
         return getattr(importlib.import_module(".training", __package__), name)
+    if name == "SyncBatchNormalization":
+        return importlib.import_module(".sync_batch_norm", __package__).SyncBatchNormalization
     if name == "callbacks":
         return importlib.import_module(".callbacks", __package__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -100,5 +103,6 @@ __all__ = [
     "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init",
     "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "rank", "reducescatter", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+    "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
     *_LAZY,
 ]

@@ -19,6 +19,7 @@ from .negotiation import Negotiator
 from .ops import Average, check_op, dtype_name, reduce_dtype
 from .signatures import (
     AllreduceCall,
+    Signature,
     allgather_object_signature,
     allgather_signature,
     allreduce_signature,
@@ -83,22 +84,20 @@ class SingleTensorAllreduce:
                 return None
             self.calls[key] = call
         timeline, negotiator = self.timeline, self.negotiator
-        if timeline.path is None:  # (Negotiator.check, inlined: this path counts every call)
-            signatures = negotiator.agree(call.signature, call.hash, label)
-            if signatures is not None:
-                negotiator.disagree(signatures, allow_joined=True)
-        else:
-            negotiator.check(call.signature, True, call.hash, label)
-        if call.mpi_op is None or not arr.flags.c_contiguous:
-            return self.backend.reduce([arr], op, prescale, postscale, label)[0].reshape(arr.shape)
-        buf = pool.get(arr.nbytes).view(arr.dtype)
-        if arr.ndim != 1:
-            buf = buf.reshape(arr.shape)
-        if timeline.path is None:
-            self.comm.Allreduce(arr, buf, op=call.mpi_op)
-        else:
-            with timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
+        negotiator.acquire(call.signature, True, call.hash, label)
+        try:
+            if call.mpi_op is None or not arr.flags.c_contiguous:
+                return self.backend.reduce([arr], op, prescale, postscale, label)[0].reshape(arr.shape)
+            buf = pool.get(arr.nbytes).view(arr.dtype)
+            if arr.ndim != 1:
+                buf = buf.reshape(arr.shape)
+            if timeline.path is None:
                 self.comm.Allreduce(arr, buf, op=call.mpi_op)
+            else:
+                with timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
+                    self.comm.Allreduce(arr, buf, op=call.mpi_op)
+        finally:
+            negotiator.release()
         for factor in call.factors:
             buf *= factor
         return buf
@@ -198,8 +197,8 @@ class MpiBackend:
             label = fused_label([names[i] for i in group])
             sig = allreduce_signature(op, dtype_name(members[0].dtype), shapes or tuple(a.shape for a in members),
                                       prescale, postscale, label)
-            self.negotiator.check(sig, allow_joined=True)
-            buf, offsets = self.reduce(members, op, prescale, postscale, label)
+            with self.negotiator.turn(sig, allow_joined=True):
+                buf, offsets = self.reduce(members, op, prescale, postscale, label)
             out.append((group, buf, offsets))
         return out
 
@@ -248,33 +247,33 @@ class MpiBackend:
     # ------------------------------------------------------------ allgather
     def allgather(self, arrays: list[np.ndarray], names: list[str]) -> list[np.ndarray]:
         """Concatenate each array over ranks along its first dimension (which may differ)."""
+        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} grouped"
+        sig = allgather_signature(tuple(a.dtype.name for a in arrays), tuple(a.shape[1:] for a in arrays), label)
         for arr, name in zip(arrays, names):
             if arr.ndim == 0:
-                raise ValueError(f"allgather of '{name}': the tensor needs at least one dimension (it is a scalar).")
-        label = names[0] if len(names) == 1 else f"{names[0]} +{len(names) - 1} grouped"
-        self.negotiator.check(allgather_signature(tuple(a.dtype.name for a in arrays),
-                                                  tuple(a.shape[1:] for a in arrays), label))
-        rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
-        all_rows = np.empty((self.size, len(arrays)), dtype=np.int64)
-        self.comm.Allgather(rows, all_rows)
-        outs = []
-        with self.timeline.phase("MPI_ALLGATHER", label, sum(a.nbytes for a in arrays)):
-            for i, arr in enumerate(arrays):
-                row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
-                counts = all_rows[:, i] * row_bytes
-                out = np.empty((int(all_rows[:, i].sum()),) + arr.shape[1:], dtype=arr.dtype)
-                self.comm.Allgatherv(_bytes(arr), [out.reshape(-1).view(np.uint8), counts, _displacements(counts),
-                                                   self.MPI.BYTE])
-                outs.append(out)
+                self.negotiator.refuse(sig, f"allgather of '{name}': the tensor needs at least one dimension "
+                                       "(it is a scalar).")
+        with self.negotiator.turn(sig):
+            rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
+            all_rows = np.empty((self.size, len(arrays)), dtype=np.int64)
+            self.comm.Allgather(rows, all_rows)
+            outs = []
+            with self.timeline.phase("MPI_ALLGATHER", label, sum(a.nbytes for a in arrays)):
+                for i, arr in enumerate(arrays):
+                    row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+                    counts = all_rows[:, i] * row_bytes
+                    out = np.empty((int(all_rows[:, i].sum()),) + arr.shape[1:], dtype=arr.dtype)
+                    self.comm.Allgatherv(_bytes(arr), [out.reshape(-1).view(np.uint8), counts, _displacements(counts),
+                                                       self.MPI.BYTE])
+                    outs.append(out)
         return outs
 
     # ------------------------------------------------------------ broadcast
     def broadcast(self, arrays: list[np.ndarray], root_rank: int, names: list[str]) -> list[np.ndarray]:
         """Every rank gets root_rank's arrays; all arrays travel in one fused buffer."""
-        self.check_root(root_rank)
         label = fused_label(names)
-        self.negotiator.check(broadcast_signature(root_rank, tuple(a.dtype.name for a in arrays),
-                                                  tuple(a.shape for a in arrays), label))
+        sig = broadcast_signature(root_rank, tuple(a.dtype.name for a in arrays), tuple(a.shape for a in arrays), label)
+        self.check_root(root_rank, sig)
         nbytes = sum(a.nbytes for a in arrays)
         buf = np.empty(nbytes, dtype=np.uint8)
         if self.rank == root_rank:
@@ -282,7 +281,7 @@ class MpiBackend:
             for a in arrays:
                 buf[offset:offset + a.nbytes] = _bytes(a)
                 offset += a.nbytes
-        with self.timeline.phase("MPI_BROADCAST", label, nbytes):
+        with self.negotiator.turn(sig), self.timeline.phase("MPI_BROADCAST", label, nbytes):
             self.comm.Bcast(buf, root=root_rank)
         outs, offset = [], 0
         for a in arrays:
@@ -290,43 +289,48 @@ class MpiBackend:
             offset += a.nbytes
         return outs
 
-    def check_root(self, root_rank: int) -> None:
-        """Raise unless ``root_rank`` is a rank of this world."""
+    def check_root(self, root_rank: int, sig: Signature) -> None:
+        """Raise on every rank unless ``root_rank`` is a rank of this world."""
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < self.size:
-            raise ValueError(f"root_rank={root_rank!r} is not a rank: use 0..{self.size - 1}.")
+            self.negotiator.refuse(sig, f"root_rank={root_rank!r} is not a rank: use 0..{self.size - 1}.")
 
     # ------------------------------------------------------------- alltoall
     def alltoall(self, arr: np.ndarray, splits: np.ndarray | None, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Send rows ``splits[r]`` of ``arr`` to rank r; return what arrived and from whom how many rows."""
-        splits = alltoall_splits(arr.shape, splits, self.size, name)
-        self.negotiator.check(alltoall_signature(arr.dtype.name, arr.shape[1:], name))
-        received = np.empty(self.size, dtype=np.int64)
-        self.comm.Alltoall(splits, received)
-        row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
-        out = np.empty((int(received.sum()),) + arr.shape[1:], dtype=arr.dtype)
-        send_counts, recv_counts = splits * row_bytes, received * row_bytes
-        with self.timeline.phase("MPI_ALLTOALL", name, arr.nbytes):
-            self.comm.Alltoallv([_bytes(arr), send_counts, _displacements(send_counts), self.MPI.BYTE],
-                                [out.reshape(-1).view(np.uint8), recv_counts, _displacements(recv_counts),
-                                 self.MPI.BYTE])
+        sig = alltoall_signature(arr.dtype.name, arr.shape[1:], name)
+        try:
+            splits = alltoall_splits(arr.shape, splits, self.size, name)
+        except ValueError as exc:
+            self.negotiator.refuse(sig, str(exc))
+        with self.negotiator.turn(sig):
+            received = np.empty(self.size, dtype=np.int64)
+            self.comm.Alltoall(splits, received)
+            row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
+            out = np.empty((int(received.sum()),) + arr.shape[1:], dtype=arr.dtype)
+            send_counts, recv_counts = splits * row_bytes, received * row_bytes
+            with self.timeline.phase("MPI_ALLTOALL", name, arr.nbytes):
+                self.comm.Alltoallv([_bytes(arr), send_counts, _displacements(send_counts), self.MPI.BYTE],
+                                    [out.reshape(-1).view(np.uint8), recv_counts, _displacements(recv_counts),
+                                     self.MPI.BYTE])
         return out, received
 
     # -------------------------------------------------------- reducescatter
     def reducescatter(self, arrays: list[np.ndarray], op: int, names: list[str]) -> list[np.ndarray]:
         """Reduce over ranks, then give rank r its block of rows (``ops.even_rows``)."""
-        if op not in ops.REDUCING_OPS:
-            raise ValueError(f"reducescatter supports hvd.Average, Sum, Min, Max and Product, not {op!r}.")
         outs = []
         for arr, name in zip(arrays, names):
+            sig = reducescatter_signature(op, arr.dtype.name, arr.shape, name)
+            if op not in ops.REDUCING_OPS:
+                self.negotiator.refuse(sig, f"reducescatter supports hvd.Average, Sum, Min, Max and Product, "
+                                       f"not {op!r}.")
             if arr.ndim == 0:
-                raise ValueError(f"reducescatter of '{name}': the tensor needs at least one dimension.")
-            self.negotiator.check(reducescatter_signature(op, arr.dtype.name, arr.shape, name))
+                self.negotiator.refuse(sig, f"reducescatter of '{name}': the tensor needs at least one dimension.")
             rows = ops.even_rows(arr.shape[0], self.size)
             row_elems = int(np.prod(arr.shape[1:], dtype=np.int64))
             work = reduce_dtype(arr.dtype)
             send = np.ascontiguousarray(arr, dtype=work).reshape(-1)
             out = np.empty(rows[self.rank] * row_elems, dtype=work)
-            with self.timeline.phase("MPI_REDUCESCATTER", name, arr.nbytes):
+            with self.negotiator.turn(sig), self.timeline.phase("MPI_REDUCESCATTER", name, arr.nbytes):
                 self.comm.Reduce_scatter(send, out, [r * row_elems for r in rows], op=self.mpi_ops[op])
             if op == Average:
                 out = ops.average(out, self.size)
@@ -336,10 +340,11 @@ class MpiBackend:
 
     # --------------------------------------------------------------- others
     def broadcast_object(self, obj: Any, root_rank: int, name: str) -> Any:
-        self.check_root(root_rank)
-        self.negotiator.check(broadcast_object_signature(root_rank, name))
-        return self.comm.bcast(obj, root=root_rank)
+        sig = broadcast_object_signature(root_rank, name)
+        self.check_root(root_rank, sig)
+        with self.negotiator.turn(sig):
+            return self.comm.bcast(obj, root=root_rank)
 
     def allgather_object(self, obj: Any, name: str) -> list[Any]:
-        self.negotiator.check(allgather_object_signature(name))
-        return self.comm.allgather(obj)
+        with self.negotiator.turn(allgather_object_signature(name)):
+            return self.comm.allgather(obj)

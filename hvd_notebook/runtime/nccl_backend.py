@@ -176,27 +176,27 @@ class NcclBackend:
     def _allreduce_group(self, originals: list[Any], members: list[Any], op: int, prescale: float,
                          postscale: float, label: str) -> list[Any]:
         cp, t = self.cupy, tf()
-        self.negotiator.check(allreduce_signature(op, str(originals[0].dtype.name),
+        with self.negotiator.turn(allreduce_signature(op, str(originals[0].dtype.name),
                                                   tuple(tuple(_shape(m)) for m in members), prescale, postscale,
-                                                  label, via="NCCL"), allow_joined=True)
-        arrays = [self._in(m) for m in members]
-        nbytes = sum(a.nbytes for a in arrays)
-        if len(arrays) == 1 and prescale == 1.0:
-            src, buf = arrays[0], cp.empty_like(arrays[0])  # out of place: no copy in
-        else:
-            with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, nbytes):
-                buf = cp.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
-                if prescale != 1.0:
-                    buf = ops.scale(buf, prescale)
-            src = buf
-        nccl_type = self._nccl_type(members[0].dtype.as_numpy_dtype, "allreduce")
-        self._nccl_call("NCCL_ALLREDUCE", label, nbytes, self.nccl_comm.allReduce, src.data.ptr, buf.data.ptr,
-                        buf.size, nccl_type, self._ops[op])
-        buf = ops.finish_reduction(buf, op, self.size, postscale)
-        with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, nbytes):
-            flat = self._out(buf)
-        pieces = t.split(flat, [a.size for a in arrays]) if len(arrays) > 1 else [flat]
-        return [_narrowed(t.reshape(piece, m.shape), o) for piece, m, o in zip(pieces, members, originals)]
+                                                  label, via="NCCL"), allow_joined=True):
+            arrays = [self._in(m) for m in members]
+            nbytes = sum(a.nbytes for a in arrays)
+            if len(arrays) == 1 and prescale == 1.0:
+                src, buf = arrays[0], cp.empty_like(arrays[0])  # out of place: no copy in
+            else:
+                with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, nbytes):
+                    buf = cp.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
+                    if prescale != 1.0:
+                        buf = ops.scale(buf, prescale)
+                src = buf
+            nccl_type = self._nccl_type(members[0].dtype.as_numpy_dtype, "allreduce")
+            self._nccl_call("NCCL_ALLREDUCE", label, nbytes, self.nccl_comm.allReduce, src.data.ptr, buf.data.ptr,
+                            buf.size, nccl_type, self._ops[op])
+            buf = ops.finish_reduction(buf, op, self.size, postscale)
+            with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, nbytes):
+                flat = self._out(buf)
+            pieces = t.split(flat, [a.size for a in arrays]) if len(arrays) > 1 else [flat]
+            return [_narrowed(t.reshape(piece, m.shape), o) for piece, m, o in zip(pieces, members, originals)]
 
     def allreduce_zeros(self, call: AllreduceCall) -> None:
         """Take part with zeros in the other ranks' NCCL allreduce (after ``hvd.join()``)."""
@@ -211,39 +211,39 @@ class NcclBackend:
         """Concatenate GPU tensors over ranks along the first dimension (which may
         differ: NCCL gathers equal blocks, so each is padded to the longest)."""
         label = fused_label(names)
-        self.negotiator.check(allgather_signature(tuple(t.dtype.name for t in tensors),
-                                                  tuple(tuple(_shape(t)[1:]) for t in tensors), label))
-        all_rows = self.comm.allgather([int(t.shape[0]) for t in tensors])
-        outs = []
-        with self._on_stream() as cp:
-            for i, t in enumerate(tensors):
-                rows = [r[i] for r in all_rows]
-                row_bytes = _row_elements(t) * t.dtype.size
-                src = self._in(t).view(cp.uint8)
-                send = cp.zeros(max(rows) * row_bytes, dtype=cp.uint8)
-                send[:src.size] = src
-                recv = cp.empty(self.size * send.size, dtype=cp.uint8)
-                self._nccl_call("NCCL_ALLGATHER", label, recv.nbytes, self.nccl_comm.allGather, send.data.ptr,
-                                recv.data.ptr, send.size, self.nccl.NCCL_UINT8)
-                blocks = recv.reshape(self.size, send.size)
-                out = cp.concatenate([blocks[r, :rows[r] * row_bytes] for r in range(self.size)])
-                outs.append(from_bytes(self._out(out), t.dtype, [sum(rows)] + _shape(t)[1:]))
+        with self.negotiator.turn(allgather_signature(tuple(t.dtype.name for t in tensors),
+                                                  tuple(tuple(_shape(t)[1:]) for t in tensors), label)):
+            all_rows = self.comm.allgather([int(t.shape[0]) for t in tensors])
+            outs = []
+            with self._on_stream() as cp:
+                for i, t in enumerate(tensors):
+                    rows = [r[i] for r in all_rows]
+                    row_bytes = _row_elements(t) * t.dtype.size
+                    src = self._in(t).view(cp.uint8)
+                    send = cp.zeros(max(rows) * row_bytes, dtype=cp.uint8)
+                    send[:src.size] = src
+                    recv = cp.empty(self.size * send.size, dtype=cp.uint8)
+                    self._nccl_call("NCCL_ALLGATHER", label, recv.nbytes, self.nccl_comm.allGather, send.data.ptr,
+                                    recv.data.ptr, send.size, self.nccl.NCCL_UINT8)
+                    blocks = recv.reshape(self.size, send.size)
+                    out = cp.concatenate([blocks[r, :rows[r] * row_bytes] for r in range(self.size)])
+                    outs.append(from_bytes(self._out(out), t.dtype, [sum(rows)] + _shape(t)[1:]))
         return outs
 
     # ------------------------------------------------------------ broadcast
     def broadcast(self, tensors: list[Any], root_rank: int, names: list[str]) -> list[Any]:
         """Every rank gets ``root_rank``'s GPU tensors (sent as bytes: any dtype)."""
         label = fused_label(names)
-        self.negotiator.check(_broadcast_signature(root_rank, tuple(t.dtype.name for t in tensors),
-                                                   tuple(tuple(_shape(t)) for t in tensors), label))
-        outs = []
-        with self._on_stream() as cp:
-            for t in tensors:
-                src = self._in(t).view(cp.uint8)
-                out = cp.empty_like(src)
-                self._nccl_call("NCCL_BROADCAST", label, src.nbytes, self.nccl_comm.broadcast, src.data.ptr,
-                                out.data.ptr, src.size, self.nccl.NCCL_UINT8, root_rank)
-                outs.append(from_bytes(self._out(out), t.dtype, t.shape))
+        with self.negotiator.turn(_broadcast_signature(root_rank, tuple(t.dtype.name for t in tensors),
+                                                   tuple(tuple(_shape(t)) for t in tensors), label)):
+            outs = []
+            with self._on_stream() as cp:
+                for t in tensors:
+                    src = self._in(t).view(cp.uint8)
+                    out = cp.empty_like(src)
+                    self._nccl_call("NCCL_BROADCAST", label, src.nbytes, self.nccl_comm.broadcast, src.data.ptr,
+                                    out.data.ptr, src.size, self.nccl.NCCL_UINT8, root_rank)
+                    outs.append(from_bytes(self._out(out), t.dtype, t.shape))
         return outs
 
     # -------------------------------------------------------- reducescatter
@@ -254,8 +254,8 @@ class NcclBackend:
         outs = []
         with self._on_stream():
             for t, widened, name in zip(tensors, work, names):
-                self.negotiator.check(reducescatter_signature(op, t.dtype.name, tuple(_shape(t)), name))
-                outs.append(_narrowed(self._reducescatter_one(widened, op, name), t))
+                with self.negotiator.turn(reducescatter_signature(op, t.dtype.name, tuple(_shape(t)), name)):
+                    outs.append(_narrowed(self._reducescatter_one(widened, op, name), t))
         return outs
 
     def _reducescatter_one(self, work: Any, op: int, name: str) -> Any:

@@ -26,12 +26,14 @@ import hashlib
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
 from .. import config
-from .signatures import JOIN, MismatchError, Signature, StallError, describe_mismatch
+from .coordinator import Coordinator
+from .matching import Entry
+from .signatures import MismatchError, RefusedError, Signature, StallError, describe_mismatch
 from .timeline import Timeline
 
 __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]
@@ -96,6 +98,21 @@ class _SharedMemoryBoard:
         return all(other[parity, 1] == h for other in self.others)
 
 
+class _Turn:
+    """The context manager of ``Negotiator.turn``."""
+
+    __slots__ = ("negotiator", "args")
+
+    def __init__(self, negotiator: Negotiator, sig: Signature, allow_joined: bool, name: str | None) -> None:
+        self.negotiator, self.args = negotiator, (sig, allow_joined, None, name)
+
+    def __enter__(self) -> None:
+        self.negotiator.acquire(*self.args)
+
+    def __exit__(self, *exc: object) -> None:
+        self.negotiator.release()
+
+
 class Negotiator:
     """Agreement check and stall inspector for one communicator."""
 
@@ -116,6 +133,7 @@ class Negotiator:
         self.stall_check_enabled = not config.STALL_CHECK_DISABLE.flag()
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
         self.board = _SharedMemoryBoard.for_comm(comm, MPI)
+        self.coordinator = Coordinator(self)
 
     def free(self) -> None:
         self.stall_comm.Free()
@@ -128,40 +146,59 @@ class Negotiator:
             h = self._hashes[sig] = int.from_bytes(digest, "little", signed=True) >> 1
         return h
 
+    # ------------------------------------------------------------ requests
     def check(self, sig: Signature, allow_joined: bool = False, h: int | None = None,
               name: str | None = None) -> None:
-        """Agree on ``sig`` (recorded on the timeline); raise ``MismatchError`` where the
-        ranks differ, unless ``allow_joined`` and the differing ranks have joined
-        (they then take part with zeros, see ``World.join``)."""
+        """Agree on ``sig`` with every rank and return (a collective with no data: a barrier)."""
+        self.acquire(sig, allow_joined, h, name)
+        self.release()
+
+    def turn(self, sig: Signature, allow_joined: bool = False, name: str | None = None) -> _Turn:
+        """``with negotiator.turn(sig):`` the block moves this call's data once every rank
+        has agreed on it and its turn has come (raises ``MismatchError`` where the ranks
+        disagree; ``allow_joined``: ranks that have joined take part with zeros)."""
+        return _Turn(self, sig, allow_joined, name)
+
+    def acquire(self, sig: Signature, allow_joined: bool = False, h: int | None = None,
+                name: str | None = None) -> None:
+        """``turn`` without the context manager (for the hot path): ``release()`` after."""
+        if h is None:
+            h = self.hash_of(sig)
+        if self.size == 1:
+            self.seq += 1
+            return
         timeline = self.timeline
         if timeline.path is None:  # (a phase's context manager is measurable on the hot path)
-            signatures = self.agree(sig, h, name)
+            self.coordinator.acquire(sig, name, h, allow_joined)
         else:
             with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
-                signatures = self.agree(sig, h, name)
-        if signatures is not None:
-            self.disagree(signatures, allow_joined)
+                self.coordinator.acquire(sig, name, h, allow_joined)
 
-    @staticmethod
-    def disagree(signatures: list[Signature], allow_joined: bool) -> None:
-        """Signatures differ: fine where the others have joined, else an error naming what differs."""
-        active = [s for s in signatures if s.kind != JOIN.kind]
-        if allow_joined and active and all(s == active[0] for s in active):
-            return
-        raise MismatchError(describe_mismatch(signatures))
+    def release(self) -> None:
+        if self.size > 1:
+            self.coordinator.release()
 
-    def agree(self, sig: Signature, h: int | None = None, name: str | None = None) -> list[Signature] | None:
-        """Wait until every rank reaches a collective; None when all signatures are
-        equal, else every rank's signature (index = rank). ``h``: ``hash_of(sig)``
-        where the caller has it already; ``name``: the tensor's name where ``sig``
-        (cached by the caller) does not carry it."""
+    def refuse(self, sig: Signature, message: str) -> NoReturn:
+        """Raise ``ValueError(message)`` for a call this rank cannot make, after telling
+        every rank (which then raise too, naming this one) instead of leaving them waiting."""
+        if self.size > 1:
+            try:
+                self.check(sig.refused(message))
+            except RefusedError as exc:
+                raise ValueError(message if exc.refused_here else str(exc)) from None
+        raise ValueError(message)
+
+    def join(self, serve: Callable[[Signature], None]) -> None:
+        """Wait until every rank has joined, serving the others' allreduces with zeros (``serve``)."""
+        if self.size > 1:
+            self.coordinator.join(serve)
+
+    def exchange(self, h: int, sig: Signature, name: str) -> bool:
+        """One agreement round: post ``h`` and wait for every rank's; True where all are
+        equal. ``sig`` and ``name`` say what this rank waits in, for the stall inspector."""
         self.seq += 1
         if self.timeline.path is not None:
             self.timeline.mark_cycle(self.seq)
-        if self.size == 1:  # nobody to disagree with, nobody to wait for
-            return None
-        if h is None:
-            h = self.hash_of(sig)
         if self.broken:
             raise StallError(self.broken)
         board = self.board
@@ -170,23 +207,39 @@ class Negotiator:
             board.post(seq, h)
             if not board.arrived(seq):
                 self._wait_or_break(lambda: board.arrived(seq), sig, name)
-            if board.same(seq, h):
-                return None
-        else:
-            buf = self._buf
-            buf[0], buf[1] = h, -h
-            request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
-            if not request.Test():
-                try:
-                    self._wait_or_break(request.Test, sig, name)
-                except BaseException:
-                    # MPI cannot cancel a collective: keep the request and its buffer alive
-                    self._abandoned.append((request, self._buf))
-                    self._buf = np.zeros(2, dtype=np.int64)
-                    raise
-            if buf[0] == -buf[1]:
-                return None
-        return self.comm.allgather(sig.named(name))
+            return board.same(seq, h)
+        buf = self._buf
+        buf[0], buf[1] = h, -h
+        request = self.comm.Iallreduce(self.MPI.IN_PLACE, buf, op=self.MPI.MAX)
+        if not request.Test():
+            try:
+                self._wait_or_break(request.Test, sig, name)
+            except BaseException:
+                # MPI cannot cancel a collective: keep the request and its buffer alive
+                self._abandoned.append((request, self._buf))
+                self._buf = np.zeros(2, dtype=np.int64)
+                raise
+        return bool(buf[0] == -buf[1])
+
+    def report_unmatched(self, lists: list[list[Entry]], waited: float) -> None:
+        """Past the stall check time with no name matched: say which ranks lack which names (once)."""
+        coordinator = self.coordinator
+        if coordinator.warned or not self.stall_check_enabled or waited < self.stall_check_s:
+            return
+        coordinator.warned = True
+        if self.rank != min(r for r, entries in enumerate(lists) if entries):
+            return
+        keys = {e.key: e.signature for entries in lists for e in entries}
+        missing = []
+        for key, sig in keys.items():
+            lacking = [r for r, entries in enumerate(lists) if key not in {e.key for e in entries}]
+            missing.append(f"{sig.describe()} missing on rank(s) {lacking}")
+        print(f"{config.WARNING_PREFIX}: stall: for {waited:.0f} s no collective has been issued under the same "
+              f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that every "
+              "rank issues each of them (named alike).", file=sys.stderr, flush=True)
+        if self.stall_shutdown_s > 0 and waited >= self.stall_shutdown_s:
+            raise StallError(f"rank {self.rank}: no collective matched for {waited:.0f} s, past "
+                             f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}.")
 
     def _wait_or_break(self, done: Callable[[], bool], sig: Signature, name: str | None) -> None:
         """Wait until ``done()``; if the wait ends otherwise, refuse every later collective."""

@@ -14,8 +14,19 @@ class MismatchError(ValueError):
     """Ranks called different collectives, or the same one with different arguments."""
 
 
+class RefusedError(ValueError):
+    """A rank refused its call (bad argument, unsupported dtype): every rank raises this."""
+
+    def __init__(self, message: str, refused_here: bool = False) -> None:
+        super().__init__(message)
+        self.refused_here = refused_here
+
+
 class StallError(RuntimeError):
     """A collective waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
+
+
+REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -32,6 +43,15 @@ class Signature:
     def named(self, name: str | None) -> Signature:
         """The same signature labelled ``name`` (itself where ``name`` is None)."""
         return self if name is None else Signature(self.kind, self.fields, name)
+
+    def refused(self, message: str) -> Signature:
+        """What a rank offers for a call it refuses (``Negotiator.refuse``): never equal to a valid one."""
+        return Signature(self.kind, ((REFUSED, message),), self.name)
+
+    @property
+    def refusal(self) -> str | None:
+        """The reason this rank refused the call (None for a valid call)."""
+        return self.fields[0][1] if self.fields and self.fields[0][0] == REFUSED else None
 
 
 def describe_mismatch(signatures: list[Signature]) -> str:

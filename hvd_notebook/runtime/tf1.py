@@ -15,9 +15,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .collectives import broadcast_variables, reject_unsupported
+from .collectives import broadcast_variables
 from .gradients import reduce_gradients
 from .ops import check_op
+from .process_sets import check as check_process_set
 
 
 def is_v1_optimizer(optimizer: Any) -> bool:
@@ -179,12 +180,12 @@ def distributed_v1_optimizer(optimizer: Any, name: str | None, use_locking: bool
 
 def broadcast_global_variables(root_rank: int, process_set: Any = None) -> Any:
     """An op that assigns ``root_rank``'s values to every ``tf.compat.v1.global_variables()``,
-    all in one fused broadcast (TF1 graphs; eagerly, use ``broadcast_variables``)."""
-    reject_unsupported("hvd.broadcast_global_variables", process_set=process_set)
+    all in one fused broadcast (TF1 graphs; eagerly, use ``broadcast_variables``), among the ranks of
+    ``process_set`` (all by default)."""
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() needs a TF1 graph (there are no global variables "
                            "eagerly); use hvd.broadcast_variables(model.variables, root_rank) instead.")
-    op = broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+    op = broadcast_variables(tf.compat.v1.global_variables(), root_rank, process_set=process_set)
     return tf.no_op() if op is None else op
 
 
@@ -198,15 +199,16 @@ class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
 
     def __init__(self, root_rank: int, device: str = "", process_set: Any = None) -> None:
         super().__init__()
-        reject_unsupported("hvd.BroadcastGlobalVariablesHook", process_set=process_set)
+        check_process_set(process_set, "hvd.BroadcastGlobalVariablesHook")
         self.root_rank = root_rank
         self.device = device
+        self.process_set = process_set
         self.bcast_op: Any = None
 
     def begin(self) -> None:
         if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
             with tf.device(self.device):
-                self.bcast_op = broadcast_global_variables(self.root_rank)
+                self.bcast_op = broadcast_global_variables(self.root_rank, self.process_set)
 
     def after_create_session(self, session: Any, coord: Any) -> None:
         session.run(self.bcast_op)

@@ -1,6 +1,7 @@
 """Keras 3 training on the runtime: ``DistributedOptimizer``,
-``DistributedGradientTape``, ``shard`` and ``scale_lr``; ``DistributedOptimizer``
-of a TF1 ``tf.compat.v1.train.Optimizer`` is built by ``tf1``.
+``DistributedGradientTape``, their ``Partial`` forms (local layers), ``shard`` and
+``scale_lr``; ``DistributedOptimizer`` of a TF1 ``tf.compat.v1.train.Optimizer`` is
+built by ``tf1``.
 
 Horovod's Keras layer stops at Keras 2. Here ``DistributedOptimizer(opt)``
 returns an optimizer of a subclass of ``type(opt)`` built from the same config,
@@ -19,13 +20,15 @@ from .collectives import not_converted, reject_unsupported
 from .compression import Compression
 from .gradients import reduce_gradients
 from .ops import Adasum, Average, Sum
+from .process_sets import check as check_process_set
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
                          sparse_as_dense: bool = False, backward_passes_per_step: int = 1, op: int = Average,
                          gradient_predivide_factor: float = 1.0, average_aggregated_gradients: bool = False,
                          device_dense: str = "", device_sparse: str = "", process_set: Any = None,
-                         num_groups: int = 0, groups: Any = None, use_locking: bool = False) -> Any:
+                         num_groups: int = 0, groups: Any = None, use_locking: bool = False,
+                         scale_local_gradients: bool = True) -> Any:
     """Wrap a Keras 3 optimizer (or a TF1 ``tf.compat.v1.train.Optimizer``) so that
     gradients are reduced over all ranks before each update.
 
@@ -35,20 +38,22 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     ``backward_passes_per_step=k`` accumulates k local steps (Keras's own
     gradient accumulation) and reduces once per k, summing the k gradients
     unless ``average_aggregated_gradients``. ``use_locking`` applies to TF1
-    optimizers only.
+    optimizers only. ``opt.register_local_var(var)`` keeps ``var``'s gradient on
+    this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
     """
     import keras
 
     from . import tf1
 
     reject_unsupported("hvd.DistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
-                       process_set=process_set, num_groups=num_groups, groups=groups)
+                       num_groups=num_groups, groups=groups)
+    check_process_set(process_set, "hvd.DistributedOptimizer")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step} must be at least 1.")
     if op not in (Average, Sum, Adasum):
         raise ValueError("DistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
     settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                    predivide=gradient_predivide_factor)
+                    predivide=gradient_predivide_factor, process_set=process_set)
     k = backward_passes_per_step
     if tf1.is_v1_optimizer(optimizer):
         return tf1.distributed_v1_optimizer(optimizer, name, use_locking, settings, k, average_aggregated_gradients)
@@ -58,11 +63,12 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     if use_locking:
         raise ValueError("DistributedOptimizer(use_locking=True) applies to TF1 optimizers only: Keras 3 "
                          "optimizers have no locking; omit it.")
-    return _distributed_keras_optimizer(optimizer, name, settings, k, average_aggregated_gradients)
+    return _distributed_keras_optimizer(optimizer, name, settings, k, average_aggregated_gradients,
+                                        scale_local_gradients)
 
 
 def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dict[str, Any], k: int,
-                                 average_aggregated_gradients: bool) -> Any:
+                                 average_aggregated_gradients: bool, scale_local_gradients: bool) -> Any:
     """A copy of a Keras 3 optimizer, of a subclass of its class whose update reduces the gradients first."""
     base = type(optimizer)
 
@@ -71,17 +77,29 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
         _hvd_passes = k
         _hvd_average_aggregated = average_aggregated_gradients
 
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._hvd_local = LocalVariables(scale_local_gradients)
+
+        def register_local_var(self, var: Any) -> None:
+            """Keep ``var``'s gradient on this rank (not reduced), as Horovod's optimizer."""
+            self._hvd_local.register(var)
+
         @not_converted
         def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
             grads = list(grads)
+            if trainable_variables is not None:
+                trainable_variables = list(trainable_variables)
             if self._hvd_passes == 1:
-                grads = reduce_gradients(grads, **self._hvd_settings)
+                # without variables Keras applies to those it was built with (no public name for them)
+                variables = self._trainable_variables if trainable_variables is None else trainable_variables
+                grads = self._hvd_local.reduce(grads, variables, self._hvd_settings)
             return super().apply(grads, trainable_variables)
 
         @not_converted
         def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
             if self._hvd_passes > 1:  # Keras hands over the mean of the k accumulated gradients
-                grads = reduce_gradients(list(grads), **self._hvd_settings)
+                grads = self._hvd_local.reduce(list(grads), list(trainable_variables), self._hvd_settings)
                 if not self._hvd_average_aggregated:
                     grads = [None if g is None else g * self._hvd_passes for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
@@ -103,6 +121,64 @@ def _install_compile_hook() -> None:
     keras_patches.patch_compile()
 
 
+class LocalVariables:
+    """The variables whose gradients stay on this rank (Horovod's local sources and local layers).
+
+    Kept by identity in a plain object, so that Keras's tracking does not count them among an
+    optimizer's own variables. A local layer's weights are read when gradients are reduced, so a
+    layer built after the wrapping counts too.
+    """
+
+    def __init__(self, scale: bool = True) -> None:
+        self.scale = scale  # Horovod's scale_local_gradients: divide local gradients by size()
+        self._registered: dict[int, Any] = {}
+        self._layers: list[Any] = []
+
+    def register(self, var: Any) -> None:
+        self._registered[id(var)] = var
+
+    def add_layers(self, layers: list[Any]) -> None:
+        self._layers += layers
+
+    def ids(self) -> set[int]:
+        return set(self._registered) | {id(v) for layer in self._layers for v in layer.trainable_weights}
+
+    def reduce(self, grads: list[Any], variables: list[Any], settings: dict[str, Any]) -> list[Any]:
+        """``reduce_gradients`` of every gradient but the local variables' ones, which stay this
+        rank's (divided by the size of the reducing set where ``scale``, as Horovod does)."""
+        local = self.ids()
+        if not local:
+            return reduce_gradients(grads, **settings)
+        mine = [id(v) in local for v in variables]
+        shared = iter(reduce_gradients([g for g, m in zip(grads, mine) if not m], **settings))
+        process_set = settings.get("process_set")
+        n = basics.size() if process_set is None else process_set.size()
+        return [self._scaled(g, n) if m else next(shared) for g, m in zip(grads, mine)]
+
+    def _scaled(self, grad: Any, n: int) -> Any:
+        import tensorflow as tf
+
+        if grad is None or not self.scale:
+            return grad
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / n, grad.indices, grad.dense_shape)
+        return grad / n
+
+
+def _local_layers(local_layers: Any) -> list[Any]:
+    """Horovod's ``local_layers``: None, a Keras layer or a list of them."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
+        raise ValueError("All local layers must be of keras.layers.Layer type.")
+    return layers
+
+
 class DistributedGradientTape:
     """A ``tf.GradientTape`` whose ``gradient()`` returns gradients reduced over all ranks.
 
@@ -110,25 +186,45 @@ class DistributedGradientTape:
     ...     loss = loss_fn(model(x), y)
     >>> tape = hvd.DistributedGradientTape(tape)
     >>> grads = tape.gradient(loss, model.trainable_variables)
+
+    ``tape.register_local_source(var)`` keeps ``var``'s gradient on this rank, divided by
+    ``size()`` unless ``scale_local_gradients=False``.
     """
 
     def __init__(self, gradtape: Any, device_dense: str = "", device_sparse: str = "",
                  compression: Any = Compression.none, sparse_as_dense: bool = False, op: int = Average,
                  gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
-                 process_set: Any = None) -> None:
+                 process_set: Any = None, scale_local_gradients: bool = True) -> None:
         reject_unsupported("hvd.DistributedGradientTape", device_dense=device_dense, device_sparse=device_sparse,
-                           process_set=process_set, num_groups=num_groups, groups=groups)
+                           num_groups=num_groups, groups=groups)
+        check_process_set(process_set, "hvd.DistributedGradientTape")
         self._tape = gradtape
         self._settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
-                              predivide=gradient_predivide_factor)
+                              predivide=gradient_predivide_factor, process_set=process_set)
+        self._local = LocalVariables(scale_local_gradients)
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient on this rank (not reduced), as Horovod's tape."""
+        self._local.register(source)
 
     @not_converted
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, **kwargs: Any) -> Any:
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False,
+                 **kwargs: Any) -> Any:
+        """``use_generic_names`` names Horovod's collectives only; the runtime names its own."""
         import tensorflow as tf
 
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
-        flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, reduce_gradients(flat, **self._settings))
+        flat = self._local.reduce(tf.nest.flatten(grads), tf.nest.flatten(sources), self._settings)
+        return tf.nest.pack_sequence_as(grads, flat)
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list[Any], list[Any]]:
+        """``gradient()`` split, as Horovod's tape: the (source, gradient) pairs of the local
+        sources, and those of the others."""
+        grads = self.gradient(target, sources, output_gradients=output_gradients)
+        local = self._local.ids()
+        pairs = list(zip(sources, grads))
+        return [p for p in pairs if id(p[0]) in local], [p for p in pairs if id(p[0]) not in local]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tape, name)
@@ -139,6 +235,53 @@ class DistributedGradientTape:
 
     def __exit__(self, *exc: Any) -> Any:
         return self._tape.__exit__(*exc)
+
+
+def PartialDistributedGradientTape(gradtape: Any, device_dense: str = "", device_sparse: str = "",
+                                   compression: Any = Compression.none, sparse_as_dense: bool = False,
+                                   op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                                   groups: Any = None, process_set: Any = None, local_layers: Any = None,
+                                   scale_local_gradients: bool = True) -> DistributedGradientTape:
+    """A ``DistributedGradientTape`` that leaves the gradients of ``local_layers`` (a Keras layer or a
+    list of them) on this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
+
+    >>> tape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[-1])
+    """
+    reject_unsupported("hvd.PartialDistributedGradientTape", device_dense=device_dense, device_sparse=device_sparse,
+                       num_groups=num_groups, groups=groups)
+    layers = _local_layers(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients)
+    tape._local.add_layers(layers)
+    return tape
+
+
+def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_dense: str = "",
+                                device_sparse: str = "", compression: Any = Compression.none,
+                                sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                                op: int = Average, groups: Any = None, process_set: Any = None,
+                                local_layers: Any = None, scale_local_gradients: bool = True) -> Any:
+    """A Keras ``DistributedOptimizer`` that leaves the gradients of ``local_layers`` (a Keras layer
+    or a list of them) on this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
+
+    >>> model.compile(hvd.PartialDistributedOptimizer(opt, local_layers=model.layers[-1]), loss="mse")
+    """
+    import keras
+
+    reject_unsupported("hvd.PartialDistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
+                       groups=groups)
+    if op not in (Average, Sum):
+        raise ValueError("PartialDistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"PartialDistributedOptimizer wraps a Keras 3 optimizer, not {type(optimizer).__name__}.")
+    layers = _local_layers(local_layers)
+    wrapped = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+                                   op=op, gradient_predivide_factor=gradient_predivide_factor,
+                                   device_dense=device_dense, device_sparse=device_sparse, process_set=process_set,
+                                   groups=groups, scale_local_gradients=scale_local_gradients)
+    wrapped._hvd_local.add_layers(layers)
+    return wrapped
 
 
 def load_model(filepath: str, custom_optimizers: list[Any] | None = None, custom_objects: dict | None = None,
@@ -206,4 +349,5 @@ def scale_lr(base_lr: float, rule: str = "linear") -> float:
     raise ValueError(f"scale_lr(rule={rule!r}): use 'linear' or 'sqrt'.")
 
 
-__all__ = ["DistributedGradientTape", "DistributedOptimizer", "load_model", "scale_lr", "shard"]
+__all__ = ["DistributedGradientTape", "DistributedOptimizer", "LocalVariables", "PartialDistributedGradientTape",
+           "PartialDistributedOptimizer", "load_model", "scale_lr", "shard"]

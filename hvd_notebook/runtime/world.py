@@ -9,6 +9,7 @@ framework-free ``common/basics.py`` and JAX's ``distributed.State``.
 from __future__ import annotations
 
 import atexit
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from .. import config
 from . import nccl_backend
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
-from .signatures import BARRIER, JOIN, AllreduceCall, MismatchError, describe_mismatch
+from .signatures import BARRIER, AllreduceCall, Signature
 from .timeline import Timeline, write_trace
 
 NOT_INITIALIZED = "hvd_notebook's runtime has not been initialized; call hvd.init() first."
@@ -42,6 +43,7 @@ class World:
         self.mpi = MpiBackend(comm, self.negotiator, self.timeline)
         # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
         self.nccl = nccl_backend.start(comm, local_comm.Get_rank(), self.negotiator, self.timeline)
+        self.process_sets: Any = None  # the process sets' table (process_sets.py), built by hvd.init()
 
     @classmethod
     def create(cls, comm: Any) -> World:
@@ -58,6 +60,9 @@ class World:
         """Write a running timeline, then release NCCL and the communicators (collective)."""
         if self.timeline.active:
             self.stop_timeline()
+        if self.process_sets is not None:
+            self.process_sets.free()
+            self.process_sets = None
         if self.nccl is not None:
             self.nccl.free()
             self.nccl = None
@@ -86,18 +91,14 @@ class World:
         """Take part, with zeros, in the other ranks' allreduces until every rank
         has joined; return the rank that joined last."""
         served = 0
-        while True:
-            signatures = self.negotiator.agree(JOIN)
-            if signatures is None:
-                break
-            active = [s for s in signatures if s.kind != JOIN.kind]
-            if not all(s == active[0] for s in active) or active[0].kind != "allreduce":
-                raise MismatchError(
-                    "After hvd.join() a rank can only take part in allreduce; " + describe_mismatch(signatures)
-                )
-            call = AllreduceCall.of(active[0])
+
+        def serve(sig: Signature) -> None:
+            nonlocal served
+            call = AllreduceCall.of(sig)
             (self.nccl if call.via == "NCCL" else self.mpi).allreduce_zeros(call)
             served += 1
+
+        self.negotiator.join(serve)
         return int(self.comm.allreduce(self.rank if served == 0 else -1, op=self.MPI.MAX))
 
 
@@ -126,9 +127,26 @@ def init(comm: Any = None) -> None:
         if _current is not None:
             return
         _current = World.create(_communicator(comm))
+        _name_the_rank_in_uncaught_errors(_current.rank, _current.size)
     path = config.TIMELINE.text()
     if path:
         _current.start_timeline(path, mark_cycles=config.TIMELINE_MARK_CYCLES.flag())
+
+
+def _name_the_rank_in_uncaught_errors(rank: int, size: int) -> None:
+    """A script's uncaught exception ends its rank, and mpiexec then ends the others without
+    saying which rank failed: say it before the traceback (Python's own hook, wrapped once)."""
+    previous = sys.excepthook
+    if getattr(previous, "names_the_rank", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        print(f"[hvd_notebook] rank {rank} of {size} failed with {kind.__name__}: {value}", file=sys.stderr,
+              flush=True)
+        previous(kind, value, tb)
+
+    hook.names_the_rank = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def shutdown() -> None:

@@ -30,9 +30,9 @@ SCRIPT = textwrap.dedent("""\
 """)
 
 
-def run_script(tmp_path, **env_extra: str) -> subprocess.CompletedProcess:
+def run_script(tmp_path, text: str = SCRIPT, **env_extra: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     env = {k: v for k, v in os.environ.items() if k != HOROVOD_ALIAS.name}  # the default unless a test sets it
     env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="-1", HOROVOD_STALL_SHUTDOWN_TIME_SECONDS="60",
                **env_extra)
@@ -54,3 +54,15 @@ def test_the_switch_turns_the_alias_off(tmp_path, off):
     assert proc.returncode != 0
     assert "ModuleNotFoundError: No module named 'horovod'" in proc.stderr, proc.stderr[-4000:]
     assert not list(tmp_path.glob("rank*.txt"))
+
+
+def test_a_rank_that_fails_is_named_before_mpiexec_ends_the_job(tmp_path):
+    failing = SCRIPT + textwrap.dedent("""\
+        if hvd.rank() == 1:
+            raise RuntimeError("no data on this rank")
+        hvd.allreduce(tf.ones([2]))
+    """)
+    proc = run_script(tmp_path, failing)
+    assert proc.returncode != 0
+    assert "[hvd_notebook] rank 1 of 2 failed with RuntimeError: no data on this rank" in proc.stderr, \
+        proc.stderr[-4000:]

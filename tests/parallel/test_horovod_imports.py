@@ -40,7 +40,7 @@ def test_query_ops(hvd, horovod, tf):
     assert int(horovod.local_size_op()) == hvd.local_size() and int(horovod.local_rank_op()) == hvd.local_rank()
     assert horovod.rank_op().dtype == tf.int32
     assert int(horovod.process_set_included_op()) == 1 and int(horovod.process_set_included_op(5)) == -3
-    with pytest.raises(ValueError, match="process sets are not supported"):
+    with pytest.raises(ValueError, match="Process set 1 does not exist or has not been registered"):
         horovod.size_op(process_set_id=1)
 
     @tf.function

@@ -20,14 +20,17 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 LAYERS = [
     {"ops", "timeline", "topology"},
     {"signatures", "fusion"},
+    {"matching"},
+    {"coordinator"},
     {"bridges", "negotiation"},
     {"mpi_backend", "nccl_backend"},
     {"world"},
+    {"process_sets"},
     {"basics", "compression"},
     {"collectives"},
     {"gradients"},
     {"tf1"},
-    {"training", "callbacks"},
+    {"training", "callbacks", "sync_batch_norm"},
     {"keras"},  # Horovod's Keras module: the names of the layers below
     {"__init__"},
 ]

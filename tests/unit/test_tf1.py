@@ -85,10 +85,10 @@ def test_other_optimizers_and_eager_accumulation_are_refused():
         DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.01), op=2)
 
 
-def test_broadcast_global_variables_needs_a_graph_and_no_process_set():
+def test_broadcast_global_variables_needs_a_graph_and_a_process_set_if_any():
     with pytest.raises(RuntimeError, match="use hvd.broadcast_variables"):
         tf1.broadcast_global_variables(0)
-    with pytest.raises(ValueError, match="process_set=.* is not supported"):
+    with pytest.raises(ValueError, match=r"process_set='ps'\): process_set takes a hvd.ProcessSet"):
         tf1.BroadcastGlobalVariablesHook(0, process_set="ps")
 
 

@@ -1,0 +1,295 @@
+"""The coordination core: collectives issued by any thread, in any order, run
+in one order that every rank agrees on.
+
+A thread that calls a collective enqueues a request (its name and signature)
+and waits for its turn on the communicator. One waiting thread at a time is
+the runner: it holds the communicator and runs agreement rounds. In a round
+every rank posts one hash of its waiting requests (``Negotiator.exchange``);
+equal hashes mean equal lists, which then run in their order. Otherwise the
+ranks gather each other's lists and ``matching.decide`` says which run, in
+which order, and which fail; a request that matches nothing waits for the next
+round. Each request that runs gets the communicator in turn (its own thread
+moves its data), so the ranks' MPI calls pair up.
+
+This is Horovod's design (requests, a coordinator that agrees on what is
+ready everywhere, one agreed order) with the calling thread as the
+coordinator instead of a background one: a lone eager call on every rank,
+the common case, runs in its own thread after one round with a single hash
+exchange, as cheap as before there were names.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .matching import Decision, Entry, decide
+from .signatures import JOIN, MismatchError, RefusedError, Signature, StallError
+
+_PENDING, _TURN, _FAILED, _DONE = range(4)
+
+# how long every rank must wait, unchanged, in one unmatched request before it fails:
+# long against the jitter of threads issuing independent collectives, short for a person
+_UNMATCHED_GRACE_S = 3.0
+
+
+class Request:
+    """One collective call waiting for its turn."""
+
+    __slots__ = ("signature", "hash", "key", "by_order", "allow_joined", "state", "error")
+
+    def __init__(self, signature: Signature, name: str | None, h: int, allow_joined: bool) -> None:
+        self.signature, self.hash, self.allow_joined = signature, h, allow_joined
+        self.key = signature.name if name is None else name
+        self.by_order = not self.key or ".noname." in self.key
+        self.state = _PENDING
+        self.error: BaseException | None = None
+
+    def round_hash(self, alone: bool) -> int:
+        """What this request adds to a round's hash: the name counts, except for a lone
+        call paired by call order (so that drifted automatic names still pair)."""
+        if alone and self.by_order:
+            return self.hash
+        return self.hash ^ (zlib.crc32(self.key.encode()) << 31)
+
+    def labelled(self) -> Signature:
+        """The signature labelled with the request's name (for messages)."""
+        return self.signature.named(self.key)
+
+    def entry(self) -> Entry:
+        return Entry(self.key, self.by_order, self.allow_joined, self.labelled())
+
+
+class _Serve:
+    """A joined rank's part, with zeros, in the other ranks' allreduce ``signature``."""
+
+    __slots__ = ("signature",)
+
+    def __init__(self, signature: Signature) -> None:
+        self.signature = signature
+
+
+_Outcome = tuple[Request | None, BaseException | None, Any]  # (this rank's request, its error, what to serve)
+
+
+def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_Outcome]:
+    """This rank's part of a decision, in the agreed order."""
+    if decision.all_joined:
+        return [(snapshot[0], None, None)]
+    outcomes: list[_Outcome] = []
+    for verdict in decision.verdicts:
+        position = verdict.positions[rank]
+        error: BaseException | None = None
+        if verdict.error is not None:
+            error = RefusedError(verdict.error, rank in verdict.refused_by) if verdict.refused_by \
+                else MismatchError(verdict.error)
+        outcomes.append((snapshot[position] if position is not None else None, error, verdict.serve))
+    return outcomes
+
+
+class Coordinator:
+    """Requests, rounds and turns on one communicator (built by ``Negotiator``)."""
+
+    def __init__(self, negotiator: Any) -> None:
+        self.negotiator = negotiator  # a negotiation.Negotiator: the rounds' hash exchange and stall reports
+        self.cv = threading.Condition(threading.Lock())
+        self.pending: list[Request] = []
+        self.schedule: deque[Request | _Serve] = deque()
+        self.busy = False  # a thread holds the communicator (runner, or a request in its turn)
+        self.changed = time.monotonic()  # when ``pending`` last changed
+        self.serve: Callable[[Signature], None] | None = None  # set by the thread in join()
+        self.warned = False
+
+    # ------------------------------------------------------------- turns
+    def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False) -> None:
+        """Return when this call may use the communicator (``release`` after it);
+        raise the error every rank raises for it. ``name`` (where not None) replaces
+        the signature's own label as the name it is matched by."""
+        req = Request(signature, name, h, allow_joined)
+        with self.cv:
+            alone = not self.busy and not self.pending
+            if not alone:
+                self.pending.append(req)
+                self.changed = time.monotonic()
+                if self.busy and self._wait_for_turn(req):
+                    return
+            self.busy = True
+        if not alone:
+            self._run_rounds(req)
+            return
+        # the common case, no other call waiting here: one round for this call alone
+        try:
+            agreed = self.negotiator.exchange(req.round_hash(alone=True), signature, req.key)
+        except BaseException as exc:
+            self._fail_all(exc)
+            raise
+        if agreed and signature.kind != JOIN.kind:
+            return
+        with self.cv:
+            self.pending.insert(0, req)
+            self.changed = time.monotonic()
+        self._run_rounds(req, ([req], agreed))
+
+    def release(self) -> None:
+        """Hand the communicator to the next request of the agreed order, or free it."""
+        with self.cv:
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        if self.schedule:
+            nxt = self.schedule[0]
+            if isinstance(nxt, Request):
+                self.schedule.popleft()
+                nxt.state = _TURN
+                self.cv.notify_all()
+                return
+        self.busy = False
+        if self.pending:
+            self.cv.notify_all()
+
+    def _wait_for_turn(self, req: Request) -> bool:
+        """(Holding ``cv``.) Wait until ``req`` has its turn (True) or the communicator
+        is free for this thread to run rounds (False, ``busy`` still False)."""
+        while True:
+            if req.state == _TURN:
+                return True
+            if req.state == _FAILED:
+                raise req.error  # type: ignore[misc]
+            if not self.busy:
+                return False
+            try:
+                self.cv.wait()
+            except BaseException as exc:  # an interrupt: other ranks may have matched req already
+                self._break(f"rank {self.negotiator.rank} left {req.labelled().describe()} while it waited "
+                            f"for its turn ({type(exc).__name__})")
+                raise
+
+    # ------------------------------------------------------------ rounds
+    def _run_rounds(self, req: Request, exchanged: tuple[list[Request], bool] | None = None) -> None:
+        """As the runner: rounds until ``req`` has its turn (or fails). ``exchanged``: a
+        first round's snapshot whose hashes were exchanged already, and their verdict."""
+        idle = 0
+        while True:
+            try:
+                progressed = self._round(exchanged)
+                exchanged = None
+            except BaseException as exc:
+                self._fail_all(exc)
+                raise
+            with self.cv:
+                self._serve_joined()
+                if req.state == _FAILED:
+                    self._hand_on()
+                    raise req.error  # type: ignore[misc]
+                if self.schedule:
+                    nxt = self.schedule.popleft()
+                    if nxt is req:
+                        return
+                    nxt.state = _TURN  # type: ignore[union-attr]
+                    self.cv.notify_all()
+                    if self._wait_for_turn(req):
+                        return
+                    self.busy = True
+                    continue
+            idle = 0 if progressed else idle + 1
+            if idle:
+                time.sleep(min(1e-4 * 2 ** idle, 0.02))
+
+    def _serve_joined(self) -> None:
+        """(Holding ``cv``.) A joined rank's runner serves the allreduces at the head of the order."""
+        while self.schedule and isinstance(self.schedule[0], _Serve):
+            item = self.schedule.popleft()
+            self.serve(item.signature)  # type: ignore[misc]
+
+    def _round(self, exchanged: tuple[list[Request], bool] | None = None) -> bool:
+        """One agreement round over the waiting requests; whether any was decided."""
+        if exchanged is not None:
+            snapshot, agreed = exchanged
+        else:
+            with self.cv:
+                snapshot = list(self.pending)
+            if len(snapshot) == 1:
+                h = snapshot[0].round_hash(alone=True)
+            else:
+                h = 0
+                for i, r in enumerate(snapshot):
+                    h ^= (r.round_hash(alone=False) * (2 * i + 1)) & 0x7FFFFFFFFFFFFFFF
+            agreed = self.negotiator.exchange(h, snapshot[0].signature, snapshot[0].key)
+        if agreed:
+            if snapshot[0].signature.kind == JOIN.kind:  # every rank has joined
+                decision = Decision([], all_joined=True)
+            else:
+                self._apply(snapshot, [(r, None, None) for r in snapshot])
+                return True
+        else:
+            decision = self._gathered_decision(snapshot)
+        return self._apply_decision(snapshot, decision)
+
+    def _gathered_decision(self, snapshot: list[Request]) -> Decision:
+        stuck = time.monotonic() - self.changed >= _UNMATCHED_GRACE_S
+        gathered = self.negotiator.comm.allgather(([r.entry() for r in snapshot], stuck))
+        lists = [entries for entries, _ in gathered]
+        decision = decide(lists, [s for _, s in gathered])
+        if not decision.verdicts and not decision.all_joined:
+            self.negotiator.report_unmatched(lists, time.monotonic() - self.changed)
+        return decision
+
+    def _apply_decision(self, snapshot: list[Request], decision: Decision) -> bool:
+        outcomes = _outcomes(snapshot, decision, self.negotiator.rank)
+        self._apply(snapshot, outcomes)
+        return bool(outcomes)
+
+    def _apply(self, snapshot: list[Request], outcomes: list[_Outcome]) -> None:
+        """Schedule, fail or serve the decided requests (in the agreed order)."""
+        with self.cv:
+            decided = set()
+            for req, error, serve in outcomes:
+                if req is None:
+                    if error is None and serve is not None:
+                        self.schedule.append(_Serve(serve))
+                    continue
+                decided.add(id(req))
+                if error is not None:
+                    req.state, req.error = _FAILED, error
+                else:
+                    self.schedule.append(req)
+            if decided:
+                self.pending = [r for r in self.pending if id(r) not in decided]
+                self.changed = time.monotonic()
+                self.warned = False
+                self.cv.notify_all()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """The runner's round failed (an interrupt, a stall past its limit): every waiting
+        request fails, since the ranks can no longer agree."""
+        with self.cv:
+            self._break(str(exc))
+
+    def _break(self, why: str) -> None:
+        """(Holding ``cv``.) Refuse every waiting and later request: the ranks would pair
+        this rank's next collectives with the wrong calls."""
+        negotiator = self.negotiator
+        if not negotiator.broken:
+            negotiator.broken = (f"{why}, so the ranks can no longer agree on collectives. Restart the ranks "
+                                 "(%hvd restart in a notebook); their variables are lost.")
+        for req in self.pending:
+            req.state, req.error = _FAILED, StallError(negotiator.broken)
+        self.pending.clear()
+        self.schedule.clear()
+        self.busy = False
+        self.cv.notify_all()
+
+    # -------------------------------------------------------------- join
+    def join(self, serve: Callable[[Signature], None]) -> None:
+        """Wait with the JOIN request, serving the other ranks' allreduces with zeros
+        (``serve``), until every rank has joined."""
+        self.serve = serve
+        try:
+            self.acquire(JOIN, None, self.negotiator.hash_of(JOIN))
+            self.release()
+        finally:
+            self.serve = None

@@ -1,0 +1,120 @@
+"""Collectives matched by name, in any order (runtime/coordinator.py), and calls refused on
+one rank failing on every rank instead of leaving the others waiting."""
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+
+def _in_threads(work, items):
+    """Run ``work(item)`` in one thread per item; the exceptions raised, by item."""
+    errors = {}
+
+    def run(item):
+        try:
+            work(item)
+        except BaseException as exc:  # noqa: BLE001 (collected for the assertion)
+            errors[item] = exc
+
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a collective never finished"
+    return errors
+
+
+def test_named_collectives_from_threads_in_opposite_orders(hvd, tf):
+    r, n = hvd.rank(), hvd.size()
+    names = [f"grad{i}" for i in range(12)]
+    order = names if r == 0 else names[::-1]
+    results = {}
+
+    def work(name):
+        time.sleep(random.random() * 0.005)
+        i = names.index(name)
+        value = np.full(3 + i, float(i * (r + 1)), np.float32)
+        if i % 3 == 0:
+            results[name] = hvd.allreduce(value, name=name, op=hvd.Sum)
+        elif i % 3 == 1:
+            results[name] = hvd.allreduce(tf.constant(value), name=name, op=hvd.Sum).numpy()
+        else:
+            results[name] = hvd.allgather(value, name=name)
+
+    assert _in_threads(work, order) == {}
+    for i, name in enumerate(names):
+        expected = (np.full(3 + i, i * n * (n + 1) / 2) if i % 3 != 2
+                    else np.concatenate([np.full(3 + i, float(i * (k + 1))) for k in range(n)]))
+        np.testing.assert_allclose(results[name], expected)
+
+
+def test_a_mismatch_between_threads_fails_only_that_name(hvd):
+    r = hvd.rank()
+
+    def work(name):
+        shape = 2 + (r if name == "bad" else 0)
+        hvd.allreduce(np.ones(shape), name=name)
+
+    errors = _in_threads(work, ["ok1", "bad", "ok2"] if r == 0 else ["ok2", "bad", "ok1"])
+    assert set(errors) == {"bad"} and isinstance(errors["bad"], hvd.MismatchError)
+    assert "allreduce of tensor 'bad' does not match across ranks" in str(errors["bad"])
+
+
+def test_a_tf1_session_runs_independent_collectives_on_a_pool_of_threads(hvd, tf):
+    r, n = hvd.rank(), hvd.size()
+    with tf.Graph().as_default():
+        checks = []
+        for dtype in (tf.uint8, tf.int32, tf.float32, tf.float64):
+            for dim in (1, 2, 3):
+                t = tf.ones([5] * dim, dtype=dtype) * tf.cast(r + 1, dtype)
+                checks.append(tf.reduce_all(tf.equal(hvd.allreduce(t, op=hvd.Sum), tf.cast(n * (n + 1) // 2, dtype))))
+                checks.append(tf.equal(tf.shape(hvd.allgather(t))[0], 5 * n))
+                checks.append(tf.reduce_all(tf.equal(hvd.broadcast(t, 0), tf.ones_like(t))))
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=4)
+        with tf.compat.v1.Session(config=config) as session:
+            for _ in range(3):
+                assert session.run(tf.reduce_all(checks))
+
+
+def test_independent_named_collectives_in_a_tf_function(hvd, tf):
+    n = hvd.size()
+
+    @tf.function
+    def step(a, b, c):
+        return (hvd.allreduce(a, op=hvd.Sum, name="a"), hvd.allreduce(b, op=hvd.Sum, name="b"),
+                hvd.allgather(c, name="c"))
+
+    a, b, c = step(tf.ones(3), tf.ones([4, 4], tf.float64), tf.ones([2]))
+    assert a.numpy().tolist() == [n] * 3 and b.numpy().sum() == 16 * n and c.shape == (2 * n,)
+
+
+def test_differently_named_calls_fail_on_every_rank_instead_of_waiting(hvd):
+    start = time.monotonic()
+    expected = r"rank 0: allreduce\('x0'\); rank 1: allreduce\('x1'\).*matched by name"
+    with pytest.raises(hvd.MismatchError, match=expected):
+        hvd.allreduce(np.ones(2), name=f"x{hvd.rank()}")
+    assert time.monotonic() - start < 15
+    assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [hvd.size()] * 2  # still usable
+
+
+@pytest.mark.parametrize("call", ["allgather_scalar", "alltoall_splits", "broadcast_root", "reducescatter_op"])
+def test_a_call_refused_on_one_rank_raises_on_every_rank(hvd, call):
+    r = hvd.rank()
+    bad = r == 1
+    calls = {
+        "allgather_scalar": lambda: hvd.allgather(np.float32(1) if bad else np.ones(2, np.float32)),
+        "alltoall_splits": lambda: hvd.alltoall(np.ones(4), splits=[3, 3] if bad else [2, 2]),
+        "broadcast_root": lambda: hvd.broadcast(np.ones(2), root_rank=7 if bad else 0),
+        "reducescatter_op": lambda: hvd.reducescatter(np.ones(4), op=hvd.Adasum if bad else hvd.Sum),
+    }
+    start = time.monotonic()
+    with pytest.raises(ValueError) as info:
+        calls[call]()
+    assert time.monotonic() - start < 15
+    if not bad:
+        assert "was refused on rank(s) [1]" in str(info.value)
+    hvd.barrier()
