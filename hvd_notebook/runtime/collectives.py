@@ -384,11 +384,6 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
-def _allreduce_out_dtype(dtype: Any, op: int) -> Any:
-    tf = _tf()
-    return tf.float64 if op == Average and dtype.is_integer else dtype
-
-
 def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
                           postscale: float, members: Any, process_set: Any) -> list[Any]:
     tf = _tf()
@@ -463,7 +458,7 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     _check_not_xla()
     if world.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
         return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale, world), tensors,
-                            [_allreduce_out_dtype(t.dtype, op) for t in tensors], [t.shape for t in tensors])
+                            [t.dtype for t in tensors], [t.shape for t in tensors])
     groups = fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
@@ -488,7 +483,7 @@ def _graph_allreduce_group(mpi: Any, members: list[Any], label: str, op: int, pr
     flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
     flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
     (out,) = _graph_numpy_function(lambda arrays: [reduce_flat(arrays[0])], [flat],
-                                   [_allreduce_out_dtype(members[0].dtype, op)])
+                                   [members[0].dtype])
     out.set_shape([None])
     sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
     pieces = tf.split(out, sizes) if len(members) > 1 else [out]
@@ -756,7 +751,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 
     @tf.custom_gradient
     def rs_tf(*xs: Any) -> Any:
-        outs = _on_tf(rs_np, list(xs), [_allreduce_out_dtype(x.dtype, op) for x in xs],
+        outs = _on_tf(rs_np, list(xs), [x.dtype for x in xs],
                       [[None] + x.shape[1:].as_list() for x in xs],
                       gpu_fn=scaled(lambda ts: world.nccl.reducescatter(ts, op, names)))
 

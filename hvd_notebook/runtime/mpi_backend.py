@@ -124,12 +124,12 @@ def pack(arrays: list[np.ndarray], work: np.dtype, timeline: Timeline, label: st
 
 def _as_result(buf: np.ndarray, dtype: np.dtype, op: int, timeline: Timeline, label: str) -> np.ndarray:
     """A reduced buffer in the result's dtype (back from float32 for half precision), aligned."""
-    if buf.dtype != dtype and not ops.averages_to_float(op, dtype.kind):
+    if buf.dtype != dtype:
         with timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, buf.nbytes):
             half = pool.empty(buf.size, dtype)
             half[:] = buf
             return half
-    if not is_aligned(buf):  # integers averaged into a new float64 array
+    if not is_aligned(buf):  # integers averaged into a new array
         aligned = pool.empty(buf.size, buf.dtype)
         aligned[:] = buf
         return aligned
@@ -334,8 +334,7 @@ class MpiBackend:
                 self.comm.Reduce_scatter(send, out, [r * row_elems for r in rows], op=self.mpi_ops[op])
             if op == Average:
                 out = ops.average(out, self.size)
-            out_dtype = out.dtype if ops.averages_to_float(op, arr.dtype.kind) else arr.dtype
-            outs.append(out.reshape((rows[self.rank],) + arr.shape[1:]).astype(out_dtype, copy=False))
+            outs.append(out.reshape((rows[self.rank],) + arr.shape[1:]).astype(arr.dtype, copy=False))
         return outs
 
     # --------------------------------------------------------------- others

@@ -65,11 +65,6 @@ def numpy_dtype(name: str) -> np.dtype:
     return bfloat16() if name == "bfloat16" else np.dtype(name)
 
 
-def averages_to_float(op: int, kind: str) -> bool:
-    """Horovod's rule: the average of integers (or booleans) is a float64 tensor."""
-    return op == Average and kind in "iub"
-
-
 def scale(buf: Any, factor: float) -> Any:
     """``buf * factor`` in ``buf``'s dtype: in place for floats, a new array for integers."""
     if buf.dtype.kind == "f":
@@ -79,8 +74,9 @@ def scale(buf: Any, factor: float) -> Any:
 
 
 def average(buf: Any, size: int) -> Any:
-    """The mean of a sum over ``size`` ranks: floats in place, integers as a new float64 array."""
-    return buf / size if buf.dtype.kind in "iub" else scale(buf, 1.0 / size)
+    """The mean of a sum over ``size`` ranks in the sum's dtype, as Horovod 0.28's kernels: floats
+    in place, integers truncated toward zero (a new array)."""
+    return scale(buf, 1.0 / size)
 
 
 def finish_reduction(buf: Any, op: int, size: int, postscale: float) -> Any:

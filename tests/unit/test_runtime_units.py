@@ -96,14 +96,12 @@ def test_scale_floats_in_place_integers_in_their_dtype():
     assert scaled.dtype == np.int32 and scaled.tolist() == [1, 2] and ints.tolist() == [3, 5]
 
 
-def test_average_of_integers_is_float64():
-    summed = np.array([3, 4], np.int64)
+def test_average_of_integers_keeps_their_dtype_truncated_toward_zero():
+    summed = np.array([3, 4, -3], np.int64)
     out = ops.average(summed, 2)
-    assert out.dtype == np.float64 and out.tolist() == [1.5, 2.0]
+    assert out.dtype == np.int64 and out.tolist() == [1, 2, -1]
     floats = np.array([3.0, 4.0], np.float32)
     assert ops.average(floats, 2) is floats and floats.tolist() == [1.5, 2.0]
-    assert ops.averages_to_float(ops.Average, "i") and ops.averages_to_float(ops.Average, "b")
-    assert not ops.averages_to_float(ops.Sum, "i") and not ops.averages_to_float(ops.Average, "f")
 
 
 def test_finish_reduction_averages_then_postscales():
