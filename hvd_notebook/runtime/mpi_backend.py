@@ -63,7 +63,8 @@ class SingleTensorAllreduce:
         self.calls: dict[tuple, _CachedCall] = {}
 
     def _prepare(self, arr: np.ndarray, op: int, prescale: float, postscale: float) -> _CachedCall | None:
-        if op not in self.backend.mpi_ops or prescale != 1.0 or reduce_dtype(arr.dtype) != arr.dtype:
+        if (op not in self.backend.mpi_ops or prescale != 1.0 or reduce_dtype(arr.dtype) != arr.dtype
+                or ops.dtype_refusal(arr.dtype, reducing=True)):
             return None
         backend = self.backend
         sig = allreduce_signature(op, dtype_name(arr.dtype), (arr.shape,), prescale, postscale, "")
@@ -197,6 +198,9 @@ class MpiBackend:
             label = fused_label([names[i] for i in group])
             sig = allreduce_signature(op, dtype_name(members[0].dtype), shapes or tuple(a.shape for a in members),
                                       prescale, postscale, label)
+            why = ops.dtype_refusal(members[0].dtype, reducing=True)
+            if why:
+                self.negotiator.refuse(sig, f"allreduce of '{label}': {why}")
             with self.negotiator.turn(sig, allow_joined=True):
                 buf, offsets = self.reduce(members, op, prescale, postscale, label)
             out.append((group, buf, offsets))
@@ -253,6 +257,7 @@ class MpiBackend:
             if arr.ndim == 0:
                 self.negotiator.refuse(sig, f"allgather of '{name}': the tensor needs at least one dimension "
                                        "(it is a scalar).")
+            self._refuse_dtype(sig, "allgather", name, arr.dtype)
         with self.negotiator.turn(sig):
             rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
             all_rows = np.empty((self.size, len(arrays)), dtype=np.int64)
@@ -274,6 +279,8 @@ class MpiBackend:
         label = fused_label(names)
         sig = broadcast_signature(root_rank, tuple(a.dtype.name for a in arrays), tuple(a.shape for a in arrays), label)
         self.check_root(root_rank, sig)
+        for a, name in zip(arrays, names):
+            self._refuse_dtype(sig, "broadcast", name, a.dtype)
         nbytes = sum(a.nbytes for a in arrays)
         buf = np.empty(nbytes, dtype=np.uint8)
         if self.rank == root_rank:
@@ -289,6 +296,12 @@ class MpiBackend:
             offset += a.nbytes
         return outs
 
+    def _refuse_dtype(self, sig: Signature, kind: str, name: str, dtype: np.dtype, reducing: bool = False) -> None:
+        """Raise on every rank where this rank's ``dtype`` cannot take part."""
+        why = ops.dtype_refusal(dtype, reducing)
+        if why:
+            self.negotiator.refuse(sig, f"{kind} of '{name}': {why}")
+
     def check_root(self, root_rank: int, sig: Signature) -> None:
         """Raise on every rank unless ``root_rank`` is a rank of this world."""
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < self.size:
@@ -302,6 +315,7 @@ class MpiBackend:
             splits = alltoall_splits(arr.shape, splits, self.size, name)
         except ValueError as exc:
             self.negotiator.refuse(sig, str(exc))
+        self._refuse_dtype(sig, "alltoall", name, arr.dtype)
         with self.negotiator.turn(sig):
             received = np.empty(self.size, dtype=np.int64)
             self.comm.Alltoall(splits, received)
@@ -325,6 +339,7 @@ class MpiBackend:
                                        f"not {op!r}.")
             if arr.ndim == 0:
                 self.negotiator.refuse(sig, f"reducescatter of '{name}': the tensor needs at least one dimension.")
+            self._refuse_dtype(sig, "reducescatter", name, arr.dtype, reducing=True)
             rows = ops.even_rows(arr.shape[0], self.size)
             row_elems = int(np.prod(arr.shape[1:], dtype=np.int64))
             work = reduce_dtype(arr.dtype)

@@ -46,6 +46,17 @@ def dtype_name(dtype: np.dtype) -> str:
 HALF_DTYPE_NAMES = ("float16", "bfloat16")
 
 
+def dtype_refusal(dtype: np.dtype, reducing: bool) -> str | None:
+    """Why collectives cannot send (or, ``reducing``, reduce) arrays of ``dtype``; None where they can."""
+    if dtype.hasobject:
+        return (f"dtype {dtype} holds Python objects (strings?), which collectives cannot send; use "
+                "hvd.broadcast_object or hvd.allgather_object for those")
+    if reducing and not (dtype.kind in "iuf" or dtype_name(dtype) in HALF_DTYPE_NAMES):
+        return (f"dtype {dtype_name(dtype)} cannot be reduced; cast it to an integer or float dtype (int8 to "
+                "int64, uint8 to uint64, float16, bfloat16, float32, float64)")
+    return None
+
+
 def reduce_dtype(dtype: np.dtype) -> np.dtype:
     """MPI has no half-precision types: float16 and bfloat16 are reduced as float32."""
     if dtype.itemsize == 2 and dtype_name(dtype) in HALF_DTYPE_NAMES:

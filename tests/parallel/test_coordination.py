@@ -118,3 +118,14 @@ def test_a_call_refused_on_one_rank_raises_on_every_rank(hvd, call):
     if not bad:
         assert "was refused on rank(s) [1]" in str(info.value)
     hvd.barrier()
+
+
+@pytest.mark.parametrize("value, match", [(np.array([True, False]), "dtype bool cannot be reduced"),
+                                          (np.array(["a", "b"], dtype=object), "holds Python objects")])
+def test_a_dtype_the_runtime_cannot_reduce_is_refused_before_mpi(hvd, value, match):
+    with pytest.raises(ValueError, match=match):
+        hvd.allreduce(value)
+    # one rank alone: it says why, the other names it
+    with pytest.raises(ValueError, match=match if hvd.rank() == 1 else r"was refused on rank\(s\) \[1\]"):
+        hvd.allreduce(value if hvd.rank() == 1 else np.ones(2, np.float32))
+    hvd.barrier()
