@@ -96,7 +96,8 @@ class Coordinator:
 
     def __init__(self, negotiator: Any) -> None:
         self.negotiator = negotiator  # a negotiation.Negotiator: the rounds' hash exchange and stall reports
-        self.cv = threading.Condition(threading.Lock())
+        self.mutex = threading.Lock()  # taken directly on the fast path (a Condition's `with` costs more)
+        self.cv = threading.Condition(self.mutex)
         self.pending: list[Request] = []
         self.schedule: deque[Request | _Serve] = deque()
         self.busy = False  # a thread holds the communicator (runner, or a request in its turn)
@@ -109,26 +110,34 @@ class Coordinator:
         """Return when this call may use the communicator (``release`` after it);
         raise the error every rank raises for it. ``name`` (where not None) replaces
         the signature's own label as the name it is matched by."""
-        req = Request(signature, name, h, allow_joined)
-        with self.cv:
-            alone = not self.busy and not self.pending
-            if not alone:
+        mutex = self.mutex
+        mutex.acquire()
+        alone = not self.busy and not self.pending
+        if alone:
+            self.busy = True
+            mutex.release()
+        else:
+            mutex.release()
+            req = Request(signature, name, h, allow_joined)
+            with self.cv:
                 self.pending.append(req)
                 self.changed = time.monotonic()
                 if self.busy and self._wait_for_turn(req):
                     return
-            self.busy = True
-        if not alone:
+                self.busy = True
             self._run_rounds(req)
             return
         # the common case, no other call waiting here: one round for this call alone
+        key = signature.name if name is None else name
+        round_hash = h if not key or ".noname." in key else h ^ (zlib.crc32(key.encode()) << 31)  # (Request's)
         try:
-            agreed = self.negotiator.exchange(req.round_hash(alone=True), signature, req.key)
+            agreed = self.negotiator.exchange(round_hash, signature, key)
         except BaseException as exc:
             self._fail_all(exc)
             raise
         if agreed and signature.kind != JOIN.kind:
             return
+        req = Request(signature, name, h, allow_joined)
         with self.cv:
             self.pending.insert(0, req)
             self.changed = time.monotonic()
@@ -136,6 +145,13 @@ class Coordinator:
 
     def release(self) -> None:
         """Hand the communicator to the next request of the agreed order, or free it."""
+        mutex = self.mutex
+        mutex.acquire()
+        if not self.schedule and not self.pending:  # nobody waits: just free it
+            self.busy = False
+            mutex.release()
+            return
+        mutex.release()
         with self.cv:
             self._hand_on()
 
