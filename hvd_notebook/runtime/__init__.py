@@ -12,7 +12,10 @@ Layers, each importing only those above it in this list (tests/unit/test_runtime
 
 - ``ops`` (op vocabulary, scaling), ``timeline``, ``topology``; ``signatures``, ``fusion``;
   settings come from ``hvd_notebook.config``
-- ``negotiation`` (the agreement check every collective starts with), ``bridges`` (DLPack)
+- ``matching`` (which waiting calls run, in which order: a pure decision), ``coordinator`` (each call a
+  request; the waiting threads take turns running agreement rounds: collectives matched by name)
+- ``negotiation`` (one round's hash exchange, the stall inspector, the turn each call takes),
+  ``bridges`` (DLPack)
 - ``mpi_backend`` and ``nccl_backend``: each built from (communicator, negotiator, timeline)
 - ``world``: the state of one ``hvd.init()``: communicators, both backends, join
 - ``process_sets``: ``hvd.ProcessSet`` and the table of a world's sets, each on its own communicator
