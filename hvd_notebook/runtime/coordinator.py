@@ -37,6 +37,19 @@ _PENDING, _TURN, _FAILED, _DONE = range(4)
 _UNMATCHED_GRACE_S = 3.0
 
 
+def _by_order(key: str) -> bool:
+    """A call without a name of its own (an automatic ``kind.noname.N``): paired by call order when alone."""
+    return not key or ".noname." in key
+
+
+def _round_hash(h: int, key: str, alone: bool) -> int:
+    """A call's part of a round's hash: the name counts, except for a lone call paired by
+    call order (so that drifted automatic names still pair)."""
+    if alone and _by_order(key):
+        return h
+    return h ^ (zlib.crc32(key.encode()) << 31)
+
+
 class Request:
     """One collective call waiting for its turn."""
 
@@ -45,16 +58,12 @@ class Request:
     def __init__(self, signature: Signature, name: str | None, h: int, allow_joined: bool) -> None:
         self.signature, self.hash, self.allow_joined = signature, h, allow_joined
         self.key = signature.name if name is None else name
-        self.by_order = not self.key or ".noname." in self.key
+        self.by_order = _by_order(self.key)
         self.state = _PENDING
         self.error: BaseException | None = None
 
     def round_hash(self, alone: bool) -> int:
-        """What this request adds to a round's hash: the name counts, except for a lone
-        call paired by call order (so that drifted automatic names still pair)."""
-        if alone and self.by_order:
-            return self.hash
-        return self.hash ^ (zlib.crc32(self.key.encode()) << 31)
+        return _round_hash(self.hash, self.key, alone)
 
     def labelled(self) -> Signature:
         """The signature labelled with the request's name (for messages)."""
@@ -129,9 +138,8 @@ class Coordinator:
             return
         # the common case, no other call waiting here: one round for this call alone
         key = signature.name if name is None else name
-        round_hash = h if not key or ".noname." in key else h ^ (zlib.crc32(key.encode()) << 31)  # (Request's)
         try:
-            agreed = self.negotiator.exchange(round_hash, signature, key)
+            agreed = self.negotiator.exchange(_round_hash(h, key, alone=True), signature, key)
         except BaseException as exc:
             self._fail_all(exc)
             raise
