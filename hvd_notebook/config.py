@@ -116,6 +116,8 @@ NCCL = EnvSetting("HVD_NOTEBOOK_NCCL", True, "GPU tensors reduce with NCCL where
                   "off: through the host and MPI")
 SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one host agree on each collective "
                            "in shared memory; off: through a small MPI allreduce")
+RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
+                        "names it if it ends without a word (os._exit, a signal); off: none")
 FUSION_THRESHOLD = EnvSetting("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024,
                               "bytes per fusion buffer (0: one tensor per MPI call)")
 TIMELINE = EnvSetting("HOROVOD_TIMELINE", None, "record a Chrome-trace timeline of every collective to this file")
@@ -132,9 +134,9 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
                            "flavours) gives hvd_notebook's runtime where no real Horovod is installed; off: "
                            "ModuleNotFoundError as without hvd_notebook")
 
-ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, FUSION_THRESHOLD, TIMELINE,
-                TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS,
-                DYNAMIC_PROCESS_SETS)
+ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
+                TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
+                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS)
 
 
 # ------------------------------------------------------------ option parsers

@@ -6,14 +6,26 @@ engines. Its parts: ``placement`` (one host, a hosts list, a Slurm allocation),
 and the ranks' environment), ``diagnosis`` (what a launcher's output says),
 ``workdir`` (the cluster directory's format), ``pids`` (the PID registry and
 killing), ``gpus`` (what the driver reports), ``leases`` (GPU leases shared by
-every user of the node) and ``reaper`` (a watchdog that stops a cluster whose
-kernel died).
+every user of the node), ``reaper`` (a watchdog that stops a cluster whose
+kernel died) and ``rankwatch`` (a watcher that names a rank of a plain
+``mpiexec`` run that ends without a word).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from ..config import ClusterOptions
-from .cluster import MPICluster, RankInfo
-from .errors import ClusterError
-from .launch import rank_environment
-from .placement import find_mpiexec
+
+# imported on first use, so that a rank can start its watcher (``rankwatch``) without the rest
+_LAZY = {"MPICluster": "cluster", "RankInfo": "cluster", "ClusterError": "errors",
+         "rank_environment": "launch", "find_mpiexec": "placement"}
 
 __all__ = ["ClusterError", "ClusterOptions", "MPICluster", "RankInfo", "find_mpiexec", "rank_environment"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)

@@ -44,7 +44,8 @@ def world_environment(placement: Placement) -> dict[str, str]:
     placement's defaults and ``rank_environment``, under the user's own ``--env``."""
     user_env = dict(placement.options.env)
     environ = {**os.environ, **user_env}
-    return {**placement.rank_env(environ), **rank_environment(environ), **user_env}
+    # (the launcher reports how each rank ended: no rank watcher needed)
+    return {**placement.rank_env(environ), **rank_environment(environ), config.RANK_WATCH.name: "0", **user_env}
 
 
 def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n: int, controller_ip: str) -> Any:

@@ -9,12 +9,15 @@ framework-free ``common/basics.py`` and JAX's ``distributed.State``.
 from __future__ import annotations
 
 import atexit
+import os
+import socket
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from .. import config
+from ..cluster.rankwatch import RankWatch
 from . import nccl_backend
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
@@ -128,6 +131,7 @@ def init(comm: Any = None) -> None:
             return
         _current = World.create(_communicator(comm))
         _name_the_rank_in_uncaught_errors(_current.rank, _current.size)
+        _watch_this_rank(_current)
     path = config.TIMELINE.text()
     if path:
         _current.start_timeline(path, mark_cycles=config.TIMELINE_MARK_CYCLES.flag())
@@ -149,6 +153,25 @@ def _name_the_rank_in_uncaught_errors(rank: int, size: int) -> None:
     sys.excepthook = hook
 
 
+_watch: RankWatch | None = None
+
+
+def _watch_this_rank(world: World) -> None:
+    """Under a plain mpiexec, a watcher names this rank if it ends without a word (``cluster.rankwatch``)."""
+    global _watch
+    if _watch is None and world.size > 1 and config.RANK_WATCH.flag():
+        job = world.comm.bcast(f"{socket.gethostname()}-{os.getpid()}", root=0)  # one name for the job's watchers
+        _watch = RankWatch(job, world.rank, world.size)
+        atexit.register(_say_goodbye)
+
+
+def _say_goodbye() -> None:
+    global _watch
+    if _watch is not None:
+        _watch.goodbye()
+        _watch = None
+
+
 def shutdown() -> None:
     """Free the world; ``init()`` may be called again later."""
     global _current
@@ -156,6 +179,7 @@ def shutdown() -> None:
         world, _current = _current, None
     if world is not None:
         world.free()
+    _say_goodbye()
 
 
 def _communicator(comm: Any) -> Any:

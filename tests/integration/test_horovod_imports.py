@@ -43,6 +43,7 @@ def run_script(tmp_path, text: str = SCRIPT, **env_extra: str) -> subprocess.Com
 def test_a_horovod_script_runs_unchanged_under_mpiexec(tmp_path):
     proc = run_script(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "ended without a word" not in proc.stderr  # (each rank's watcher heard its goodbye)
     for rank in (0, 1):
         line = (tmp_path / f"rank{rank}.txt").read_text()
         assert line == f"horovod.tensorflow {rank}/2 [1.0, 1.0, 1.0, 1.0] [3.0, 6.0]", line
@@ -66,3 +67,19 @@ def test_a_rank_that_fails_is_named_before_mpiexec_ends_the_job(tmp_path):
     assert proc.returncode != 0
     assert "[hvd_notebook] rank 1 of 2 failed with RuntimeError: no data on this rank" in proc.stderr, \
         proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize("how", ["os._exit(3)", "os.kill(os.getpid(), signal.SIGKILL)"])
+def test_a_rank_that_ends_without_a_word_is_named(tmp_path, how):
+    dying = SCRIPT + textwrap.dedent(f"""\
+        import os, signal, time
+        if hvd.rank() == 1:
+            time.sleep(0.5)  # (rank 0 waits in the allreduce)
+            {how}
+        hvd.allreduce(tf.ones([2]))
+    """)
+    proc = run_script(tmp_path, dying)
+    assert proc.returncode != 0
+    named = [line for line in proc.stderr.splitlines() if "ended without a word" in line]
+    # one line, for the rank that ended first (not for rank 0, which mpiexec ended after it)
+    assert len(named) == 1 and named[0].startswith("[hvd_notebook] rank 1 of 2 (pid "), proc.stderr[-4000:]

@@ -311,7 +311,8 @@ MAY_IMPORT = {
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config"},
 }
 # the engine <-> kernel update message is defined once, beside its reader, and written by the engine
-MAY_ALSO_IMPORT = {"engine": {"dashboard.message"}}
+# and a rank starts its watcher (a process: the cluster's business) from hvd.init()
+MAY_ALSO_IMPORT = {"engine": {"dashboard.message"}, "runtime": {"cluster.rankwatch"}}
 
 
 def layer_of(name: str) -> str | None:

@@ -1,0 +1,105 @@
+"""A watcher that names a rank which ends without a word.
+
+Under a plain ``mpiexec`` a rank that ends by ``os._exit``, by a signal (the
+out-of-memory killer's SIGKILL) or by a crash in native code says nothing, and
+mpiexec then ends the others: MPICH's message names a PID at best, and after
+``os._exit`` there is no message at all. So ``hvd.init()`` starts this small
+process beside each rank, reading a pipe that only the rank holds open. When
+the pipe closes without the rank's goodbye (written by ``hvd.shutdown()`` and at
+any normal interpreter exit), the watcher says which rank ended, and how where
+the kernel still tells. Only the first rank of a job to end on a host is named:
+the others were ended by mpiexec (their watchers find the name taken). Ranks
+started by ``%hvd start`` or ``hvd-notebook run`` need none: their launcher
+reports how each rank ended.
+
+Run as ``python -m hvd_notebook.cluster.rankwatch JOB RANK SIZE PID``, the pipe on stdin.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+GOODBYE = b"bye\n"
+CLAIM_HOLD_S = 3.0  # how long the first watcher of a job holds its claim: long enough for mpiexec to end the rest
+
+
+class RankWatch:
+    """This rank's end of the pipe to its watcher."""
+
+    def __init__(self, job: str, rank: int, size: int) -> None:
+        read, self.pipe = os.pipe()  # (neither end is inherited by later child processes)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, job, str(rank), str(size), str(os.getpid())],
+            stdin=read, stdout=subprocess.DEVNULL, start_new_session=True,  # (not ended with the rank's group)
+        )
+        os.close(read)
+
+    def goodbye(self) -> None:
+        """The rank ends normally: the watcher exits without a word."""
+        if self.pipe < 0:
+            return
+        try:
+            os.write(self.pipe, GOODBYE)
+            os.close(self.pipe)
+        except OSError:
+            pass
+        self.pipe = -1
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def how_it_ended(pid: int) -> str:
+    """", killed by signal 9 (Killed)" or ", exit code 3" where the kernel still shows the
+    ended process's status (before its parent collects it), else ""."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        status = int(fields[-1])  # field 52, exit_code, in waitpid's encoding
+    except (OSError, ValueError, IndexError):
+        return ""
+    if status == 0:  # (also a process that has not ended)
+        return ""
+    if status & 0x7F:
+        number = status & 0x7F
+        return f", killed by signal {number} ({signal.strsignal(number) or number})"
+    return f", exit code {status >> 8}"
+
+
+def message(rank: int, size: int, pid: int, ended: str) -> str:
+    """What the watcher prints when its rank ended without a goodbye."""
+    return (f"[hvd_notebook] rank {rank} of {size} (pid {pid} on {socket.gethostname()}) ended without a word"
+            f"{ended}: os._exit, a signal (the out-of-memory killer's SIGKILL?) or a crash in native code. "
+            "mpiexec now ends the other ranks.")
+
+
+def main(argv: list[str]) -> int:
+    job, (rank, size, pid) = argv[0], (int(a) for a in argv[1:])
+    said = b""
+    while True:
+        chunk = sys.stdin.buffer.read1(64)
+        if not chunk:
+            break
+        said += chunk
+    if said.endswith(GOODBYE):
+        return 0
+    ended = how_it_ended(pid)
+    claim = socket.socket(socket.AF_UNIX)  # an abstract socket's name: freed with this process
+    try:
+        claim.bind(f"\0hvd_notebook-rank-ended-{job}")
+    except OSError:
+        return 0  # another rank of the job ended first here: that one is named
+    print(message(rank, size, pid, ended), file=sys.stderr, flush=True)
+    os.close(sys.stderr.fileno())  # (mpiexec may wait for every copy of its ranks' output pipes)
+    time.sleep(CLAIM_HOLD_S)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
