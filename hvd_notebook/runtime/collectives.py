@@ -327,8 +327,11 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         reject_unsupported("hvd.allreduce", device_dense=device_dense, device_sparse=device_sparse)
     op = _resolve_op(op, average)
     members = _members(process_set, "hvd.allreduce", tensor)
-    if compression is Compression.none and is_eager(tensor):
-        out = _eager_allreduce_one(members, tensor, op, prescale_factor, postscale_factor, name)
+    eager = is_eager(tensor)
+    if compression is Compression.none and (eager or type(tensor) is np.ndarray):
+        name = _name(name, "allreduce")  # (once: where the general path takes the call, it keeps this name)
+        out = (_eager_allreduce_one(members, tensor, op, prescale_factor, postscale_factor, name) if eager
+               else members.mpi.allreduce_one(tensor, op, prescale_factor, postscale_factor, name))
         if out is not None:
             return out
     name = _scoped(name, ignore_name_scope, tensor)
@@ -339,8 +342,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
                              postscale_factor=postscale_factor, name=name, process_set=process_set)[0]
 
 
-def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, postscale: float,
-                         name: str | None) -> Any:
+def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, postscale: float, name: str) -> Any:
     """One eager host tensor outside any gradient tape, the commonest call: read in
     place, reduced by the MPI backend's single-tensor path into a pooled buffer that
     becomes the result without a copy. None where the general path must take it.
@@ -349,8 +351,7 @@ def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, post
         return None
     arr = _to_numpy(tensor)
     try:
-        out = world.mpi.allreduce_one(arr, op, prescale, postscale,
-                                      str(name) if name else f"allreduce.noname.{next(_counter)}")
+        out = world.mpi.allreduce_one(arr, op, prescale, postscale, name)
     except MismatchError as exc:
         raise _tf_error(exc) from None
     except ValueError as exc:

@@ -25,8 +25,9 @@ import time
 import zlib
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from .fusion import fusion_threshold
 from .matching import Decision, Entry, decide
 from .signatures import JOIN, MismatchError, RefusedError, Signature, StallError
 
@@ -35,6 +36,21 @@ _PENDING, _TURN, _FAILED, _DONE = range(4)
 # how long every rank must wait, unchanged, in one unmatched request before it fails:
 # long against the jitter of threads issuing independent collectives, short for a person
 _UNMATCHED_GRACE_S = 3.0
+# marks a lone call whose data goes along with its hash: it agrees only with calls whose data does too
+_WITH_DATA = 0x2545F4914F6CDD1D
+_FUSABLE = 0x1B873593  # marks a request whose data may share a call with others
+
+
+class Work(Protocol):
+    """A request's data movement, where several requests may share one call (fusion)."""
+
+    fusion_key: Any  # requests whose keys are equal (and whose bytes fit the fusion threshold) may share a call
+    nbytes: int
+    solo: bool  # False once every rank has agreed that it may share a call (set by the coordinator)
+    done: bool  # set where a request ahead of this one in the agreed order moved its data
+
+    def run(self, followers: list[Work]) -> None:
+        """Move this request's data and the followers' in one call, and mark the followers done."""
 
 
 def _by_order(key: str) -> bool:
@@ -53,24 +69,27 @@ def _round_hash(h: int, key: str, alone: bool) -> int:
 class Request:
     """One collective call waiting for its turn."""
 
-    __slots__ = ("signature", "hash", "key", "by_order", "allow_joined", "state", "error")
+    __slots__ = ("signature", "hash", "key", "by_order", "allow_joined", "state", "error", "work", "solo")
 
-    def __init__(self, signature: Signature, name: str | None, h: int, allow_joined: bool) -> None:
-        self.signature, self.hash, self.allow_joined = signature, h, allow_joined
+    def __init__(self, signature: Signature, name: str | None, h: int, allow_joined: bool,
+                 work: Work | None = None) -> None:
+        self.signature, self.hash, self.allow_joined, self.work = signature, h, allow_joined, work
         self.key = signature.name if name is None else name
         self.by_order = _by_order(self.key)
         self.state = _PENDING
         self.error: BaseException | None = None
+        self.solo = True  # it may not share a call (a joined rank serves it alone, or a rank cannot fuse it)
 
     def round_hash(self, alone: bool) -> int:
-        return _round_hash(self.hash, self.key, alone)
+        # (whether it is fusable counts: every rank must fuse alike)
+        return _round_hash(self.hash, self.key, alone) ^ (_FUSABLE if self.work is not None else 0)
 
     def labelled(self) -> Signature:
         """The signature labelled with the request's name (for messages)."""
         return self.signature.named(self.key)
 
     def entry(self) -> Entry:
-        return Entry(self.key, self.by_order, self.allow_joined, self.labelled())
+        return Entry(self.key, self.by_order, self.allow_joined, self.labelled(), self.work is not None)
 
 
 class _Serve:
@@ -82,13 +101,14 @@ class _Serve:
         self.signature = signature
 
 
-_Outcome = tuple[Request | None, BaseException | None, Any]  # (this rank's request, its error, what to serve)
+# (this rank's request, its error, what to serve, whether it may share a call with the next)
+_Outcome = tuple[Request | None, BaseException | None, Any, bool]
 
 
 def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_Outcome]:
     """This rank's part of a decision, in the agreed order."""
     if decision.all_joined:
-        return [(snapshot[0], None, None)]
+        return [(snapshot[0], None, None, False)]
     outcomes: list[_Outcome] = []
     for verdict in decision.verdicts:
         position = verdict.positions[rank]
@@ -96,7 +116,8 @@ def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_O
         if verdict.error is not None:
             error = RefusedError(verdict.error, rank in verdict.refused_by) if verdict.refused_by \
                 else MismatchError(verdict.error)
-        outcomes.append((snapshot[position] if position is not None else None, error, verdict.serve))
+        outcomes.append((snapshot[position] if position is not None else None, error, verdict.serve,
+                         verdict.fusable))
     return outcomes
 
 
@@ -115,41 +136,51 @@ class Coordinator:
         self.warned = False
 
     # ------------------------------------------------------------- turns
-    def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False) -> None:
+    def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False,
+                data: Any = None, work: Work | None = None, lone: bool = False) -> bool | None:
         """Return when this call may use the communicator (``release`` after it);
         raise the error every rank raises for it. ``name`` (where not None) replaces
-        the signature's own label as the name it is matched by."""
+        the signature's own label as the name it is matched by. True where ``data``
+        went along with a lone call's agreement (see ``Negotiator.acquire``). Where
+        ``work.done`` on return, another request moved its data: no turn, no release.
+        ``lone``: None at once where other calls wait here (the caller then takes the
+        path of a ``Work``, which may be fused with theirs)."""
         mutex = self.mutex
         mutex.acquire()
         alone = not self.busy and not self.pending
         if alone:
             self.busy = True
             mutex.release()
+        elif lone:
+            mutex.release()
+            return None
         else:
             mutex.release()
-            req = Request(signature, name, h, allow_joined)
+            req = Request(signature, name, h, allow_joined, work)
             with self.cv:
                 self.pending.append(req)
                 self.changed = time.monotonic()
                 if self.busy and self._wait_for_turn(req):
-                    return
+                    return False
                 self.busy = True
             self._run_rounds(req)
-            return
+            return False
         # the common case, no other call waiting here: one round for this call alone
         key = signature.name if name is None else name
+        round_hash = _round_hash(h, key, alone=True) ^ (_WITH_DATA if data is not None else 0)
         try:
-            agreed = self.negotiator.exchange(_round_hash(h, key, alone=True), signature, key)
+            agreed = self.negotiator.exchange(round_hash, signature, key, data)
         except BaseException as exc:
             self._fail_all(exc)
             raise
         if agreed and signature.kind != JOIN.kind:
-            return
-        req = Request(signature, name, h, allow_joined)
+            return data is not None
+        req = Request(signature, name, h, allow_joined, work)
         with self.cv:
             self.pending.insert(0, req)
             self.changed = time.monotonic()
         self._run_rounds(req, ([req], agreed))
+        return False
 
     def release(self) -> None:
         """Hand the communicator to the next request of the agreed order, or free it."""
@@ -179,7 +210,7 @@ class Coordinator:
         """(Holding ``cv``.) Wait until ``req`` has its turn (True) or the communicator
         is free for this thread to run rounds (False, ``busy`` still False)."""
         while True:
-            if req.state == _TURN:
+            if req.state == _TURN or req.state == _DONE:
                 return True
             if req.state == _FAILED:
                 raise req.error  # type: ignore[misc]
@@ -191,6 +222,37 @@ class Coordinator:
                 self._break(f"rank {self.negotiator.rank} left {req.labelled().describe()} while it waited "
                             f"for its turn ({type(exc).__name__})")
                 raise
+
+    def run_fused(self, work: Work) -> None:
+        """(In ``work``'s turn.) Run it together with the requests right after it in the
+        agreed order that can share its call: same fusion key, bytes within the fusion
+        threshold. Every rank takes the same ones, since they follow from the agreed
+        order and signatures alone."""
+        with self.cv:
+            followers: list[Request] = []
+            room = fusion_threshold() - work.nbytes
+            while self.schedule and not work.solo:
+                nxt = self.schedule[0]
+                if (not isinstance(nxt, Request) or nxt.solo or nxt.work is None
+                        or nxt.work.fusion_key != work.fusion_key or nxt.work.nbytes > room):
+                    break
+                followers.append(self.schedule.popleft())
+                room -= nxt.work.nbytes
+        try:
+            work.run([f.work for f in followers])  # type: ignore[misc]
+        except BaseException as exc:
+            self._finish(followers, exc)
+            raise
+        self._finish(followers, None)
+
+    def _finish(self, followers: list[Request], error: BaseException | None) -> None:
+        if not followers:
+            return
+        with self.cv:
+            for f in followers:
+                f.state, f.error = (_DONE, None) if error is None else (_FAILED, error)
+                f.work.done = error is None  # type: ignore[union-attr]
+            self.cv.notify_all()
 
     # ------------------------------------------------------------ rounds
     def _run_rounds(self, req: Request, exchanged: tuple[list[Request], bool] | None = None) -> None:
@@ -247,7 +309,7 @@ class Coordinator:
             if snapshot[0].signature.kind == JOIN.kind:  # every rank has joined
                 decision = Decision([], all_joined=True)
             else:
-                self._apply(snapshot, [(r, None, None) for r in snapshot])
+                self._apply(snapshot, [(r, None, None, r.work is not None) for r in snapshot])
                 return True
         else:
             decision = self._gathered_decision(snapshot)
@@ -271,7 +333,7 @@ class Coordinator:
         """Schedule, fail or serve the decided requests (in the agreed order)."""
         with self.cv:
             decided = set()
-            for req, error, serve in outcomes:
+            for req, error, serve, fusable in outcomes:
                 if req is None:
                     if error is None and serve is not None:
                         self.schedule.append(_Serve(serve))
@@ -280,6 +342,9 @@ class Coordinator:
                 if error is not None:
                     req.state, req.error = _FAILED, error
                 else:
+                    req.solo = serve is not None or not fusable
+                    if req.work is not None:
+                        req.work.solo = req.solo
                     self.schedule.append(req)
             if decided:
                 self.pending = [r for r in self.pending if id(r) not in decided]

@@ -29,6 +29,7 @@ class Entry(NamedTuple):
     by_order: bool  # an automatic name of an eager call: paired by call order when alone
     allow_joined: bool  # joined ranks may take part with zeros
     signature: Signature  # labelled with the request's name
+    fusable: bool = False  # its data may share a call with the requests agreed after it
 
 
 class Verdict(NamedTuple):
@@ -40,6 +41,7 @@ class Verdict(NamedTuple):
     error: str | None = None
     serve: Signature | None = None
     refused_by: tuple[int, ...] = ()  # ranks that refused the call (its error is theirs)
+    fusable: bool = False  # fusable on every rank (how a rank's call reached the coordinator may differ)
 
 
 class Decision(NamedTuple):
@@ -98,7 +100,7 @@ def _verdict(lists: list[list[Entry]], positions: tuple[int | None, ...], any_jo
     if not all(e.signature == first for e in active):
         return Verdict(positions, error=describe_mismatch([e.signature if e else JOIN for e in entries]))
     if not any_joined:
-        return Verdict(positions)
+        return Verdict(positions, fusable=all(e.fusable for e in active))
     if first.kind != "allreduce" or not all(e.allow_joined for e in active):
         return Verdict(positions, error="After hvd.join() a rank can only take part in allreduce; "
                        + describe_mismatch([e.signature if e else JOIN for e in entries]))

@@ -61,6 +61,10 @@ class SingleTensorAllreduce:
         self.backend = backend
         self.comm, self.negotiator, self.timeline = backend.comm, backend.negotiator, backend.timeline
         self.calls: dict[tuple, _CachedCall] = {}
+        board = self.negotiator.board
+        # an allreduce this small sums on the board of a one-host world (``shared_memory``)
+        self.board_bytes = board.DATA_BYTES if board is not None else -1
+        self.board_op = backend.MPI.SUM
 
     def _prepare(self, arr: np.ndarray, op: int, prescale: float, postscale: float) -> _CachedCall | None:
         if (op not in self.backend.mpi_ops or prescale != 1.0 or reduce_dtype(arr.dtype) != arr.dtype
@@ -76,7 +80,7 @@ class SingleTensorAllreduce:
     def allreduce(self, arr: np.ndarray, op: int, prescale: float, postscale: float, label: str) -> np.ndarray | None:
         """The reduced array, of ``arr``'s shape, in a pooled buffer; None (before any
         communication) where the general path must take it: a dtype MPI cannot
-        reduce, a prescale, an op it does not know."""
+        reduce, a prescale, an op it does not know, or other calls waiting."""
         key = (arr.shape, arr.dtype, op, prescale, postscale)
         call = self.calls.get(key)
         if call is None:
@@ -85,23 +89,60 @@ class SingleTensorAllreduce:
                 return None
             self.calls[key] = call
         timeline, negotiator = self.timeline, self.negotiator
-        negotiator.acquire(call.signature, True, call.hash, label)
+        # (whether data goes on the board may depend only on what every rank agrees on: size, dtype, op)
+        on_board = arr.nbytes <= self.board_bytes and call.mpi_op is self.board_op
+        shared = negotiator.acquire(call.signature, True, call.hash, label, arr if on_board else None, lone=True)
+        if shared is None:  # other calls wait: the general path, where this one may share their MPI call
+            return None
         try:
-            if call.mpi_op is None or not arr.flags.c_contiguous:
+            if not shared and (call.mpi_op is None or not arr.flags.c_contiguous):
                 return self.backend.reduce([arr], op, prescale, postscale, label)[0].reshape(arr.shape)
             buf = pool.get(arr.nbytes).view(arr.dtype)
-            if arr.ndim != 1:
-                buf = buf.reshape(arr.shape)
-            if timeline.path is None:
+            if shared:  # (the agreement brought every rank's data: add it up here)
+                if timeline.path is None:
+                    negotiator.add_shared(arr.dtype, arr.size, buf)
+                else:
+                    with timeline.phase("SHM_ALLREDUCE", label, arr.nbytes):
+                        negotiator.add_shared(arr.dtype, arr.size, buf)
+            elif timeline.path is None:
                 self.comm.Allreduce(arr, buf, op=call.mpi_op)
             else:
                 with timeline.phase("MPI_ALLREDUCE", label, arr.nbytes):
                     self.comm.Allreduce(arr, buf, op=call.mpi_op)
         finally:
             negotiator.release()
+        if arr.ndim != 1:
+            buf = buf.reshape(arr.shape)
         for factor in call.factors:
             buf *= factor
         return buf
+
+
+class _AllreduceWork:
+    """One agreed (fused) allreduce's data movement, which the allreduces agreed right
+    after it may join (``Coordinator.run_fused``): one MPI call for all their arrays."""
+
+    __slots__ = ("backend", "arrays", "op", "prescale", "postscale", "label", "fusion_key", "nbytes", "solo",
+                 "done", "result")
+
+    def __init__(self, backend: MpiBackend, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                 label: str) -> None:
+        self.backend, self.arrays, self.label = backend, arrays, label
+        self.op, self.prescale, self.postscale = op, prescale, postscale
+        self.fusion_key = (arrays[0].dtype.str, op, prescale, postscale)  # (all agreed: part of the signatures)
+        self.nbytes = sum(a.nbytes for a in arrays)
+        self.solo, self.done = True, False
+        self.result: tuple[np.ndarray, list[int]] = (np.empty(0), [])  # the reduced buffer, each array's offset
+
+    def run(self, followers: list[_AllreduceWork]) -> None:
+        works = [self, *followers]
+        arrays = [a for w in works for a in w.arrays]
+        label = fused_label([w.label for w in works])
+        buf, offsets = self.backend.reduce(arrays, self.op, self.prescale, self.postscale, label)
+        start = 0
+        for w in works:
+            w.result = (buf, offsets[start:start + len(w.arrays)])
+            start += len(w.arrays)
 
 
 def pack(arrays: list[np.ndarray], work: np.dtype, timeline: Timeline, label: str) -> tuple[np.ndarray, list[int]]:
@@ -201,9 +242,9 @@ class MpiBackend:
             why = ops.dtype_refusal(members[0].dtype, reducing=True)
             if why:
                 self.negotiator.refuse(sig, f"allreduce of '{label}': {why}")
-            with self.negotiator.turn(sig, allow_joined=True):
-                buf, offsets = self.reduce(members, op, prescale, postscale, label)
-            out.append((group, buf, offsets))
+            work = _AllreduceWork(self, members, op, prescale, postscale, label)
+            self.negotiator.run(sig, work, allow_joined=True)
+            out.append((group, *work.result))
         return out
 
     def allreduce_one(self, arr: np.ndarray, op: int, prescale: float, postscale: float,

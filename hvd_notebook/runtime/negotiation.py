@@ -6,9 +6,10 @@ Here each rank hashes its call's signature (cached, so a repeated call costs a
 dict lookup) and the ranks compare hashes: equal hashes on every rank means
 agreement. Only when they differ are the full signatures gathered, to say
 which ranks differ in what. Ranks that all share one host compare through an
-MPI-3 shared-memory window (``_SharedMemoryBoard``: a store and a few loads
-instead of a collective); otherwise they take the MAX of ``[h, -h]`` in one
-non-blocking 16-byte allreduce.
+MPI-3 shared-memory window (``shared_memory.SharedMemoryBoard``: a store and a
+few loads instead of a collective; a small allreduce's data goes along);
+otherwise they take the MAX of ``[h, -h]`` in one non-blocking 16-byte
+allreduce.
 
 Waiting for the others' hashes is where a stall shows: after
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` the waiting rank asks every other rank,
@@ -31,8 +32,9 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .. import config
-from .coordinator import Coordinator
+from .coordinator import Coordinator, Work
 from .matching import Entry
+from .shared_memory import SharedMemoryBoard
 from .signatures import MismatchError, RefusedError, Signature, StallError, describe_mismatch
 from .timeline import Timeline
 
@@ -40,62 +42,6 @@ __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_m
 
 _QUERY, _HERE = "query", "here"
 _STALL_TAG = 7001
-
-
-class _SharedMemoryBoard:
-    """Each rank's latest (collective number, hash) in an MPI-3 shared-memory
-    window, for ranks that all share one host. A rank posts its pair and reads
-    the others'; ``Win.Sync`` is the memory barrier between the stores and the
-    loads. Two slots per rank, by the parity of the number: a rank waits for the
-    others' post of the same number before it can post the next, so it is at
-    most one ahead, and the slot being read is never the one being written."""
-
-    SLOT = 8  # int64s per slot: one 64-byte cache line each
-
-    def __init__(self, comm: Any, MPI: Any) -> None:
-        rank, size = comm.Get_rank(), comm.Get_size()
-        self.win = MPI.Win.Allocate_shared(2 * self.SLOT * 8, 8, comm=comm)
-        views = [np.frombuffer(self.win.Shared_query(r)[0], dtype=np.int64, count=2 * self.SLOT)
-                 .reshape(2, self.SLOT) for r in range(size)]
-        self.mine = views[rank]
-        self.mine[:] = 0
-        self.others = [v for r, v in enumerate(views) if r != rank]
-        self.win.Lock_all(MPI.MODE_NOCHECK)  # a passive epoch, in which Win.Sync is a memory barrier
-        self.win.Sync()
-        comm.Barrier()
-        self.win.Sync()
-
-    @classmethod
-    def for_comm(cls, comm: Any, MPI: Any) -> _SharedMemoryBoard | None:
-        """A board where every rank of ``comm`` is on this host (collective), else
-        None; ``HVD_NOTEBOOK_SHM_AGREEMENT=0`` on any rank asks for the collective."""
-        wanted = config.SHM_AGREEMENT.flag()
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        one_host = local.Get_size() == comm.Get_size() > 1
-        local.Free()
-        # every rank must take the same road
-        if not comm.allreduce(wanted and one_host, op=MPI.LAND):
-            return None
-        return cls(comm, MPI)
-
-    def post(self, seq: int, h: int) -> None:
-        slot = self.mine[seq & 1]
-        slot[1] = h
-        self.win.Sync()
-        slot[0] = seq
-
-    def arrived(self, seq: int) -> bool:
-        parity = seq & 1
-        for other in self.others:
-            if other[parity, 0] != seq:
-                return False
-        return True
-
-    def same(self, seq: int, h: int) -> bool:
-        """After ``arrived``: did every rank post the hash ``h``?"""
-        self.win.Sync()
-        parity = seq & 1
-        return all(other[parity, 1] == h for other in self.others)
 
 
 class _Turn:
@@ -132,7 +78,7 @@ class Negotiator:
         self.stall_shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
         self.stall_check_enabled = not config.STALL_CHECK_DISABLE.flag()
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
-        self.board = _SharedMemoryBoard.for_comm(comm, MPI)
+        self.board = SharedMemoryBoard.for_comm(comm, MPI)
         self.coordinator = Coordinator(self)
 
     def free(self) -> None:
@@ -159,20 +105,44 @@ class Negotiator:
         disagree; ``allow_joined``: ranks that have joined take part with zeros)."""
         return _Turn(self, sig, allow_joined, name)
 
+    def run(self, sig: Signature, work: Work, allow_joined: bool = False) -> None:
+        """Agree on ``sig`` and run ``work`` in its turn, fused with the requests right
+        after it in the agreed order that can share its call (``Coordinator.run_fused``);
+        return once its data has moved, by this call or by one ahead of it."""
+        if self.size == 1:
+            self.seq += 1
+            work.run([])
+            return
+        self.acquire(sig, allow_joined, work=work)
+        if work.done:
+            return
+        try:
+            self.coordinator.run_fused(work)
+        finally:
+            self.release()
+
     def acquire(self, sig: Signature, allow_joined: bool = False, h: int | None = None,
-                name: str | None = None) -> None:
-        """``turn`` without the context manager (for the hot path): ``release()`` after."""
+                name: str | None = None, data: np.ndarray | None = None, work: Work | None = None,
+                lone: bool = False) -> bool | None:
+        """``turn`` without the context manager (for the hot path): ``release()`` after.
+        ``data`` (an array that fits the board, ``board`` not None): True where it
+        travelled with the agreement, to be summed with ``add_shared``, instead of being
+        moved by the caller. ``lone``: None, without a turn, where other calls wait (see
+        ``Coordinator.acquire``)."""
         if h is None:
             h = self.hash_of(sig)
         if self.size == 1:
             self.seq += 1
-            return
+            return False
         timeline = self.timeline
         if timeline.path is None:  # (a phase's context manager is measurable on the hot path)
-            self.coordinator.acquire(sig, name, h, allow_joined)
-        else:
-            with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
-                self.coordinator.acquire(sig, name, h, allow_joined)
+            return self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
+        with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
+            return self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
+
+    def add_shared(self, dtype: np.dtype, count: int, out: np.ndarray) -> np.ndarray:
+        """After ``acquire`` returned True: every rank's data summed, in rank order, into ``out``."""
+        return self.board.add(self.seq, dtype, count, out)  # type: ignore[union-attr]
 
     def release(self) -> None:
         if self.size > 1:
@@ -193,9 +163,10 @@ class Negotiator:
         if self.size > 1:
             self.coordinator.join(serve)
 
-    def exchange(self, h: int, sig: Signature, name: str) -> bool:
-        """One agreement round: post ``h`` and wait for every rank's; True where all are
-        equal. ``sig`` and ``name`` say what this rank waits in, for the stall inspector."""
+    def exchange(self, h: int, sig: Signature, name: str, data: np.ndarray | None = None) -> bool:
+        """One agreement round: post ``h`` (with ``data`` on the board) and wait for every
+        rank's; True where all are equal. ``sig`` and ``name`` say what this rank waits
+        in, for the stall inspector."""
         self.seq += 1
         if self.timeline.path is not None:
             self.timeline.mark_cycle(self.seq)
@@ -204,7 +175,7 @@ class Negotiator:
         board = self.board
         if board is not None:
             seq = self.seq
-            board.post(seq, h)
+            board.post(seq, h, data)
             if not board.arrived(seq):
                 self._wait_or_break(lambda: board.arrived(seq), sig, name)
             return board.same(seq, h)

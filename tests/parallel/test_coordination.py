@@ -1,6 +1,7 @@
 """Collectives matched by name, in any order (runtime/coordinator.py), and calls refused on
 one rank failing on every rank instead of leaving the others waiting."""
 
+import json
 import random
 import threading
 import time
@@ -129,3 +130,30 @@ def test_a_dtype_the_runtime_cannot_reduce_is_refused_before_mpi(hvd, value, mat
     with pytest.raises(ValueError, match=match if hvd.rank() == 1 else r"was refused on rank\(s\) \[1\]"):
         hvd.allreduce(value if hvd.rank() == 1 else np.ones(2, np.float32))
     hvd.barrier()
+
+
+def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory):
+    # Horovod's tensor fusion across calls: rank 1 is held in a "gate" allreduce that rank 0
+    # joins late, so both ranks' other calls wait together and are agreed in one round
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("fusion") / "trace.json"), root_rank=0)
+    hvd.start_timeline(path)
+    r, n = hvd.rank(), hvd.size()
+    names = [f"layer{i}" for i in range(6)]
+    results = {}
+
+    def work(name):
+        time.sleep(0.6 if name == "gate" and r == 0 else 0.0 if name == "gate" else 0.1)
+        i = names.index(name) if name in names else 10
+        results[name] = hvd.allreduce(np.full(20000, float(i + r), np.float32), name=name, op=hvd.Sum)
+
+    assert _in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
+    hvd.stop_timeline()
+    hvd.barrier()
+    for i, name in enumerate([*names, "gate"]):
+        i = 10 if name == "gate" else i
+        np.testing.assert_allclose(results[name], np.full(20000, n * i + n * (n - 1) / 2))
+    if r == 0:
+        events = json.loads(open(path).read())["traceEvents"]
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
+        assert any(label.endswith("fused") for label in calls), calls
+        assert len(calls) < len(names) + 1

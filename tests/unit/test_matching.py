@@ -79,3 +79,15 @@ def test_a_refused_call_fails_everywhere_naming_the_rank_that_refused():
 def test_a_refusal_never_equals_a_valid_signature():
     sig = Signature("allreduce", (("op", "Sum"),), "x")
     assert sig.refused("why") != sig and sig.refused("why").refusal == "why" and sig.refusal is None
+
+
+def test_a_request_may_share_a_call_only_where_every_rank_can_fuse_it():
+    def fusable(name: str, yes: bool) -> Entry:
+        return _allreduce(name)._replace(fusable=yes)
+
+    rank0 = [fusable("a", True), fusable("b", True), fusable("c", False)]
+    rank1 = [fusable("a", True), fusable("b", False), fusable("c", False)]
+    assert [v.fusable for v in decide([rank0, rank1], [False, False]).verdicts] == [True, False, False]
+    # after hvd.join() on a rank, that rank serves each call alone: none is fused
+    (served,) = decide([[fusable("a", True)], [_JOIN]], [False, False]).verdicts
+    assert served.serve is not None and not served.fusable

@@ -19,7 +19,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # each module may import (at module level or inside a function) only modules of a lower layer
 LAYERS = [
     {"ops", "timeline", "topology"},
-    {"signatures", "fusion"},
+    {"signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},
     {"bridges", "negotiation"},
