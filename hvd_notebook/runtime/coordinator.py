@@ -9,7 +9,8 @@ equal hashes mean equal lists, which then run in their order. Otherwise the
 ranks gather each other's lists and ``matching.decide`` says which run, in
 which order, and which fail; a request that matches nothing waits for the next
 round. Each request that runs gets the communicator in turn (its own thread
-moves its data), so the ranks' MPI calls pair up.
+moves its data), so the ranks' MPI calls pair up; allreduces agreed together
+share one call where every rank can fuse them (``run_fused``).
 
 This is Horovod's design (requests, a coordinator that agrees on what is
 ready everywhere, one agreed order) with the calling thread as the
@@ -121,8 +122,9 @@ def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_O
     return outcomes
 
 
-class Coordinator:
-    """Requests, rounds and turns on one communicator (built by ``Negotiator``)."""
+class _Turns:
+    """The requests of one communicator waiting for their turn, the agreed order
+    (``schedule``) and the hand-over from one turn to the next."""
 
     def __init__(self, negotiator: Any) -> None:
         self.negotiator = negotiator  # a negotiation.Negotiator: the rounds' hash exchange and stall reports
@@ -134,53 +136,6 @@ class Coordinator:
         self.changed = time.monotonic()  # when ``pending`` last changed
         self.serve: Callable[[Signature], None] | None = None  # set by the thread in join()
         self.warned = False
-
-    # ------------------------------------------------------------- turns
-    def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False,
-                data: Any = None, work: Work | None = None, lone: bool = False) -> bool | None:
-        """Return when this call may use the communicator (``release`` after it);
-        raise the error every rank raises for it. ``name`` (where not None) replaces
-        the signature's own label as the name it is matched by. True where ``data``
-        went along with a lone call's agreement (see ``Negotiator.acquire``). Where
-        ``work.done`` on return, another request moved its data: no turn, no release.
-        ``lone``: None at once where other calls wait here (the caller then takes the
-        path of a ``Work``, which may be fused with theirs)."""
-        mutex = self.mutex
-        mutex.acquire()
-        alone = not self.busy and not self.pending
-        if alone:
-            self.busy = True
-            mutex.release()
-        elif lone:
-            mutex.release()
-            return None
-        else:
-            mutex.release()
-            req = Request(signature, name, h, allow_joined, work)
-            with self.cv:
-                self.pending.append(req)
-                self.changed = time.monotonic()
-                if self.busy and self._wait_for_turn(req):
-                    return False
-                self.busy = True
-            self._run_rounds(req)
-            return False
-        # the common case, no other call waiting here: one round for this call alone
-        key = signature.name if name is None else name
-        round_hash = _round_hash(h, key, alone=True) ^ (_WITH_DATA if data is not None else 0)
-        try:
-            agreed = self.negotiator.exchange(round_hash, signature, key, data)
-        except BaseException as exc:
-            self._fail_all(exc)
-            raise
-        if agreed and signature.kind != JOIN.kind:
-            return data is not None
-        req = Request(signature, name, h, allow_joined, work)
-        with self.cv:
-            self.pending.insert(0, req)
-            self.changed = time.monotonic()
-        self._run_rounds(req, ([req], agreed))
-        return False
 
     def release(self) -> None:
         """Hand the communicator to the next request of the agreed order, or free it."""
@@ -254,6 +209,77 @@ class Coordinator:
                 f.work.done = error is None  # type: ignore[union-attr]
             self.cv.notify_all()
 
+    def _fail_all(self, exc: BaseException) -> None:
+        """The runner's round failed (an interrupt, a stall past its limit): every waiting
+        request fails, since the ranks can no longer agree."""
+        with self.cv:
+            self._break(str(exc))
+
+    def _break(self, why: str) -> None:
+        """(Holding ``cv``.) Refuse every waiting and later request: the ranks would pair
+        this rank's next collectives with the wrong calls."""
+        negotiator = self.negotiator
+        if not negotiator.broken:
+            negotiator.broken = (f"{why}, so the ranks can no longer agree on collectives. Restart the ranks "
+                                 "(%hvd restart in a notebook); their variables are lost.")
+        for req in self.pending:
+            req.state, req.error = _FAILED, StallError(negotiator.broken)
+        self.pending.clear()
+        self.schedule.clear()
+        self.busy = False
+        self.cv.notify_all()
+
+
+class Coordinator(_Turns):
+    """Requests, rounds and turns on one communicator (built by ``Negotiator``)."""
+
+    # ------------------------------------------------------------- turns
+    def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False,
+                data: Any = None, work: Work | None = None, lone: bool = False) -> bool | None:
+        """Return when this call may use the communicator (``release`` after it);
+        raise the error every rank raises for it. ``name`` (where not None) replaces
+        the signature's own label as the name it is matched by. True where ``data``
+        went along with a lone call's agreement (see ``Negotiator.acquire``). Where
+        ``work.done`` on return, another request moved its data: no turn, no release.
+        ``lone``: None at once where other calls wait here (the caller then takes the
+        path of a ``Work``, which may be fused with theirs)."""
+        mutex = self.mutex
+        mutex.acquire()
+        alone = not self.busy and not self.pending
+        if alone:
+            self.busy = True
+            mutex.release()
+        elif lone:
+            mutex.release()
+            return None
+        else:
+            mutex.release()
+            req = Request(signature, name, h, allow_joined, work)
+            with self.cv:
+                self.pending.append(req)
+                self.changed = time.monotonic()
+                if self.busy and self._wait_for_turn(req):
+                    return False
+                self.busy = True
+            self._run_rounds(req)
+            return False
+        # the common case, no other call waiting here: one round for this call alone
+        key = signature.name if name is None else name
+        round_hash = _round_hash(h, key, alone=True) ^ (_WITH_DATA if data is not None else 0)
+        try:
+            agreed = self.negotiator.exchange(round_hash, signature, key, data)
+        except BaseException as exc:
+            self._fail_all(exc)
+            raise
+        if agreed and signature.kind != JOIN.kind:
+            return data is not None
+        req = Request(signature, name, h, allow_joined, work)
+        with self.cv:
+            self.pending.insert(0, req)
+            self.changed = time.monotonic()
+        self._run_rounds(req, ([req], agreed))
+        return False
+
     # ------------------------------------------------------------ rounds
     def _run_rounds(self, req: Request, exchanged: tuple[list[Request], bool] | None = None) -> None:
         """As the runner: rounds until ``req`` has its turn (or fails). ``exchanged``: a
@@ -320,8 +346,8 @@ class Coordinator:
         gathered = self.negotiator.comm.allgather(([r.entry() for r in snapshot], stuck))
         lists = [entries for entries, _ in gathered]
         decision = decide(lists, [s for _, s in gathered])
-        if not decision.verdicts and not decision.all_joined:
-            self.negotiator.report_unmatched(lists, time.monotonic() - self.changed)
+        if not decision.verdicts and not decision.all_joined and not self.warned:
+            self.warned = self.negotiator.stall.report_unmatched(lists, time.monotonic() - self.changed)
         return decision
 
     def _apply_decision(self, snapshot: list[Request], decision: Decision) -> bool:
@@ -351,26 +377,6 @@ class Coordinator:
                 self.changed = time.monotonic()
                 self.warned = False
                 self.cv.notify_all()
-
-    def _fail_all(self, exc: BaseException) -> None:
-        """The runner's round failed (an interrupt, a stall past its limit): every waiting
-        request fails, since the ranks can no longer agree."""
-        with self.cv:
-            self._break(str(exc))
-
-    def _break(self, why: str) -> None:
-        """(Holding ``cv``.) Refuse every waiting and later request: the ranks would pair
-        this rank's next collectives with the wrong calls."""
-        negotiator = self.negotiator
-        if not negotiator.broken:
-            negotiator.broken = (f"{why}, so the ranks can no longer agree on collectives. Restart the ranks "
-                                 "(%hvd restart in a notebook); their variables are lost.")
-        for req in self.pending:
-            req.state, req.error = _FAILED, StallError(negotiator.broken)
-        self.pending.clear()
-        self.schedule.clear()
-        self.busy = False
-        self.cv.notify_all()
 
     # -------------------------------------------------------------- join
     def join(self, serve: Callable[[Signature], None]) -> None:

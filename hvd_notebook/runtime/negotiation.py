@@ -60,29 +60,26 @@ class _Turn:
 
 
 class Negotiator:
-    """Agreement check and stall inspector for one communicator."""
+    """Agreement on each collective for one communicator (with its stall inspector)."""
 
     def __init__(self, comm: Any, timeline: Timeline) -> None:
         from mpi4py import MPI
 
         self.MPI = MPI
         self.comm, self.timeline = comm, timeline
-        self.stall_comm = comm.Dup()
+        self.stall = StallInspector(comm, MPI)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.seq = 0
         self._hashes: dict[Signature, int] = {}
         self._buf = np.zeros(2, dtype=np.int64)
         self._abandoned: list[tuple[Any, np.ndarray]] = []
         self.broken = ""  # why collectives are refused after one was abandoned
-        self.stall_check_s = float(config.STALL_CHECK_TIME.number())
-        self.stall_shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
-        self.stall_check_enabled = not config.STALL_CHECK_DISABLE.flag()
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
         self.board = SharedMemoryBoard.for_comm(comm, MPI)
         self.coordinator = Coordinator(self)
 
     def free(self) -> None:
-        self.stall_comm.Free()
+        self.stall.comm.Free()
 
     def hash_of(self, sig: Signature) -> int:
         """The 63-bit hash every rank computes alike for a signature (cached)."""
@@ -192,31 +189,11 @@ class Negotiator:
                 raise
         return bool(buf[0] == -buf[1])
 
-    def report_unmatched(self, lists: list[list[Entry]], waited: float) -> None:
-        """Past the stall check time with no name matched: say which ranks lack which names (once)."""
-        coordinator = self.coordinator
-        if coordinator.warned or not self.stall_check_enabled or waited < self.stall_check_s:
-            return
-        coordinator.warned = True
-        if self.rank != min(r for r, entries in enumerate(lists) if entries):
-            return
-        keys = {e.key: e.signature for entries in lists for e in entries}
-        missing = []
-        for key, sig in keys.items():
-            lacking = [r for r, entries in enumerate(lists) if key not in {e.key for e in entries}]
-            missing.append(f"{sig.describe()} missing on rank(s) {lacking}")
-        print(f"{config.WARNING_PREFIX}: stall: for {waited:.0f} s no collective has been issued under the same "
-              f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that every "
-              "rank issues each of them (named alike).", file=sys.stderr, flush=True)
-        if self.stall_shutdown_s > 0 and waited >= self.stall_shutdown_s:
-            raise StallError(f"rank {self.rank}: no collective matched for {waited:.0f} s, past "
-                             f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}.")
-
     def _wait_or_break(self, done: Callable[[], bool], sig: Signature, name: str | None) -> None:
         """Wait until ``done()``; if the wait ends otherwise, refuse every later collective."""
         sig = sig.named(name)
         try:
-            self._wait(done, sig)
+            self.stall.wait(done, sig, self.seq)
         except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
             # the other ranks would pair this rank's next collectives with the wrong calls
             self.broken = (
@@ -226,7 +203,42 @@ class Negotiator:
             )
             raise
 
-    def _wait(self, done: Callable[[], bool], sig: Signature) -> None:
+
+class StallInspector:
+    """Where the ranks are when one waits too long: queries on a communicator of its own,
+    a warning naming the ranks that have not arrived, and the shutdown time."""
+
+    def __init__(self, comm: Any, MPI: Any) -> None:
+        self.MPI = MPI
+        self.comm = comm.Dup()
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.check_s = float(config.STALL_CHECK_TIME.number())
+        self.shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
+        self.enabled = not config.STALL_CHECK_DISABLE.flag()
+
+    def report_unmatched(self, lists: list[list[Entry]], waited: float) -> bool:
+        """Past the stall check time with no name matched: say which ranks lack which names;
+        True where it said so (the coordinator says it once per change)."""
+        if not self.enabled or waited < self.check_s:
+            return False
+        if self.rank != min(r for r, entries in enumerate(lists) if entries):
+            return True
+        keys = {e.key: e.signature for entries in lists for e in entries}
+        missing = []
+        for key, sig in keys.items():
+            lacking = [r for r, entries in enumerate(lists) if key not in {e.key for e in entries}]
+            missing.append(f"{sig.describe()} missing on rank(s) {lacking}")
+        print(f"{config.WARNING_PREFIX}: stall: for {waited:.0f} s no collective has been issued under the same "
+              f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that every "
+              "rank issues each of them (named alike).", file=sys.stderr, flush=True)
+        if self.shutdown_s > 0 and waited >= self.shutdown_s:
+            raise StallError(f"rank {self.rank}: no collective matched for {waited:.0f} s, past "
+                             f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}.")
+        return True
+
+    def wait(self, done: Callable[[], bool], sig: Signature, seq: int) -> None:
+        """Wait until ``done()``, in collective number ``seq``: answer the others' queries,
+        warn of a stall, raise past the shutdown time."""
         start = time.monotonic()
         spin_until = start + 2e-3  # spin first: a sleep wakes far later than a partner usually arrives
         pause = 10e-6
@@ -240,44 +252,44 @@ class Negotiator:
             pause = min(pause * 2, 5e-4)
             if now >= next_probe:
                 next_probe = now + 0.05
-                self._answer_queries(sig)
-                if self.stall_check_enabled and not warned and now - start >= self.stall_check_s:
+                self._answer_queries(sig, seq)
+                if self.enabled and not warned and now - start >= self.check_s:
                     warned = True
-                    self._report_stall(done, sig, now - start)
-                if self.stall_shutdown_s > 0 and now - start >= self.stall_shutdown_s:
+                    self._report_stall(done, sig, seq, now - start)
+                if self.shutdown_s > 0 and now - start >= self.shutdown_s:
                     raise StallError(
                         f"rank {self.rank} waited {now - start:.0f} s in {sig.describe()} (collective "
-                        f"#{self.seq}) past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.stall_shutdown_s:g}; "
+                        f"#{seq}) past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}; "
                         "the runtime cannot continue: restart the ranks (%hvd restart)."
                     )
 
-    def _answer_queries(self, sig: Signature, collected: dict[int, tuple] | None = None) -> None:
+    def _answer_queries(self, sig: Signature, seq: int, collected: dict[int, tuple] | None = None) -> None:
         status = self.MPI.Status()
-        while self.stall_comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
+        while self.comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
             source = status.Get_source()
-            kind, seq, where = self.stall_comm.recv(source=source, tag=_STALL_TAG)
+            kind, theirs, where = self.comm.recv(source=source, tag=_STALL_TAG)
             if kind == _QUERY:
-                self.stall_comm.isend((_HERE, self.seq, sig.describe()), dest=source, tag=_STALL_TAG)
+                self.comm.isend((_HERE, seq, sig.describe()), dest=source, tag=_STALL_TAG)
             if collected is not None:
-                collected[source] = (seq, where)
+                collected[source] = (theirs, where)
 
-    def _report_stall(self, done: Callable[[], bool], sig: Signature, waited: float) -> None:
+    def _report_stall(self, done: Callable[[], bool], sig: Signature, seq: int, waited: float) -> None:
         for r in range(self.size):
             if r != self.rank:
-                self.stall_comm.isend((_QUERY, self.seq, sig.describe()), dest=r, tag=_STALL_TAG)
+                self.comm.isend((_QUERY, seq, sig.describe()), dest=r, tag=_STALL_TAG)
         collected: dict[int, tuple] = {}
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline and len(collected) < self.size - 1 and not done():
-            self._answer_queries(sig, collected)
+            self._answer_queries(sig, seq, collected)
             time.sleep(0.01)
         if done():
             return
-        missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != self.seq]
-        elsewhere = [f"rank {r} waits in collective #{seq} {where}" for r, (seq, where) in sorted(collected.items())
-                     if seq != self.seq]
+        missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != seq]
+        elsewhere = [f"rank {r} waits in collective #{theirs} {where}"
+                     for r, (theirs, where) in sorted(collected.items()) if theirs != seq]
         print(
             f"{config.WARNING_PREFIX}: stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
-            f"(collective #{self.seq}); rank(s) {missing} have not arrived"
+            f"(collective #{seq}); rank(s) {missing} have not arrived"
             + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
             + ". One or more ranks skipped this collective or are still busy; check that every rank "
             "calls the same collectives in the same order.",

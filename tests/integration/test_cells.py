@@ -240,10 +240,10 @@ def test_horovod_import_line_in_a_cell(cluster, run):
 def test_stall_warning_of_any_rank_is_shown(cluster, run):
     result, out = run(
         "%%hvd\nimport time, numpy as np\nfrom hvd_notebook.runtime import world\n"
-        "world.current().negotiator.stall_check_s = 1.0\n"
+        "world.current().negotiator.stall.check_s = 1.0\n"
         "if hvd.rank() == 0:\n    time.sleep(3)\n"
         "hvd.allreduce(np.ones(2), name='late')\n"
-        "world.current().negotiator.stall_check_s = 60.0"
+        "world.current().negotiator.stall.check_s = 60.0"
     )
     assert result.success, out
     assert "[1] [hvd_notebook] WARNING: stall: rank 1 has waited" in out

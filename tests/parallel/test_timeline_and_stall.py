@@ -67,7 +67,7 @@ def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
     from hvd_notebook.runtime import world
 
     negotiator = world.current().negotiator
-    monkeypatch.setattr(negotiator, "stall_check_s", 1.0)
+    monkeypatch.setattr(negotiator.stall, "check_s", 1.0)
     if hvd.rank() == 1:
         time.sleep(3.0)  # rank 1 is late: rank 0 waits alone
     hvd.allreduce(np.ones(2), name="late/tensor")
@@ -82,8 +82,8 @@ def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
 
 def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
     negotiator = hvd_negotiator()
-    monkeypatch.setattr(negotiator, "stall_shutdown_s", 1.5)
-    monkeypatch.setattr(negotiator, "stall_check_s", 100.0)
+    monkeypatch.setattr(negotiator.stall, "shutdown_s", 1.5)
+    monkeypatch.setattr(negotiator.stall, "check_s", 100.0)
     raised = None
     if hvd.rank() == 0:
         try:
