@@ -174,7 +174,11 @@ class Negotiator:
             seq = self.seq
             board.post(seq, h, data)
             if not board.arrived(seq):
-                self._wait_or_break(lambda: board.arrived(seq), sig, name)
+                try:
+                    self._wait_or_break(lambda: board.arrived(seq), sig, name)
+                except BaseException:
+                    board.retract(seq)
+                    raise
             return board.same(seq, h)
         buf = self._buf
         buf[0], buf[1] = h, -h

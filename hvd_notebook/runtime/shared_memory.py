@@ -15,6 +15,8 @@ import numpy as np
 
 from .. import config
 
+_RETRACTED = -(1 << 63)  # no hash: hashes are 63-bit, and a [h, -h] exchange never carries it
+
 
 class SharedMemoryBoard:
     """Each rank's latest (collective number, hash) and data, for ranks that all
@@ -76,6 +78,12 @@ class SharedMemoryBoard:
         slot[1] = h
         self.win.Sync()
         slot[0] = seq
+
+    def retract(self, seq: int) -> None:
+        """This rank left collective ``seq`` before every rank arrived: a rank arriving later
+        must not agree with its post (nor use its data), but find the ranks disagreeing."""
+        self.mine[seq & 1, 1] = _RETRACTED
+        self.win.Sync()
 
     def arrived(self, seq: int) -> bool:
         parity = seq & 1
