@@ -80,8 +80,9 @@ class SharedMemoryBoard:
         slot[0] = seq
 
     def retract(self, seq: int) -> None:
-        """This rank left collective ``seq`` before every rank arrived: a rank arriving later
-        must not agree with its post (nor use its data), but find the ranks disagreeing."""
+        """This rank left collective ``seq``, posted with data, before every rank arrived: a
+        rank arriving later must not use the data of a call that ended, but find the ranks
+        disagreeing (and wait in MPI, as it would for a call without data)."""
         self.mine[seq & 1, 1] = _RETRACTED
         self.win.Sync()
 
