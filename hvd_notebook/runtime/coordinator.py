@@ -70,7 +70,7 @@ def _round_hash(h: int, key: str, alone: bool) -> int:
 class Request:
     """One collective call waiting for its turn."""
 
-    __slots__ = ("signature", "hash", "key", "by_order", "allow_joined", "state", "error", "work", "solo")
+    __slots__ = ("signature", "hash", "key", "by_order", "allow_joined", "state", "error", "work")
 
     def __init__(self, signature: Signature, name: str | None, h: int, allow_joined: bool,
                  work: Work | None = None) -> None:
@@ -79,7 +79,6 @@ class Request:
         self.by_order = _by_order(self.key)
         self.state = _PENDING
         self.error: BaseException | None = None
-        self.solo = True  # it may not share a call (a joined rank serves it alone, or a rank cannot fuse it)
 
     def round_hash(self, alone: bool) -> int:
         # (whether it is fusable counts: every rank must fuse alike)
@@ -188,7 +187,7 @@ class _Turns:
             room = fusion_threshold() - work.nbytes
             while self.schedule and not work.solo:
                 nxt = self.schedule[0]
-                if (not isinstance(nxt, Request) or nxt.solo or nxt.work is None
+                if (not isinstance(nxt, Request) or nxt.work is None or nxt.work.solo
                         or nxt.work.fusion_key != work.fusion_key or nxt.work.nbytes > room):
                     break
                 followers.append(self.schedule.popleft())
@@ -368,9 +367,8 @@ class Coordinator(_Turns):
                 if error is not None:
                     req.state, req.error = _FAILED, error
                 else:
-                    req.solo = serve is not None or not fusable
-                    if req.work is not None:
-                        req.work.solo = req.solo
+                    if req.work is not None:  # (a joined rank serves each call alone; a rank may not fuse it)
+                        req.work.solo = serve is not None or not fusable
                     self.schedule.append(req)
             if decided:
                 self.pending = [r for r in self.pending if id(r) not in decided]
