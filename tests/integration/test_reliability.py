@@ -244,6 +244,7 @@ def test_two_kernels_clusters_are_isolated_from_each_other_and_from_other_users(
     a, b = Kernel(n=2, cell=cell), Kernel(n=2, cell=cell)  # both start and train at the same time
     try:
         a.wait_ready(), b.wait_ready()
+        assert a.pids and b.pids, f"a kernel did not start its cluster: {a.error[-3000:]}{b.error[-3000:]}"
         outs = []
         for k in (a, b):
             lines = []
