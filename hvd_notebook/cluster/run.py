@@ -177,6 +177,9 @@ def ending_message(launcher: str, code: int, reports: dict[int, str], causes: li
 
 
 # ------------------------------------------------------------------ the running job
+TAIL_CHARS = 64 * 1024  # how much of the launcher's output ``diagnosis`` reads afterwards
+
+
 class StderrPump(threading.Thread):
     """Copies the launcher's stderr to ours as it comes (a partial line too: progress bars),
     keeping back gforker's exit lines, and remembers what ``diagnosis`` reads afterwards."""
@@ -185,7 +188,8 @@ class StderrPump(threading.Thread):
         super().__init__(daemon=True)
         self._stream, self._sink = stream, sink
         self._exit_lines: list[str] = []
-        self._tail: deque[str] = deque(maxlen=200)
+        self._tail: deque[str] = deque()  # what was shown, in pieces as they came (a line may come in many)
+        self._tail_chars = 0
 
     def run(self) -> None:
         pending, line_start = b"", True
@@ -206,6 +210,9 @@ class StderrPump(threading.Thread):
             self._exit_lines.append(text)
             return b""
         self._tail.append(text)
+        self._tail_chars += len(text)
+        while self._tail_chars > TAIL_CHARS and len(self._tail) > 1:
+            self._tail_chars -= len(self._tail.popleft())
         return piece
 
     def _write(self, data: bytes) -> None:

@@ -198,3 +198,21 @@ def test_the_stderr_pump_shows_output_at_once_and_keeps_back_exit_lines():
     pump.join(timeout=10)
     assert sink.getvalue() == b"epoch 1 10%\repoch 1 50%\r done\nTraceback: x\n[not an exit line]\n"
     assert diagnosis.exit_reports(pump.output()) == {1: "exit code 3", 0: "signal Quit"}
+
+
+def test_the_stderr_pump_remembers_a_message_that_came_in_many_small_pieces():
+    import io
+    import os
+    import time
+
+    read_end, write_end = os.pipe()
+    pump = runmod.StderrPump(os.fdopen(read_end, "rb"), io.BytesIO())
+    pump.start()
+    message = b"Abort(15) on node 0: Fatal error in internal_Init_thread: Other MPI error, error stack:\n" * 12
+    for i in range(0, len(message), 2):  # (MPICH's error stack comes a few bytes at a time now and then)
+        os.write(write_end, message[i:i + 2])
+        time.sleep(2e-4)
+    os.close(write_end)
+    pump.join(timeout=10)
+    assert pump.output() == message.decode()
+    assert diagnosis.mpi_init_failed(pump.output())
