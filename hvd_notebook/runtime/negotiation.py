@@ -40,7 +40,7 @@ from .timeline import Timeline
 
 __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]
 
-_QUERY, _HERE = "query", "here"
+_QUERY, _HERE, _LEAVING = "query", "here", "leaving"
 _STALL_TAG = 7001
 
 
@@ -268,6 +268,15 @@ class StallInspector:
                         "the runtime cannot continue: restart the ranks (%hvd restart)."
                     )
 
+    def leave(self, seq: int, world_rank: int) -> None:
+        """Tell every other rank that this one is done (its program ended, or ``hvd.shutdown()``)
+        after ``seq`` collectives, so that a rank waiting for it fails, naming it, instead of waiting."""
+        notes = [self.comm.isend((_LEAVING, seq, f"rank {world_rank}"), dest=r, tag=_STALL_TAG)
+                 for r in range(self.size) if r != self.rank]
+        deadline = time.monotonic() + 1.0  # (a note this small leaves at once; never hold up the exit)
+        while notes and not self.MPI.Request.Testall(notes) and time.monotonic() < deadline:
+            time.sleep(1e-3)
+
     def _answer_queries(self, sig: Signature, seq: int, collected: dict[int, tuple] | None = None) -> None:
         status = self.MPI.Status()
         while self.comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
@@ -275,6 +284,12 @@ class StallInspector:
             kind, theirs, where = self.comm.recv(source=source, tag=_STALL_TAG)
             if kind == _QUERY:
                 self.comm.isend((_HERE, seq, sig.describe()), dest=source, tag=_STALL_TAG)
+            elif kind == _LEAVING:
+                raise StallError(
+                    f"{where} has shut down (its program ended, or it called hvd.shutdown()) after "
+                    f"{theirs} collective(s), while this rank waits for it in {sig.describe()} (collective "
+                    f"#{seq}): {where} never issued this collective. Every rank must issue the same "
+                    "collectives before it ends.")
             if collected is not None:
                 collected[source] = (theirs, where)
 

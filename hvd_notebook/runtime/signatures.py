@@ -23,7 +23,8 @@ class RefusedError(ValueError):
 
 
 class StallError(RuntimeError):
-    """A collective waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS."""
+    """A collective that cannot complete: it waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
+    or a rank it waits for has shut down."""
 
 
 REFUSED = "refused"

@@ -59,6 +59,13 @@ class World:
         local_sizes = comm.allgather(local_comm.Get_size())
         return cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
 
+    def leave(self) -> None:
+        """Tell the other ranks, on the world and on each process set of this rank, that this
+        one is done: a rank still waiting for it in a collective fails, naming it."""
+        sets = self.process_sets.members.values() if self.process_sets is not None else ()
+        for negotiator in [self.negotiator, *(members.negotiator for members in sets)]:
+            negotiator.stall.leave(negotiator.seq, self.rank)
+
     def free(self) -> None:
         """Write a running timeline, then release NCCL and the communicators (collective)."""
         if self.timeline.active:
@@ -178,6 +185,7 @@ def shutdown() -> None:
     with _lock:
         world, _current = _current, None
     if world is not None:
+        world.leave()
         world.free()
     _say_goodbye()
 
@@ -214,8 +222,11 @@ def _comm_from_ranks(MPI: Any, ranks: list[int]) -> Any:
 
 
 @atexit.register
-def _write_timeline_at_exit() -> None:
-    """Write a timeline started by HOROVOD_TIMELINE when the process ends."""
+def _leave_at_exit() -> None:
+    """When the process ends in a world: write a timeline started by HOROVOD_TIMELINE, and
+    tell the other ranks that this one is done."""
     world = _current
-    if world is not None and world.timeline.active:
-        world.stop_timeline()
+    if world is not None:
+        if world.timeline.active:
+            world.stop_timeline()
+        world.leave()

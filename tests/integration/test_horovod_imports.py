@@ -83,3 +83,21 @@ def test_a_rank_that_ends_without_a_word_is_named(tmp_path, how):
     named = [line for line in proc.stderr.splitlines() if "ended without a word" in line]
     # one line, for the rank that ended first (not for rank 0, which mpiexec ended after it)
     assert len(named) == 1 and named[0].startswith("[hvd_notebook] rank 1 of 2 (pid "), proc.stderr[-4000:]
+
+
+def test_a_rank_that_ends_normally_fails_the_collective_still_waiting_for_it(tmp_path):
+    early = SCRIPT + textwrap.dedent("""\
+        import time
+        if hvd.rank() == 0:  # rank 1 has ended its program: this collective can never complete
+            start = time.monotonic()
+            try:
+                hvd.allreduce(tf.ones([2]), name="only_on_rank_0")
+            except Exception as exc:
+                print(f"FAILED after {time.monotonic() - start:.1f} s: {type(exc).__name__}: {exc}", flush=True)
+    """)
+    proc = run_script(tmp_path, early)  # (stall shutdown at 60 s: without the note, the error would come then)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (failed,) = [line for line in proc.stdout.splitlines() if line.startswith("FAILED")]
+    assert "StallError: rank 1 has shut down" in failed and "only_on_rank_0" in failed, failed
+    assert float(failed.split()[2]) < 10, failed
+    assert "stall" not in proc.stderr, proc.stderr[-4000:]
