@@ -177,6 +177,7 @@ def ending_message(launcher: str, code: int, reports: dict[int, str], causes: li
 
 
 # ------------------------------------------------------------------ the running job
+MPI_INIT_RETRIES = 2  # more starts of a job whose MPI_Init failed before the script ran
 TAIL_CHARS = 64 * 1024  # how much of the launcher's output ``diagnosis`` reads afterwards
 
 
@@ -342,9 +343,11 @@ def run_job(job: Job) -> int:
               f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
     try:
         code, output = _launch(argv, env)
-        if code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv:
-            # MPI_Init fails at random now and then under MPICH; the runner initialises MPI before
-            # the script, so none of the script's code has run yet: one more try is safe
+        for _ in range(MPI_INIT_RETRIES):
+            if not (code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv):
+                break
+            # MPI_Init fails at random now and then under MPICH (UCX), a retry right after it rarely
+            # too; the runner initialises MPI before the script, so none of its code has run yet
             print("[hvd_notebook] MPI_Init failed on a rank before the script started; starting the ranks "
                   "once more.", file=sys.stderr, flush=True)
             code, output = _launch(argv, env)
