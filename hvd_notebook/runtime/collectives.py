@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import sys
 import weakref
 from typing import Any
 
@@ -182,6 +183,15 @@ def _members(process_set: Any, call: str, tensor: Any = None) -> Any:
         if tensor is None or not _is_tf(tensor):
             raise
         raise _tf_invalid_argument(exc) from None
+
+
+def _any_indexed_slices(tensors: list[Any]) -> bool:
+    """Is any of ``tensors`` a ``tf.IndexedSlices`` (none can be where TensorFlow was never imported)?"""
+    tf = sys.modules.get("tensorflow")
+    if tf is None:
+        return False
+    slices = tf.IndexedSlices
+    return any(isinstance(t, slices) for t in tensors)
 
 
 def _on_gpus(tensors: list[Any]) -> bool:
@@ -371,10 +381,11 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     op = _resolve_op(op, average)
     if not tensors:
         return []
-    if any(_is_tf(t) and isinstance(t, _tf().IndexedSlices) for t in tensors):
+    if _any_indexed_slices(tensors):
         return _allreduce_with_slices(tensors, op, compression, prescale_factor, postscale_factor, name, process_set)
     members = _members(process_set, "hvd.grouped_allreduce", tensors[0])
-    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    plain = compression is Compression.none  # (the common case: no pass over the tensors for it)
+    compressed, ctxs = (tensors, ()) if plain else zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
     if _is_tf(compressed[0]):
         reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor,
@@ -382,7 +393,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     else:
         reduced = members.mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor, postscale_factor,
                                         names)
-    return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+    return reduced if plain else [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
 def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,

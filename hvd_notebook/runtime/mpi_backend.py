@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import ops
-from .fusion import ALIGN_BYTES, aligned_offsets, fused_label, fusion_groups, is_aligned, pool
+from .fusion import ALIGN_BYTES, aligned_offsets, fused_label, fusion_groups, fusion_threshold, is_aligned, pool
 from .negotiation import Negotiator
 from .ops import Average, check_op, dtype_name, reduce_dtype
 from .signatures import (
@@ -152,8 +152,8 @@ def pack(arrays: list[np.ndarray], work: np.dtype, timeline: Timeline, label: st
     offsets, total = aligned_offsets([a.size for a in arrays], min(work.itemsize, arrays[0].dtype.itemsize))
     buf = pool.empty(total, work)
     with timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, buf.nbytes):
-        if total == sum(a.size for a in arrays):  # no padding needed: one C call copies them all
-            np.concatenate([a.reshape(-1) for a in arrays], out=buf, casting="same_kind")
+        if total == sum(a.size for a in arrays):  # no padding needed: one C call copies them all, flattened
+            np.concatenate(arrays, axis=None, out=buf, casting="same_kind")
             return buf, offsets
         end = 0
         for a, off in zip(arrays, offsets):
@@ -255,6 +255,9 @@ class MpiBackend:
     @staticmethod
     def fusion_plan(arrays: list[np.ndarray]) -> list[list[int]]:
         """Which arrays share a fusion buffer (``fusion.fusion_groups`` by dtype and bytes)."""
+        dtype, threshold = arrays[0].dtype, fusion_threshold()
+        if threshold > 0 and all(a.dtype == dtype for a in arrays) and sum(a.nbytes for a in arrays) <= threshold:
+            return [list(range(len(arrays)))]  # the common case, without a pass per array in Python
         return fusion_groups([(a.dtype.str, a.nbytes) for a in arrays])
 
     def reduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
