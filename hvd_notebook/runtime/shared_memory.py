@@ -28,6 +28,7 @@ class SharedMemoryBoard:
 
     SLOT = 8  # int64s per slot: one 64-byte cache line each
     DATA_BYTES = 64 * 1024  # the largest allreduce whose data travels with its hash
+    VIEWS_KEPT = 256  # (dtype, count) pairs whose views are cached
 
     def __init__(self, comm: Any, MPI: Any) -> None:
         rank, size = comm.Get_rank(), comm.Get_size()
@@ -64,6 +65,8 @@ class SharedMemoryBoard:
         key = (dtype, count)
         views = self._views.get(key)
         if views is None:
+            if len(self._views) >= self.VIEWS_KEPT:  # (a program of many sizes: start the cache afresh)
+                self._views.clear()
             nbytes = count * dtype.itemsize
             views = self._views[key] = [[d[parity, :nbytes].view(dtype) for d in self.data] for parity in (0, 1)]
         return views
