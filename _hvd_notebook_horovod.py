@@ -25,8 +25,14 @@ ALIASES = {
     "horovod.tensorflow.keras.callbacks": "hvd_notebook.runtime.callbacks",
     "horovod.keras": "hvd_notebook.runtime.keras",
     "horovod.keras.callbacks": "hvd_notebook.runtime.callbacks",
+    "horovod.tensorflow.elastic": "hvd_notebook.runtime.elastic",
+    "horovod.tensorflow.keras.elastic": "hvd_notebook.runtime.elastic",
+    "horovod.keras.elastic": "hvd_notebook.runtime.elastic",
+    "horovod.common": None,
+    "horovod.common.elastic": "hvd_notebook.runtime.elastic",  # State, ObjectState
+    "horovod.common.exceptions": "hvd_notebook.runtime.elastic",  # HorovodInternalError, HostsUpdatedInterrupt
 }
-PACKAGES = frozenset({"horovod", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras"})
+PACKAGES = frozenset({"horovod", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras", "horovod.common"})
 MARKER = "__hvd_notebook_alias__"  # set on every alias module: the runtime module it stands for
 
 

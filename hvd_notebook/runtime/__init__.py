@@ -20,7 +20,7 @@ Layers, each importing only those above it in this list (tests/unit/test_runtime
 - ``world``: the state of one ``hvd.init()``: communicators, both backends, join
 - ``process_sets``: ``hvd.ProcessSet`` and the table of a world's sets, each on its own communicator
 - ``basics`` (process queries), ``compression``; ``collectives``; ``gradients``; ``tf1`` (TF1 graphs);
-  ``training``, ``callbacks``, ``sync_batch_norm``
+  ``training``, ``callbacks``, ``sync_batch_norm``, ``elastic_callbacks``; ``elastic`` (``hvd.elastic``)
 """
 
 from .basics import (
@@ -100,10 +100,10 @@ def __getattr__(name: str):  # the Keras parts import Keras and TensorFlow: only
         from . import tf1 as _tf1
 
         return getattr(_tf1, name)
-    if name == "callbacks":
+    if name in ("callbacks", "elastic"):
         import importlib
 
-        return importlib.import_module(".callbacks", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'hvd_notebook.runtime' has no attribute {name!r}")
 
 __all__ = [
@@ -111,7 +111,7 @@ __all__ = [
     "DistributedOptimizer", "Max", "Min", "MismatchError", "Product", "StallError", "Sum", "XLAUnsupportedError",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_global_variables",
     "broadcast_object", "broadcast_object_fn", "broadcast_variables",
-    "callbacks", "communicator", "cross_rank", "cross_size",
+    "callbacks", "communicator", "cross_rank", "cross_size", "elastic",
     "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
     "is_homogeneous", "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
     "mpi_enabled", "mpi_threads_supported", "nccl_built", "nccl_enabled", "rank", "reducescatter", "scale_lr",

@@ -41,7 +41,7 @@ from .ops import Adasum, Average, Sum
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 
 _FROM_TRAINING = ("DistributedOptimizer", "PartialDistributedOptimizer", "load_model")
-_LAZY = (*_FROM_TRAINING, "SyncBatchNormalization", "callbacks")  # imported on first use (__getattr__)
+_LAZY = (*_FROM_TRAINING, "SyncBatchNormalization", "callbacks", "elastic")  # imported on first use (__getattr__)
 
 
 def __getattr__(name: str) -> Any:  # Keras is imported only when these are used
@@ -49,8 +49,8 @@ def __getattr__(name: str) -> Any:  # Keras is imported only when these are used
         return getattr(importlib.import_module(".training", __package__), name)
     if name == "SyncBatchNormalization":
         return importlib.import_module(".sync_batch_norm", __package__).SyncBatchNormalization
-    if name == "callbacks":
-        return importlib.import_module(".callbacks", __package__)
+    if name in ("callbacks", "elastic"):
+        return importlib.import_module(f".{name}", __package__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -35,12 +35,12 @@ from .. import config
 from .coordinator import Coordinator, Work
 from .matching import Entry
 from .shared_memory import SharedMemoryBoard
-from .signatures import MismatchError, RefusedError, Signature, StallError, describe_mismatch
+from .signatures import HorovodInternalError, MismatchError, RefusedError, Signature, StallError, describe_mismatch
 from .timeline import Timeline
 
 __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]
 
-_QUERY, _HERE, _LEAVING = "query", "here", "leaving"
+_QUERY, _HERE, _LEAVING, _RESETTING = "query", "here", "leaving", "resetting"
 _STALL_TAG = 7001
 
 
@@ -268,10 +268,12 @@ class StallInspector:
                         "the runtime cannot continue: restart the ranks (%hvd restart)."
                     )
 
-    def leave(self, seq: int, world_rank: int) -> None:
+    def leave(self, seq: int, world_rank: int, resetting: bool = False) -> None:
         """Tell every other rank that this one is done (its program ended, or ``hvd.shutdown()``)
-        after ``seq`` collectives, so that a rank waiting for it fails, naming it, instead of waiting."""
-        notes = [self.comm.isend((_LEAVING, seq, f"rank {world_rank}"), dest=r, tag=_STALL_TAG)
+        after ``seq`` collectives, so that a rank waiting for it fails, naming it, instead of waiting;
+        ``resetting``: it left for an ``hvd.elastic`` reset, which the waiting rank then joins."""
+        kind = _RESETTING if resetting else _LEAVING
+        notes = [self.comm.isend((kind, seq, f"rank {world_rank}"), dest=r, tag=_STALL_TAG)
                  for r in range(self.size) if r != self.rank]
         deadline = time.monotonic() + 1.0  # (a note this small leaves at once; never hold up the exit)
         while notes and not self.MPI.Request.Testall(notes) and time.monotonic() < deadline:
@@ -290,6 +292,10 @@ class StallInspector:
                     f"{theirs} collective(s), while this rank waits for it in {sig.describe()} (collective "
                     f"#{seq}): {where} never issued this collective. Every rank must issue the same "
                     "collectives before it ends.")
+            elif kind == _RESETTING:
+                raise HorovodInternalError(
+                    f"{where} left {sig.describe()} (collective #{seq}) to reset the world (hvd.elastic): "
+                    "this rank restores the last commit and joins the new world.")
             if collected is not None:
                 collected[source] = (theirs, where)
 

@@ -22,6 +22,10 @@ class RefusedError(ValueError):
         self.refused_here = refused_here
 
 
+class HorovodInternalError(RuntimeError):
+    """A collective failed because the world is being rebuilt; ``hvd.elastic.run`` resets on it (Horovod's name)."""
+
+
 class StallError(RuntimeError):
     """A collective that cannot complete: it waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
     or a rank it waits for has shut down."""

@@ -47,24 +47,28 @@ class World:
         # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
         self.nccl = nccl_backend.start(comm, local_comm.Get_rank(), self.negotiator, self.timeline)
         self.process_sets: Any = None  # the process sets' table (process_sets.py), built by hvd.init()
+        self.parent: Any = comm  # the communicator ``create`` duplicated
 
     @classmethod
     def create(cls, comm: Any) -> World:
         """Split ``comm`` (duplicated) by host and build the world on it (collective)."""
         from mpi4py import MPI
 
-        comm = comm.Dup()
+        parent, comm = comm, comm.Dup()
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
         local_sizes = comm.allgather(local_comm.Get_size())
-        return cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
+        world = cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
+        world.parent = parent  # (what hvd.elastic's reset builds the next world on)
+        return world
 
-    def leave(self) -> None:
+    def leave(self, resetting: bool = False) -> None:
         """Tell the other ranks, on the world and on each process set of this rank, that this
-        one is done: a rank still waiting for it in a collective fails, naming it."""
+        one is done (or, ``resetting``, builds a new world for ``hvd.elastic``): a rank still
+        waiting for it in a collective fails, naming it (with ``HorovodInternalError``)."""
         sets = self.process_sets.members.values() if self.process_sets is not None else ()
         for negotiator in [self.negotiator, *(members.negotiator for members in sets)]:
-            negotiator.stall.leave(negotiator.seq, self.rank)
+            negotiator.stall.leave(negotiator.seq, self.rank, resetting)
 
     def free(self) -> None:
         """Write a running timeline, then release NCCL and the communicators (collective)."""
@@ -179,15 +183,17 @@ def _say_goodbye() -> None:
         _watch = None
 
 
-def shutdown() -> None:
-    """Free the world; ``init()`` may be called again later."""
+def shutdown(resetting: bool = False) -> Any:
+    """Free the world; ``init()`` may be called again later. ``resetting``: for ``hvd.elastic``, whose
+    ranks all build a new world at once. Returns the communicator the world was built on (or None)."""
     global _current
     with _lock:
         world, _current = _current, None
     if world is not None:
-        world.leave()
+        world.leave(resetting)
         world.free()
     _say_goodbye()
+    return None if world is None else world.parent
 
 
 def _communicator(comm: Any) -> Any:

@@ -30,7 +30,8 @@ LAYERS = [
     {"collectives"},
     {"gradients"},
     {"tf1"},
-    {"training", "callbacks", "sync_batch_norm"},
+    {"training", "callbacks", "sync_batch_norm", "elastic_callbacks"},
+    {"elastic"},
     {"keras"},  # Horovod's Keras module: the names of the layers below
     {"__init__"},
 ]

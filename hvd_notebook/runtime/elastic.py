@@ -1,0 +1,291 @@
+"""Horovod's elastic API on the runtime: state that survives a reset, and the loop that resets.
+
+    state = hvd.elastic.KerasState(model, optimizer, epoch=0, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        model.fit(x, y, initial_epoch=state.epoch, epochs=5, callbacks=[
+            hvd.elastic.CommitStateCallback(state, batches_per_commit=10),
+            hvd.elastic.UpdateEpochStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state)])
+
+    train(state)
+
+``commit()`` keeps a copy of the state in this process's memory; ``restore()`` goes back to it;
+``sync()`` gives every rank rank 0's state. ``run`` syncs, calls the function, and on
+``HorovodInternalError`` restores the last commit on every rank, builds a new world (``shutdown`` and
+``init`` on the same communicator), runs the reset callbacks and calls the function again; on
+``HostsUpdatedInterrupt`` it does the same without the restore. A rank that leaves a collective for a
+reset tells the others, whose waiting collectives then raise ``HorovodInternalError`` too, so that
+every rank resets together. The names and semantics are Horovod's (``horovod.common.elastic``,
+``horovod.tensorflow.elastic``, ``horovod.tensorflow.keras.elastic``); the Keras callbacks come from
+``elastic_callbacks`` when first used.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import importlib
+import queue
+from collections.abc import Callable
+from typing import Any
+
+from . import basics
+from . import world as _world
+from .bridges import tf as _tf
+from .collectives import broadcast_object, broadcast_variables
+from .signatures import HorovodInternalError
+
+_CALLBACKS = ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback")
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed: ``run`` resets without restoring the last commit (Horovod's name).
+    ``skip_sync``: the ranks that stay all have the same state already (hosts were only removed)."""
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the set of hosts changed")
+        self.skip_sync = skip_sync
+
+
+class HostUpdateResult(enum.IntFlag):
+    """What changed in a host update (as Horovod's)."""
+
+    no_update = 0
+    removed = 1
+    added = 2
+    mixed = removed | added
+
+
+class State:
+    """Training state that every rank keeps alike: subclasses say how to save, restore and sync it.
+
+    ``bcast_object(obj)`` gives every rank rank 0's ``obj``; ``get_rank()`` is this rank."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
+                 get_rank: Callable[[], int] = basics.rank) -> None:
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._host_messages: queue.Queue = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._reset_callbacks: list[Callable[[], None]] = []
+
+    def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
+        """Functions to call after each reset (to rescale a learning rate to the new size, say)."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Called by ``run`` after a reset: ``reset()``, then the reset callbacks."""
+        self._host_messages = queue.Queue()
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def on_hosts_updated(self, timestamp: float, update: HostUpdateResult) -> None:
+        """Note a change of hosts; the next ``commit()`` or ``check_host_updates()`` acts on it."""
+        self._host_messages.put((timestamp, update))
+
+    def commit(self) -> None:
+        """Keep a copy of the state that ``restore()`` goes back to, then check for host updates
+        (collective: every rank commits at the same point)."""
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise ``HostsUpdatedInterrupt`` on every rank where rank 0 has noted a change of hosts
+        since the last check (collective)."""
+        previous = newest = self._last_updated_timestamp
+        update = HostUpdateResult.no_update
+        while not self._host_messages.empty():
+            timestamp, change = self._host_messages.get()
+            if timestamp > newest:
+                newest, update = timestamp, update | change
+        # rank 0's view, so that every rank raises at the same commit or none does
+        previous, self._last_updated_timestamp, update = self._bcast_object((previous, newest, int(update)))
+        if self._last_updated_timestamp > previous:
+            raise HostsUpdatedInterrupt(skip_sync=update == HostUpdateResult.removed)
+
+    def save(self) -> None:
+        """Keep a copy of the state in this process's memory."""
+        raise NotImplementedError
+
+    def restore(self) -> None:
+        """Go back to the last saved copy."""
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        """Give every rank rank 0's state (collective)."""
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Rebuild what depends on the world after a reset (nothing by default)."""
+
+
+class ObjectState(State):
+    """Python values, each a keyword argument and then an attribute: ``state.epoch``."""
+
+    def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
+                 get_rank: Callable[[], int] = basics.rank, **kwargs: Any) -> None:
+        self._saved_state = dict(kwargs)
+        self._set_attrs()
+        super().__init__(bcast_object=bcast_object, get_rank=get_rank)
+
+    def save(self) -> None:
+        self._saved_state = {name: getattr(self, name) for name in self._saved_state}
+
+    def restore(self) -> None:
+        self._set_attrs()
+
+    def sync(self) -> None:
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for name, value in self._saved_state.items():
+            setattr(self, name, value)
+
+
+class TensorFlowState(ObjectState):
+    """A list of TensorFlow variables (default: the graph's global variables) and Python values.
+    ``session``: for TF1 graphs, the session that holds the variables' values."""
+
+    def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
+        tf = _tf()
+        self.variables = list(variables) if variables else tf.compat.v1.global_variables()
+        self.session = session if session is not None or tf.executing_eagerly() else \
+            tf.compat.v1.get_default_session()
+        self._saved_values = _saved(self.variables, self.session)
+        super().__init__(**kwargs)
+
+    def save(self) -> None:
+        self._saved_values = _saved(self.variables, self.session)
+        super().save()
+
+    def restore(self) -> None:
+        _load(self._saved_values, self.session)
+        super().restore()
+
+    def sync(self) -> None:
+        _broadcast(self.variables, self.session)
+        self._saved_values = _saved(self.variables, self.session)
+        super().sync()
+
+
+class TensorFlowKerasState(ObjectState):
+    """A built Keras model, its optimizer (default: the compiled one) and Python values. The
+    optimizer's variables (its step count and slots) are part of the state: an optimizer that has
+    not made them yet makes them now, for the model's trainable variables."""
+
+    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
+        if not getattr(model, "built", True):
+            raise ValueError("hvd.elastic: the model must be built first: call model.build(input_shape), or "
+                             "the model once on a batch.")
+        self.model = model
+        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
+        if self.optimizer is None:
+            raise ValueError("hvd.elastic: the model has no optimizer: compile it, or pass optimizer=.")
+        if getattr(self.optimizer, "built", True) is False and hasattr(self.optimizer, "build"):
+            self.optimizer.build(model.trainable_variables)
+        self.backend = backend
+        self._saved_values = _saved(self._variables(), None)
+        super().__init__(**kwargs)
+
+    def _variables(self) -> list[Any]:
+        optimizer_variables = self.optimizer.variables
+        if callable(optimizer_variables):  # (TF's legacy optimizers: a method)
+            optimizer_variables = optimizer_variables()
+        return [*self.model.variables, *optimizer_variables]
+
+    def save(self) -> None:
+        self._saved_values = _saved(self._variables(), None)
+        super().save()
+
+    def restore(self) -> None:
+        _load(self._saved_values, None)
+        super().restore()
+
+    def sync(self) -> None:
+        variables = self._variables()
+        _broadcast(variables, None)
+        self._saved_values = _saved(variables, None)
+        super().sync()
+
+
+class KerasState(TensorFlowKerasState):
+    """``TensorFlowKerasState`` under the name Horovod's Keras module gives it."""
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        super().__init__(model, optimizer=optimizer, **kwargs)
+
+
+def _saved(variables: list[Any], session: Any) -> list[tuple[Any, Any]]:
+    """Each variable with a copy of its value. Eagerly a ``tf.identity``, which shares the variable's
+    buffer until the variable is next written (TensorFlow copies on that write): a commit costs
+    little more than the step's own write."""
+    if session is not None:
+        return list(zip(variables, session.run(list(variables)), strict=True))
+    tf = _tf()
+    return [(v, tf.identity(v)) for v in variables]
+
+
+def _load(saved: list[tuple[Any, Any]], session: Any) -> None:
+    for variable, value in saved:
+        if session is not None:
+            variable.load(value, session)
+        else:
+            variable.assign(value)
+
+
+def _broadcast(variables: list[Any], session: Any) -> None:
+    if not variables:
+        return
+    op = broadcast_variables(variables, root_rank=0)
+    if session is not None and op is not None:
+        session.run(op)
+
+
+def run(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``func(state, ...)`` until it returns, resetting on a failure (a decorator, as Horovod's).
+
+    Before each call every rank gets rank 0's state (``state.sync()``). Where ``func`` raises
+    ``HorovodInternalError`` (a collective failed because another rank reset, or raised by the user),
+    each rank restores the last commit; where it raises ``HostsUpdatedInterrupt``, it keeps its state.
+    Then the world is rebuilt (``shutdown`` and ``init`` on the same communicator), ``state.on_reset()``
+    runs the reset callbacks, and ``func`` is called again. Other exceptions end the loop as they are.
+    Collectives must not be issued between the call and ``func`` (Horovod's rule)."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            _reset()
+            state.on_reset()
+
+    return wrapper
+
+
+def _reset() -> None:
+    """A new world on the communicator of the old one; a rank still in a collective of the old world
+    is told, and resets too."""
+    parent = _world.shutdown(resetting=True)
+    basics.init(comm=parent)
+
+
+def __getattr__(name: str) -> Any:  # the Keras callbacks import Keras: only when used
+    if name in _CALLBACKS:
+        return getattr(importlib.import_module(".elastic_callbacks", __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt", "KerasState", "ObjectState", "State",
+           "TensorFlowKerasState", "TensorFlowState", "run"]  # (and the callbacks, from __getattr__)

@@ -1,0 +1,70 @@
+"""The Keras callbacks of ``hvd.elastic``: commit every N batches, and keep ``state.batch`` and
+``state.epoch`` current, so that training re-entered after a reset goes on where the commit was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+
+class CommitStateCallback(keras.callbacks.Callback):
+    """``state.commit()`` every ``batches_per_commit`` batches and at the end of each epoch."""
+
+    def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
+        if int(batches_per_commit) < 1:
+            raise ValueError(f"CommitStateCallback: batches_per_commit must be 1 or more, not {batches_per_commit!r}.")
+        super().__init__()
+        self.state = state
+        self.batches_per_commit = int(batches_per_commit)
+        self.batches_remaining = self.batches_per_commit
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.batches_remaining = self.batches_per_commit  # every rank counts from the same point after a reset
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """``state.batch``: the number of the last batch done in this epoch (0 again at each epoch's end).
+    (Keras 3 fixes an epoch's steps when ``fit`` starts: the epoch after a reset runs whole, where
+    Horovod's callback shortened it on Keras 2 by the batches already done.)"""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__()
+        self.state = state
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.state.batch = batch
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """``state.epoch``: the number of epochs done, counted across resets. Either way of going on
+    works: ``fit(epochs=total - state.epoch)`` (Horovod's examples; Keras counts from 0 again) or
+    ``fit(initial_epoch=state.epoch, epochs=total)`` (Keras counts from there)."""
+
+    def __init__(self, state: Any) -> None:
+        super().__init__()
+        self.state = state
+        self.initial_epoch = state.epoch
+        self._offset: int | None = None
+
+    def on_train_begin(self, logs: Any = None) -> None:
+        self.initial_epoch, self._offset = self.state.epoch, None
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        if self._offset is None:  # the first epoch of this fit says how Keras counts
+            self._offset = self.initial_epoch if epoch == 0 else 0
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.state.epoch = (self._offset or 0) + epoch + 1
