@@ -69,9 +69,10 @@ def main() -> None:
     committed = parameters + sum(int(np.prod(v.shape)) for v in optimizer.variables)
     if hvd.rank() == 0:
         with open(out_path, "w") as f:
-            json.dump({"parameters": parameters, "committed_values": committed, "commit_s": statistics.median(commit),
-                       "step_s": statistics.median(plain_step), "step_after_commit_s": statistics.median(step_after_commit),
-                       "restore_s": restore, "reps": reps}, f, indent=2)
+            json.dump({"parameters": parameters, "committed_values": committed,
+                       "commit_s": statistics.median(commit), "step_s": statistics.median(plain_step),
+                       "step_after_commit_s": statistics.median(step_after_commit), "restore_s": restore,
+                       "reps": reps}, f, indent=2)
     hvd.shutdown()
 
 
