@@ -5,6 +5,9 @@
     hvd-notebook clean --dry-run  only say what would be stopped
     hvd-notebook install-kernel [--user | --sys-prefix | --prefix P] [--name N] [--env K=V ...]
                                   install the "Python 3 (hvd_notebook)" kernelspec
+    hvd-notebook stacks [CLUSTER] [--all-threads]
+                                  every rank's Python stack now (this host's ranks of every
+                                  cluster and hvd-notebook run job, or of CLUSTER), even in MPI
     hvd-notebook run -np 4 [-H host1:2,host2:2 | --hostfile F] python train.py
                                   launch a script on 4 ranks, as horovodrun does; installed
                                   under the name ``horovodrun`` (a link), it answers to that
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cluster import stacks
 from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
 from .cluster.reaper import reap
@@ -116,6 +120,24 @@ def install_kernel(name: str, display_name: str | None, env: list[str], user: bo
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         return Path(KernelSpecManager().install_kernel_spec(str(spec_dir), kernel_name=name, user=user,
                                                             prefix=prefix))
+
+
+def print_stacks(cluster: str | None, all_threads: bool, timeout: float) -> int:
+    """``stacks``: every registered rank's stack (of ``cluster`` only where named); 1 where none answered."""
+    pids = stacks.registered_pids()
+    if cluster is not None:
+        found = [c for c in find_clusters() if c.path.name == cluster]
+        if not found:
+            names = ", ".join(c.path.name for c in find_clusters()) or "none"
+            print(f"hvd-notebook stacks: no cluster {cluster!r} (this user's clusters: {names}).", file=sys.stderr)
+            return 2
+        pids = [p for p in pids if p in set(found[0].live_pids)]
+    if not pids:
+        print("hvd-notebook stacks: no rank of this user runs on this host (ranks on other hosts answer there).",
+              file=sys.stderr)
+        return 1
+    print(stacks.format_stacks(stacks.collect(pids, timeout), all_threads))
+    return 0
 
 
 # ------------------------------------------------------------------ run (horovodrun)
@@ -241,6 +263,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="list this user's clusters and the kernels that own them")
     clean = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
     clean.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
+    stacks = sub.add_parser("stacks", help="print every rank's Python stack now, even inside an MPI call")
+    stacks.add_argument("cluster", nargs="?", help="only this cluster's ranks (a name that hvd-notebook list shows)")
+    stacks.add_argument("--all-threads", action="store_true", help="every thread, not only those running a cell, "
+                        "a script or a collective")
+    stacks.add_argument("--timeout", type=seconds, default=2.0, metavar="S",
+                        help="seconds to wait for the ranks' answers (default 2)")
     kernel = sub.add_parser("install-kernel", help="install the Jupyter kernel with the extension preloaded")
     where = kernel.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user only (the default)")
@@ -280,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Installed kernelspec {args.name} in {path}")
         return 0
 
+    if args.command == "stacks":
+        return print_stacks(args.cluster, args.all_threads, args.timeout)
+
     clusters = find_clusters()
     if args.command == "list":
         if not clusters:
@@ -288,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_describe(c))
         return 0
 
+    stacks.registered_pids()  # (drops the stack files of ranks that were killed)
     orphans = [c for c in clusters if c.orphaned]
     if not orphans:
         kept = len(clusters)

@@ -121,6 +121,9 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
         if details.get("device_name"):
             device = f"{device} ({details['device_name']})"
     hvd.init()
+    from . import stacks
+
+    stacks.register(hvd.rank(), hvd.size())  # %hvd stacks, hvd-notebook stacks
     intra = tf.config.threading.get_intra_op_parallelism_threads()
     inter = tf.config.threading.get_inter_op_parallelism_threads()
 

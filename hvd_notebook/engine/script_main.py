@@ -65,7 +65,10 @@ def main() -> None:
     """Run the script; a failure ends this process at once with the failure's code."""
     from ..runtime import topology
 
-    topology.initialize_mpi()  # before the script: a failed MPI_Init has then run none of its code
+    rank, size = topology.initialize_mpi()  # before the script: a failed MPI_Init has then run none of its code
+    from . import stacks
+
+    stacks.register(rank, size)  # hvd-notebook stacks
     try:
         run(sys.argv[1:])
     except SystemExit as exc:

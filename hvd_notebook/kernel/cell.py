@@ -14,7 +14,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster import ClusterError, MPICluster
+from ..cluster import ClusterError, MPICluster, stacks
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from . import failures
@@ -237,12 +237,23 @@ class RunningCell:
             if not any(is_busy(queue) for queue in client.queue_status(targets=targets).values()):
                 return ""
             time.sleep(0.1)
+        whereabouts = self._whereabouts(ranks)  # before the restart ends them
         try:
             self.cluster.restart()
         except ClusterError as exc:
             self.cluster_lost = True
-            return failures.unresponsive(ranks, str(exc))
-        return failures.unresponsive(ranks)
+            return failures.unresponsive(ranks, whereabouts, str(exc))
+        return failures.unresponsive(ranks, whereabouts)
+
+    def _whereabouts(self, ranks: list[int]) -> list[str]:
+        """Where each of ``ranks`` on this host is stuck, a line each (from its Python stack)."""
+        pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
+        try:
+            dumps = stacks.collect(list(pids))
+        except OSError:
+            return []
+        return [f"rank {pids[pid]} was {stacks.where(dump)}" for pid, (_, dump) in sorted(dumps.items(),
+                key=lambda item: pids[item[0]]) if dump.strip()]
 
     def _ranks_died(self, dead: list[int]) -> failures.RankDied:
         """A rank's process is gone (os._exit, a signal, out of memory): end the

@@ -3,6 +3,7 @@ sees (each shown as its message alone) and every message they carry."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
@@ -96,12 +97,14 @@ def interrupted(running: list[int], note: str) -> str:
     return f"Rank(s) {running} were still running. {note or INTERRUPTED}"
 
 
-def unresponsive(ranks: list[int], restart_error: str | None = None) -> str:
-    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to)."""
+def unresponsive(ranks: list[int], whereabouts: Sequence[str] = (), restart_error: str | None = None) -> str:
+    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to);
+    ``whereabouts``: where each was stuck, a line each."""
+    where = f" ({'; '.join(whereabouts)})" if whereabouts else ""
     if restart_error is not None:
-        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?) "
+        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?){where} "
                 f"and restarting the engines failed: {restart_error}. Run %hvd restart.")
-    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?), so "
+    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?){where}, so "
             "the MPI world was restarted: every rank's variables are lost; re-run your "
             "set-up cells.")
 

@@ -10,7 +10,7 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ..cluster import RankInfo
+from ..cluster import RankInfo, stacks
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, rank_list, seconds
 from .failures import HvdError
 from .session import Session
@@ -64,6 +64,9 @@ def _build_line_parser() -> _Parser:
     sub.add_parser("stop", help="stop the cluster; nothing of it is left running")
     sub.add_parser("restart", help="stop and start again with the options of the last start")
     sub.add_parser("status", help="each rank: alive or dead, host, pid, device, memory, activity")
+    stacks_parser = sub.add_parser("stacks", help="each rank's Python stack now (while a cell runs, from a "
+                                   "terminal: hvd-notebook stacks)")
+    stacks_parser.add_argument("--all-threads", action="store_true", help="every thread of each rank")
 
     pull = sub.add_parser("pull", help="copy a variable from a rank into this notebook")
     pull.add_argument("name", help="variable name on the rank")
@@ -174,6 +177,9 @@ class HvdMagics(Magics):
         elif args.command == "status":
             rows = session.status()
             print(f"hvd backend: {session.require().ranks[0].backend}\n{format_status(rows)}")
+        elif args.command == "stacks":
+            ranks = [r for r in session.require().ranks if r.here]
+            print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
         elif args.command == "pull":
             self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
             print(f"Pulled {args.name!r} from rank {args.rank}.")

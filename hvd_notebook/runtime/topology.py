@@ -16,7 +16,10 @@ def local_rank_before_init() -> tuple[int, int, int]:
         local.Free()
 
 
-def initialize_mpi() -> None:
+def initialize_mpi() -> tuple[int, int]:
     """Initialise MPI now (mpi4py does it on import): a rank whose MPI_Init fails then ends
-    before any of a script's own code has run, so the launch can be tried again."""
-    from mpi4py import MPI  # noqa: F401
+    before any of a script's own code has run, so the launch can be tried again. This process's
+    rank and the world's size."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()

@@ -176,6 +176,7 @@ def test_rank_stuck_in_a_collective_gets_a_fresh_world(cluster, run):
     )
     assert not result.success
     assert "did not respond to an interrupt" in out and "MPI world was restarted" in out
+    assert "(rank 0 was at a cell, line 3)" in out, out  # where it was stuck, from its Python stack
     assert_gone(old_pids)
     result, out = run("%%hvd --all-output\nprint('fresh', hvd.rank(), 'before_timeout' in globals())")
     assert result.success and "[0] fresh 0 False" in out and "[1] fresh 1 False" in out

@@ -67,6 +67,7 @@ class FakeCluster:
         self.client = FakeClient(parts, busy)
         self.restarts = 0
         self.restart_fails = restart_fails
+        self.ranks = []  # (no processes here to ask for their stacks)
 
     def engine_ids(self, ranks):
         return [10 + r for r in ranks]

@@ -1,0 +1,113 @@
+"""Where is every rank? Each registered rank's Python stack now (``hvd-notebook stacks``,
+``%hvd stacks``): the asking side of ``engine.stacks``, which each rank registers at start."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import psutil
+
+from ..engine.stacks import SIGNAL, remove_files, stacks_dir
+
+
+def _who(folder: Path, pid: int) -> str | None:
+    """"rank R of N" of a registered process that still runs; None (its files removed) where it ended."""
+    try:
+        who, created = (folder / f"{pid}.who").read_text().split("\n")
+        if abs(psutil.Process(pid).create_time() - float(created)) < 0.01:
+            return who
+    except (OSError, ValueError, psutil.Error):
+        pass
+    remove_files(folder, pid)  # ended without its atexit (killed): what it left
+    return None
+
+
+def registered_pids() -> list[int]:
+    """Every live process of this user on this host that answers with its stacks."""
+    folder = stacks_dir()
+    return sorted(pid for pid in (int(w.stem) for w in folder.glob("*.who")) if _who(folder, pid) is not None)
+
+
+def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]:
+    """Each registered process of ``pids``: (who, its stacks); "" where it did not answer in time."""
+    folder = stacks_dir()
+    asked: dict[int, Path] = {}
+    whos: dict[int, str] = {}
+    for pid in pids:
+        path, who = folder / f"{pid}.txt", _who(folder, pid)
+        if who is None:
+            continue
+        whos[pid] = who
+        path.write_text("")
+        try:
+            os.kill(pid, SIGNAL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        asked[pid] = path
+    deadline = time.monotonic() + timeout
+    sizes = {pid: -1 for pid in asked}
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {pid: path.stat().st_size for pid, path in asked.items()}
+        if all(n > 0 and n == sizes[pid] for pid, n in now.items()):  # every answer written, and done
+            break
+        sizes = now
+    return {pid: (whos[pid], path.read_text()) for pid, path in asked.items()}
+
+
+_THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)
+# frames that say where the user's code is: a notebook cell, a script, the runtime's collectives
+_TELLING = ("<ipython-input", "/ipykernel_", "hvd_notebook/runtime/", "<string>")
+
+
+def threads(dump: str) -> list[str]:
+    """One faulthandler dump split into its threads' stacks."""
+    starts = [m.start() for m in _THREAD.finditer(dump)] + [len(dump)]
+    return [dump[a:b].rstrip() for a, b in zip(starts, starts[1:])]
+
+
+def format_stacks(collected: dict[int, tuple[str, str]], all_threads: bool = False) -> str:
+    """What ``collect`` found, rank by rank. Without ``all_threads``, each rank's threads that run a
+    cell, a script or a collective (the engine's own threads, which wait on sockets, left out)."""
+    def rank_of(item: tuple[int, tuple[str, str]]) -> tuple[int, int]:
+        m = re.match(r"rank (\d+)", item[1][0])
+        return (int(m.group(1)) if m else 1 << 30, item[0])
+
+    blocks = []
+    for pid, (who, dump) in sorted(collected.items(), key=rank_of):
+        if not dump.strip():
+            blocks.append(f"== {who} (pid {pid}): no answer within the time (stopped, or its Python is gone)")
+            continue
+        shown = threads(dump)
+        if not all_threads:
+            telling = [t for t in shown if any(mark in t for mark in _TELLING)]
+            shown = telling or [t for t in shown if t.startswith("Current thread")] or shown[:1]
+        blocks.append(f"== {who} (pid {pid}): {where(dump)}\n" + "\n\n".join(shown))
+    return "\n\n".join(blocks)
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+) in (\S+)')
+_NOT_USER = ("/site-packages/", "/hvd_notebook/", "/lib/python3", "<frozen ")
+
+
+def where(dump: str) -> str:
+    """Where one rank is, in a line: the ``hvd`` call it waits in and the cell or script line that
+    made it ("in hvd.barrier(), called from a cell, line 2"), else the innermost line of the user's
+    code, else the innermost frame."""
+    best = ""
+    for thread in threads(dump):
+        frames = _FRAME.findall(thread)  # the most recent call first
+        user = next((i for i, (path, _, _) in enumerate(frames) if not any(m in path for m in _NOT_USER)), None)
+        if user is None:
+            best = best or (f"in {frames[0][2]} ({frames[0][0]}, line {frames[0][1]})" if frames else "")
+            continue
+        path, line, _ = frames[user]
+        caller = f"a cell, line {line}" if "/ipykernel_" in path or path.startswith("<ipython") else \
+            f"{path}, line {line}"
+        if user > 0 and "/hvd_notebook/runtime/" in frames[user - 1][0]:
+            return f"in hvd.{frames[user - 1][2]}(), called from {caller}"
+        best = f"at {caller}"
+    return best or "somewhere without Python frames"
