@@ -62,7 +62,11 @@ def _build_line_parser() -> _Parser:
     start.add_argument("--restart", action="store_true", help="stop a running cluster first")
 
     sub.add_parser("stop", help="stop the cluster; nothing of it is left running")
-    sub.add_parser("restart", help="stop and start again with the options of the last start")
+    restart = sub.add_parser("restart", help="stop and start again with the options of the last start")
+    restart.add_argument("--replay", action="store_true", help="then run again, in order, the %%%%hvd cells that "
+                         "completed since the last %%hvd start (not those marked --no-replay)")
+    sub.add_parser("replay", help="run again, in order, the %%%%hvd cells that completed since the last %%hvd "
+                   "start (after a restart lost the ranks' variables)")
     sub.add_parser("status", help="each rank: alive or dead, host, pid, device, memory, activity")
     stacks_parser = sub.add_parser("stacks", help="each rank's Python stack now (while a cell runs, from a "
                                    "terminal: hvd-notebook stacks)")
@@ -88,6 +92,8 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
                       help="run on these ranks only, e.g. 0,1")
     cell.add_argument("--timeout", type=seconds, default=None, metavar="S",
                       help="fail the cell after S seconds, naming the ranks still running")
+    cell.add_argument("--no-replay", action="store_true", help="leave this cell out of %%hvd restart --replay "
+                      "(a long training run, say)")
     out = cell.add_mutually_exclusive_group()
     out.add_argument("--all-output", action="store_true", help="show every rank's output")
     out.add_argument("--output-ranks", type=rank_list, default=None, metavar="LIST",
@@ -174,6 +180,11 @@ class HvdMagics(Magics):
         elif args.command == "restart":
             ranks = session.restart()
             print(f"Restarted {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
+            if args.replay:
+                print(f"Replayed {session.replay()} cell(s).")
+        elif args.command == "replay":
+            session.require()
+            print(f"Replayed {session.replay()} cell(s).")
         elif args.command == "status":
             rows = session.status()
             print(f"hvd backend: {session.require().ranks[0].backend}\n{format_status(rows)}")
@@ -204,4 +215,4 @@ class HvdMagics(Magics):
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]
         return session.run_cell(cell, ranks=args.ranks, output_ranks=output_ranks, timeout=args.timeout,
-                                progress=args.progress)
+                                progress=args.progress, record=not args.no_replay)

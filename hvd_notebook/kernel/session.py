@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
@@ -14,9 +17,25 @@ from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 
-__all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "Session"]
+__all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
+           "Session"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecordedCell:
+    """A ``%%hvd`` cell that completed since the last ``%hvd start``, as a replay runs it again."""
+
+    code: str
+    ranks: list[int] | None
+    timeout: float | None
+
+    @property
+    def label(self) -> str:
+        """The cell's first line of code, shortened."""
+        first = next((line.strip() for line in self.code.splitlines() if line.strip()), "(empty)")
+        return first if len(first) <= 60 else first[:57] + "..."
 
 
 class Session:
@@ -27,6 +46,7 @@ class Session:
     def __init__(self) -> None:
         self.cluster: MPICluster | None = None
         self.options: ClusterOptions | None = None
+        self.history: list[RecordedCell] = []  # what a replay runs on a new world (``replay``)
         self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
         atexit.register(self.shutdown)
 
@@ -51,14 +71,35 @@ class Session:
             cluster.start()
         except ClusterError as exc:
             raise HvdError(f"The cluster did not start: {exc}") from None
-        self.cluster, self.options = cluster, options
+        self.cluster, self.options, self.history = cluster, options, []
         return cluster.ranks
 
     def restart(self) -> list[RankInfo]:
-        """Start again with the options of the last start."""
+        """Start again with the options of the last start (the recorded cells are kept for ``replay``)."""
         if self.options is None:
             raise HvdError("Nothing to restart: no cluster was started in this kernel. Run %hvd start.")
-        return self.start(self.options, restart=True)
+        history = self.history
+        ranks = self.start(self.options, restart=True)
+        self.history = history
+        return ranks
+
+    def replay(self, say: Callable[[str], None] = print) -> int:
+        """Run the recorded cells again, in order, on the ranks of now (after a restart, which lost
+        every rank's variables): without output or dashboard, a line each through ``say``. A cell
+        that fails stops the replay with an error naming it. The number of cells replayed."""
+        history = list(self.history)
+        for i, recorded in enumerate(history, 1):
+            started = time.monotonic()
+            try:
+                self.run_cell(recorded.code, ranks=recorded.ranks, output_ranks=[], timeout=recorded.timeout,
+                              progress=DashboardMode.NONE, record=False)
+            except HvdError as exc:
+                raise HvdError(f"The replay stopped at cell {i} of {len(history)} ({recorded.label!r}): "
+                               f"{exc}\nThe cells after it were not replayed; fix the cause, then run them "
+                               "yourself.") from None
+            say(f"replayed {i}/{len(history)}: {recorded.label} ({time.monotonic() - started:.1f} s)")
+        self.history = history
+        return len(history)
 
     def stop(self) -> bool:
         """Stop the cluster; False when none was running."""
@@ -89,10 +130,12 @@ class Session:
         output_ranks: list[int] | None = None,
         timeout: float | None = None,
         progress: str | None = DashboardMode.AUTO,
+        record: bool = True,
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
         on the first rank that raises; return rank 0's value of the last expression.
-        ``progress`` is the dashboard's mode (``config.DashboardMode``)."""
+        ``progress`` is the dashboard's mode (``config.DashboardMode``); ``record``: a cell that
+        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off)."""
         try:
             mode = resolve_mode(progress)
         except ValueError as exc:
@@ -110,10 +153,13 @@ class Session:
         self._set_engine_progress(cluster, mode != DashboardMode.NONE)
         running = RunningCell(cluster, code, ranks, show, timeout, mode)
         try:
-            return running.wait()
+            value = running.wait()
         finally:
             if running.cluster_lost:
                 self.cluster = None
+        if record:
+            self.history.append(RecordedCell(code, None if ranks == all_ranks else list(ranks), timeout))
+        return value
 
     def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
         """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when

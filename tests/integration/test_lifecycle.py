@@ -327,3 +327,41 @@ def test_backend_horovod_where_it_does_not_import(session, run):
     assert result.success and "(hvd: builtin)" in out
     result, out = run("%hvd status")
     assert "hvd backend: builtin" in out
+
+
+def test_restart_replay_runs_the_completed_cells_again_on_the_new_world(session, run):
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    run("%%hvd\nimport numpy as np\nscale = 10.0 * (hvd.rank() + 1)")
+    run("%%hvd --no-replay\nlong_training = 'not replayed'")
+    result, _ = run("%%hvd\nraise RuntimeError('a failed cell is not recorded')")
+    assert not result.success
+    run("%%hvd --ranks 1\nonly_on_one = 'yes'")
+    run("%%hvd\nprint('noisy set-up output')\ntotal = hvd.allreduce(np.array([scale]), op=hvd.Sum)")
+    first = session.cluster.pids()
+
+    result, out = run("%hvd restart --replay")
+    assert result.success, out
+    assert_gone(first)
+    assert "replayed 1/3: import numpy as np" in out and "replayed 3/3: print('noisy set-up output')" in out, out
+    assert "Replayed 3 cell(s)." in out and "] noisy set-up output" not in out, out  # one line a cell, no output
+    result, out = run("%%hvd --all-output\nprint('state', total, 'long_training' in globals(), "
+                      "globals().get('only_on_one'))")
+    assert "[0] state [30.] False None" in out and "[1] state [30.] False yes" in out, out
+
+    # a cell that fails on the new world stops the replay, naming it
+    run("%%hvd\nimport os\nassert os.environ.get('HVD_NO_SUCH') is None, 'set'\nmarker = 1")
+    run("%%hvd\nafter = 2")
+    session.history[-2] = type(session.history[-2])("raise ValueError('the data moved')", None, None)
+    result, out = run("%hvd restart --replay")
+    assert not result.success
+    assert "The replay stopped at cell 5 of 6 (\"raise ValueError('the data moved')\")" in out, out
+    assert "ValueError" in out and "the data moved" in out
+    result, out = run("%%hvd\nprint('after' in globals(), 'total' in globals())")
+    assert "[0] False True" in out, out
+
+    # a fresh %hvd start forgets the recorded cells
+    result, out = run("%hvd start --restart -n 2")
+    assert result.success and session.history == []
+    result, out = run("%hvd replay")
+    assert result.success and "Replayed 0 cell(s)." in out
