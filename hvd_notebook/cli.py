@@ -147,8 +147,8 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodr
 # read by a real Horovod only: the built-in runtime has no cycle and logs only warnings
 CYCLE_TIME_VARIABLE = "HOROVOD_CYCLE_TIME"
 LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"
-UNSUPPORTED = ("Horovod's options for Gloo, elastic training, autotuning, ssh and network interfaces are not "
-               "supported")
+UNSUPPORTED = ("Horovod's options for Gloo, autotuning, ssh, network interfaces, and elastic training's host "
+               "discovery and sizes (--min-np, --max-np, --host-discovery-script) are not supported")
 
 
 def non_negative(kind: type) -> Callable[[str], float]:
@@ -183,6 +183,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "every time")
     parser.add_argument("--verbose", action="store_true", help="print the launcher, its command line and the "
                         "environment the ranks get")
+    parser.add_argument("--max-resets", "--reset-limit", dest="max_resets", type=int_at_least(0, "{value}: give 0 "
+                        "or more"), default=3, metavar="K", help="launch a failed job again from its last "
+                        "hvd.elastic commit, at most K times (default 3; 0: never); --reset-limit is horovodrun's name")
     tunables = parser.add_argument_group("Horovod settings, passed to every rank as HOROVOD_* variables")
     tunables.add_argument("--fusion-threshold-mb", type=non_negative(int), metavar="MB",
                           help="fusion buffer size in MiB (0: no fusion); sets HOROVOD_FUSION_THRESHOLD in bytes")
@@ -241,7 +244,7 @@ def job_from_arguments(args: argparse.Namespace) -> Job:
     options = ClusterOptions(n=args.np, hosts=args.hosts, hostfile=args.hostfile, mpiexec=args.mpiexec,
                              mpi_args=tuple(shlex.split(args.mpi_args)), launcher=args.launcher,
                              env=tuple(horovod_environment(args).items()), timeout=args.start_timeout)
-    return Job(tuple(args.program), options, verbose=args.verbose)
+    return Job(tuple(args.program), options, verbose=args.verbose, max_resets=args.max_resets)
 
 
 def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:

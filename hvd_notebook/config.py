@@ -118,6 +118,9 @@ SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one hos
                            "in shared memory; off: through a small MPI allreduce")
 RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
                         "names it if it ends without a word (os._exit, a signal); off: none")
+ELASTIC_DIR = EnvSetting("HVD_NOTEBOOK_ELASTIC_DIR", None, "where rank 0 keeps its last hvd.elastic commit, so "
+                         "that a relaunched job resumes from it (hvd-notebook run sets it for each job)")
+ELASTIC_COMMIT_SUMMARY = "commit.txt"  # beside the commit in ELASTIC_DIR: a line on it, for the launcher's message
 FUSION_THRESHOLD = EnvSetting("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024,
                               "bytes per fusion buffer (0: one tensor per MPI call)")
 TIMELINE = EnvSetting("HOROVOD_TIMELINE", None, "record a Chrome-trace timeline of every collective to this file")
@@ -136,7 +139,7 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
-                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS)
+                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR)
 
 
 # ------------------------------------------------------------ option parsers

@@ -14,24 +14,27 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
 import psutil
 
-from ..config import ClusterOptions
+from ..config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
+from ..config import ELASTIC_DIR, ClusterOptions
 from . import diagnosis
 from . import hosts as hostlib
 from .errors import ClusterError
 from .launch import world_environment
 from .pids import kill_all
 from .placement import HostList, Placement, choose_placement, is_open_mpi
+from .workdir import clusters_dir
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -55,6 +58,7 @@ class Job:
     command: tuple[str, ...]
     options: ClusterOptions
     verbose: bool = False
+    max_resets: int = 3  # relaunches of a failed job that left an hvd.elastic commit
 
 
 # ------------------------------------------------------------------ the command line of the ranks
@@ -321,6 +325,20 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     return placement, launch_argv(placement, n, env, job.command), env
 
 
+def _launch_once_more_after_mpi_init(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """``_launch``, started again where MPI_Init failed before the script ran (up to ``MPI_INIT_RETRIES``)."""
+    code, output = _launch(argv, env)
+    for _ in range(MPI_INIT_RETRIES):
+        if not (code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv):
+            break
+        # MPI_Init fails at random now and then under MPICH (UCX), a retry right after it rarely
+        # too; the runner initialises MPI before the script, so none of its code has run yet
+        print("[hvd_notebook] MPI_Init failed on a rank before the script started; starting the ranks "
+              "once more.", file=sys.stderr, flush=True)
+        code, output = _launch(argv, env)
+    return code, output
+
+
 def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     """Run the launcher to its end: its exit code and output; ``Stopped`` once every rank is ended."""
     running = None
@@ -335,25 +353,31 @@ def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 
 def run_job(job: Job) -> int:
-    """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread."""
-    placement, argv, env = prepare(job)
-    if job.verbose:
-        added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-        print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
-              f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
-    try:
-        code, output = _launch(argv, env)
-        for _ in range(MPI_INIT_RETRIES):
-            if not (code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv):
-                break
-            # MPI_Init fails at random now and then under MPICH (UCX), a retry right after it rarely
-            # too; the runner initialises MPI before the script, so none of its code has run yet
-            print("[hvd_notebook] MPI_Init failed on a rank before the script started; starting the ranks "
-                  "once more.", file=sys.stderr, flush=True)
-            code, output = _launch(argv, env)
-    except Stopped as stop:
-        print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
-        return 128 + stop.signum
+    """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
+    A job that fails after ``hvd.elastic`` committed is launched again, up to ``job.max_resets``
+    times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
+    with tempfile.TemporaryDirectory(prefix="elastic-", dir=clusters_dir()) as elastic:
+        job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))
+        placement, argv, env = prepare(job)
+        if job.verbose:
+            added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+            print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
+                  f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
+        try:
+            code, output = _launch_once_more_after_mpi_init(argv, env)
+            for reset in range(1, job.max_resets + 1):
+                commit = Path(elastic) / COMMIT_SUMMARY
+                if not code or not commit.exists():
+                    break
+                failed = failed_ranks(diagnosis.exit_reports(output))
+                why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {code}"
+                print(f"[hvd_notebook] the job failed ({why}); launching it "
+                      f"again from rank 0's last hvd.elastic commit ({commit.read_text().strip()}): reset {reset} "
+                      f"of {job.max_resets}.", file=sys.stderr, flush=True)
+                code, output = _launch_once_more_after_mpi_init(argv, env)
+        except Stopped as stop:
+            print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
+            return 128 + stop.signum
     reports = diagnosis.exit_reports(output)
     causes = placement.diagnose(output) if code and not failed_ranks(reports) else []
     message = ending_message(placement.launcher_name, code, reports, causes)

@@ -26,10 +26,18 @@ from __future__ import annotations
 import enum
 import functools
 import importlib
+import os
+import pickle
 import queue
+import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from .. import config
 from . import basics
 from . import world as _world
 from .bridges import tf as _tf
@@ -87,9 +95,21 @@ class State:
 
     def commit(self) -> None:
         """Keep a copy of the state that ``restore()`` goes back to, then check for host updates
-        (collective: every rank commits at the same point)."""
+        (collective: every rank commits at the same point). Where ``HVD_NOTEBOOK_ELASTIC_DIR`` is set
+        (``hvd-notebook run`` sets it), rank 0 also writes the copy there, in the background, for a
+        relaunched job to resume from."""
         self.save()
+        if self._rank() == 0:
+            spill.write(self._spilled())
         self.check_host_updates()
+
+    def _spilled(self) -> dict[str, Any]:
+        """What a relaunched job needs of the last commit (read by ``_resume``)."""
+        return {}
+
+    def _resume(self, spilled: dict[str, Any]) -> None:
+        """Make ``spilled`` (rank 0's last commit in an earlier launch) this state's commit, and restore it."""
+        self.restore()
 
     def check_host_updates(self) -> None:
         """Raise ``HostsUpdatedInterrupt`` on every rank where rank 0 has noted a change of hosts
@@ -133,6 +153,13 @@ class ObjectState(State):
     def save(self) -> None:
         self._saved_state = {name: getattr(self, name) for name in self._saved_state}
 
+    def _spilled(self) -> dict[str, Any]:
+        return {**super()._spilled(), "values": dict(self._saved_state)}
+
+    def _resume(self, spilled: dict[str, Any]) -> None:
+        self._saved_state.update(spilled.get("values", {}))
+        super()._resume(spilled)
+
     def restore(self) -> None:
         self._set_attrs()
 
@@ -170,6 +197,13 @@ class TensorFlowState(ObjectState):
         _broadcast(self.variables, self.session)
         self._saved_values = _saved(self.variables, self.session)
         super().sync()
+
+    def _spilled(self) -> dict[str, Any]:
+        return {**super()._spilled(), "variables": [value for _, value in self._saved_values]}
+
+    def _resume(self, spilled: dict[str, Any]) -> None:
+        self._saved_values = _matched(self._saved_values, spilled.get("variables", []))
+        super()._resume(spilled)
 
 
 class TensorFlowKerasState(ObjectState):
@@ -211,6 +245,13 @@ class TensorFlowKerasState(ObjectState):
         self._saved_values = _saved(variables, None)
         super().sync()
 
+    def _spilled(self) -> dict[str, Any]:
+        return {**super()._spilled(), "variables": [value for _, value in self._saved_values]}
+
+    def _resume(self, spilled: dict[str, Any]) -> None:
+        self._saved_values = _matched(self._saved_values, spilled.get("variables", []))
+        super()._resume(spilled)
+
 
 class KerasState(TensorFlowKerasState):
     """``TensorFlowKerasState`` under the name Horovod's Keras module gives it."""
@@ -237,6 +278,17 @@ def _load(saved: list[tuple[Any, Any]], session: Any) -> None:
             variable.assign(value)
 
 
+def _matched(saved: list[tuple[Any, Any]], values: list[Any]) -> list[tuple[Any, Any]]:
+    """The state's variables paired with the values of an earlier launch's commit, checked alike."""
+    variables = [v for v, _ in saved]
+    shapes = [tuple(v.shape) for v in variables]
+    if [tuple(np.shape(x)) for x in values] != shapes:
+        raise ValueError(f"hvd.elastic: the commit to resume from holds {len(values)} variables of other shapes "
+                         f"than this state's {len(variables)}: the model changed between the launches. Remove "
+                         f"{spill.path()} to start afresh.")
+    return list(zip(variables, values))
+
+
 def _broadcast(variables: list[Any], session: Any) -> None:
     if not variables:
         return
@@ -258,6 +310,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
+        spilled = spill.take_for_resume() if state._rank() == 0 else None
+        if spilled is not None:  # a relaunched job: rank 0 goes back to the last commit, sync shares it
+            state._resume(spilled)
         while True:
             try:
                 if not skip_sync:
@@ -272,6 +327,57 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             state.on_reset()
 
     return wrapper
+
+
+class _Spill:
+    """Rank 0's last commit on disk (``HVD_NOTEBOOK_ELASTIC_DIR``): written in a background thread
+    (a commit waits only for the write before it), replaced whole (a write to a temporary file, then
+    a rename), so that a killed rank leaves the previous commit intact."""
+
+    FILE = "commit.pkl"
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+        self.resumed = False
+
+    def path(self) -> Path | None:
+        folder = config.ELASTIC_DIR.text()
+        return Path(folder) / self.FILE if folder else None
+
+    def write(self, spilled: dict[str, Any]) -> None:
+        path = self.path()
+        if path is None:
+            return
+        if self.thread is not None:
+            self.thread.join()
+        spilled["time"] = time.time()
+
+        def write() -> None:
+            # tensors read in place (np.asarray: no copy); a commit's tensors never change
+            data = {k: [np.asarray(x) for x in v] if k == "variables" else v for k, v in spilled.items()}
+            partial = path.with_suffix(".partial")
+            with open(partial, "wb") as f:
+                pickle.dump(data, f, protocol=5)
+            os.replace(partial, path)
+            values = ", ".join(f"{k}={v!r}" for k, v in data.get("values", {}).items()
+                               if isinstance(v, (int, float, str)) and len(repr(v)) <= 40)
+            (path.parent / config.ELASTIC_COMMIT_SUMMARY).write_text(
+                f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}")
+
+        self.thread = threading.Thread(target=write, name="hvd-elastic-commit", daemon=False)
+        self.thread.start()
+
+    def take_for_resume(self) -> dict[str, Any] | None:
+        """Once per process: the commit an earlier launch of this job left, if any."""
+        path = self.path()
+        if self.resumed or path is None or not path.exists():
+            return None
+        self.resumed = True
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+
+spill = _Spill()
 
 
 def _reset() -> None:

@@ -170,3 +170,48 @@ def test_a_failed_mpi_init_is_tried_once_more(script, tmp_path):
     assert "MPI_Init failed on a rank before the script started; starting the ranks once more" in done.stderr
     assert sorted(re.findall(r"rank (\d) of 2 sum 3", done.stdout)) == ["0", "1"], done.stdout
     assert not left_running(str(tmp_path))
+
+
+ELASTIC_SCRIPT = """
+import os, sys
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+hvd.init()
+weights = tf.Variable(np.zeros(3, np.float32))
+state = hvd.elastic.TensorFlowState([weights], step=0)
+
+@hvd.elastic.run
+def train(state):
+    if state.step:
+        print(f"rank {hvd.rank()} resumed at step {state.step} weights {weights.numpy().tolist()}", flush=True)
+    while state.step < 8:
+        weights.assign_add(hvd.allreduce(np.ones(3, np.float32), op=hvd.Sum))
+        state.step += 1
+        if state.step % 2 == 0:
+            state.commit()
+        if state.step == 5 and hvd.rank() == 1 and not os.path.exists("died"):
+            open("died", "w").close()
+            os._exit(7)  # the first launch only: after step 5, whose commit (step 4) is on disk
+    return weights.numpy().tolist()
+
+print(f"rank {hvd.rank()} done {train(state)}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("limit", [None, "0"])
+def test_a_failed_elastic_job_is_launched_again_from_its_last_commit(tmp_path, limit):
+    (tmp_path / "train.py").write_text(ELASTIC_SCRIPT)
+    args = ["run", "-np", "2", *(["--reset-limit", limit] if limit else []), "python", "train.py"]
+    done = run(args, tmp_path, timeout=240)
+    if limit == "0":  # no relaunch: the failure is the job's end
+        assert done.returncode == 7 and "launching it again" not in done.stderr, done.stderr
+        return
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ("the job failed (rank 1: exit code 7); launching it again from rank 0's last hvd.elastic commit "
+            "(step=4, committed at") in done.stderr and "reset 1 of 3" in done.stderr, done.stderr
+    # the relaunched ranks start from the commit of step 4 (weights 4 x 2), not from zero, and finish the 8 steps
+    assert "rank 0 resumed at step 4 weights [8.0, 8.0, 8.0]" in done.stdout, done.stdout
+    assert "rank 1 resumed at step 4 weights [8.0, 8.0, 8.0]" in done.stdout, done.stdout
+    assert "rank 0 done [16.0, 16.0, 16.0]" in done.stdout and "rank 1 done [16.0, 16.0, 16.0]" in done.stdout
+    assert not left_running(str(tmp_path))
