@@ -27,6 +27,7 @@ OWNER_FILE = "owner"
 PID_FILE = "pids"
 PROFILE_DIR = "profile"
 
+CLUSTER_PREFIX = "hvd-"  # every cluster directory's name starts so
 Record = tuple[int, float]  # (pid, create_time): one process, whatever later reuses its PID
 
 
@@ -39,7 +40,7 @@ def clusters_dir() -> Path:
 
 def new_cluster_id() -> str:
     """A name for a new cluster, unique among this user's clusters."""
-    return f"hvd-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
+    return f"{CLUSTER_PREFIX}{os.getpid()}-{int(time.time() * 1000) % 10**8}"
 
 
 def format_record(record: Record) -> str:
@@ -114,4 +115,5 @@ class WorkDir:
 def find_workdirs(base: Path | None = None) -> list[WorkDir]:
     """Every cluster directory of this user, by name."""
     base = base or clusters_dir()
-    return [WorkDir(p) for p in sorted(base.iterdir()) if p.is_dir()]
+    # (beside them: the ranks' stack files, and the hvd.elastic commits of sessions and jobs)
+    return [WorkDir(p) for p in sorted(base.iterdir()) if p.is_dir() and p.name.startswith(CLUSTER_PREFIX)]

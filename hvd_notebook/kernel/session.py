@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import atexit
 import logging
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
-from ..config import DashboardMode
+from ..cluster.workdir import clusters_dir
+from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR, DashboardMode
 from ..dashboard import resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
@@ -21,6 +26,7 @@ __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError",
            "Session"]
 
 log = logging.getLogger(__name__)
+MAX_RESETS = 3  # automatic resumes of one cell under hvd.elastic.run after dead ranks
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,8 @@ class Session:
         self.options: ClusterOptions | None = None
         self.history: list[RecordedCell] = []  # what a replay runs on a new world (``replay``)
         self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
+        # rank 0's last hvd.elastic commit, across restarts: a cell resumes from it after a dead rank
+        self.elastic_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=clusters_dir()))
         atexit.register(self.shutdown)
 
     @classmethod
@@ -67,7 +75,7 @@ class Session:
                 )
             self.stop()
         try:
-            cluster = MPICluster(options)
+            cluster = MPICluster(replace(options, env=(*options.env, (ELASTIC_DIR.name, str(self.elastic_dir)))))
             cluster.start()
         except ClusterError as exc:
             raise HvdError(f"The cluster did not start: {exc}") from None
@@ -115,6 +123,7 @@ class Session:
             self.stop()
         except Exception:  # never let clean-up raise at interpreter exit
             log.exception("stopping the hvd cluster at exit failed")
+        shutil.rmtree(self.elastic_dir, ignore_errors=True)
 
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
@@ -131,6 +140,7 @@ class Session:
         timeout: float | None = None,
         progress: str | None = DashboardMode.AUTO,
         record: bool = True,
+        resets: int = 0,
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
         on the first rank that raises; return rank 0's value of the last expression.
@@ -152,14 +162,43 @@ class Session:
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         self._set_engine_progress(cluster, mode != DashboardMode.NONE)
         running = RunningCell(cluster, code, ranks, show, timeout, mode)
+        started = time.time()
         try:
             value = running.wait()
+        except RankDied as died:
+            if resets >= MAX_RESETS or not self._committed_since(started):
+                raise
+            self._resume(died, resets + 1)
+            return self.run_cell(code, ranks, output_ranks, timeout, progress, record, resets + 1)
         finally:
             if running.cluster_lost:
                 self.cluster = None
         if record:
             self.history.append(RecordedCell(code, None if ranks == all_ranks else list(ranks), timeout))
         return value
+
+    def _committed_since(self, started: float) -> bool:
+        """Did rank 0 commit an ``hvd.elastic`` state (still unfinished) while the cell ran?"""
+        summary = self.elastic_dir / ELASTIC_COMMIT_SUMMARY
+        try:
+            return summary.stat().st_mtime >= started - 1.0
+        except OSError:
+            return False
+
+    def _resume(self, died: RankDied, reset: int) -> None:
+        """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
+        set-up cells replayed; the caller then runs the cell again, whose ``hvd.elastic.run`` resumes
+        from the commit."""
+        commit = (self.elastic_dir / ELASTIC_COMMIT_SUMMARY).read_text().strip()
+        first = str(died).splitlines()[0]
+        print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
+              f"cells and resuming from the last commit ({commit}): reset {reset} of {MAX_RESETS}.",
+              file=sys.stderr, flush=True)
+        try:
+            self.restart()
+            self.replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
+        except HvdError as exc:
+            raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}") from None
 
     def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
         """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when

@@ -317,7 +317,10 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
             try:
                 if not skip_sync:
                     state.sync()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                if state._rank() == 0:
+                    spill.clear()  # the training ended: a later failure has nothing of it to resume
+                return result
             except HorovodInternalError:
                 state.restore()
                 skip_sync = False
@@ -366,6 +369,16 @@ class _Spill:
 
         self.thread = threading.Thread(target=write, name="hvd-elastic-commit", daemon=False)
         self.thread.start()
+
+    def clear(self) -> None:
+        """Forget the last commit (on disk too)."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        path = self.path()
+        if path is not None:
+            for name in (self.FILE, config.ELASTIC_COMMIT_SUMMARY):
+                (path.parent / name).unlink(missing_ok=True)
 
     def take_for_resume(self) -> dict[str, Any] | None:
         """Once per process: the commit an earlier launch of this job left, if any."""

@@ -365,3 +365,51 @@ def test_restart_replay_runs_the_completed_cells_again_on_the_new_world(session,
     assert result.success and session.history == []
     result, out = run("%hvd replay")
     assert result.success and "Replayed 0 cell(s)." in out
+
+
+ELASTIC_CELL = """%%hvd
+import os, numpy as np, tensorflow as tf
+weights = tf.Variable(np.zeros(3, np.float32))
+state = hvd.elastic.TensorFlowState([weights], step=0)
+
+@hvd.elastic.run
+def train(state):
+    while state.step < 8:
+        weights.assign_add(hvd.allreduce(np.ones(3, np.float32) * base, op=hvd.Sum))
+        state.step += 1
+        if state.step % 2 == 0:
+            state.commit()
+        if state.step == 5 and hvd.rank() == 1 and not os.path.exists({mark!r}):
+            open({mark!r}, "w").close()
+            os._exit(7)  # once: after step 5, whose last commit is step 4's
+    return weights.numpy().tolist()
+
+print("result", train(state), "step", state.step)
+"""
+
+
+def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path):
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    first = session.cluster.pids()
+    run("%%hvd\nbase = 1.0")  # a set-up cell: the new world gets it by replay
+    t0 = time.monotonic()
+    result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died")))
+    figure(f"hvd.elastic cell with a dead rank: completed after {time.monotonic() - t0:.1f} s")
+    assert result.success, out
+    assert_gone(first)
+    assert "rank(s) [1] died while running the cell (rank 1: exit code 7" in out, out
+    assert "resuming from the last commit (step=4, committed at" in out and "reset 1 of 3" in out, out
+    assert "replayed 1/1: base = 1.0" in out, out
+    assert "[0] result [16.0, 16.0, 16.0] step 8" in out, out  # 8 steps of +2, as without the failure
+    result, out = run("%%hvd --all-output\nprint('alive', hvd.rank(), hvd.size())")
+    assert "[1] alive 1 2" in out
+
+
+def test_a_cell_that_dies_before_any_commit_fails_as_before(session, run):
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    result, out = run("%%hvd\nimport os\nstate = hvd.elastic.ObjectState(step=0)\n"
+                      "@hvd.elastic.run\ndef train(state):\n    if hvd.rank() == 1:\n        os._exit(3)\n"
+                      "    hvd.barrier()\ntrain(state)")
+    assert not result.success and "RankDied" in out and "resuming" not in out, out
