@@ -173,20 +173,21 @@ class ObjectState(State):
             setattr(self, name, value)
 
 
-class TensorFlowState(ObjectState):
-    """A list of TensorFlow variables (default: the graph's global variables) and Python values.
-    ``session``: for TF1 graphs, the session that holds the variables' values."""
+class _VariablesState(ObjectState):
+    """Python values and TensorFlow variables (``_variables()``), read and assigned eagerly or, where
+    ``session`` is set, in that TF1 session."""
 
-    def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
-        tf = _tf()
-        self.variables = list(variables) if variables else tf.compat.v1.global_variables()
-        self.session = session if session is not None or tf.executing_eagerly() else \
-            tf.compat.v1.get_default_session()
-        self._saved_values = _saved(self.variables, self.session)
+    session: Any = None
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._saved_values = _saved(self._variables(), self.session)
         super().__init__(**kwargs)
 
+    def _variables(self) -> list[Any]:
+        raise NotImplementedError
+
     def save(self) -> None:
-        self._saved_values = _saved(self.variables, self.session)
+        self._saved_values = _saved(self._variables(), self.session)
         super().save()
 
     def restore(self) -> None:
@@ -194,8 +195,9 @@ class TensorFlowState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        _broadcast(self.variables, self.session)
-        self._saved_values = _saved(self.variables, self.session)
+        variables = self._variables()
+        _broadcast(variables, self.session)
+        self._saved_values = _saved(variables, self.session)
         super().sync()
 
     def _spilled(self) -> dict[str, Any]:
@@ -206,7 +208,22 @@ class TensorFlowState(ObjectState):
         super()._resume(spilled)
 
 
-class TensorFlowKerasState(ObjectState):
+class TensorFlowState(_VariablesState):
+    """A list of TensorFlow variables (default: the graph's global variables) and Python values.
+    ``session``: for TF1 graphs, the session that holds the variables' values."""
+
+    def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
+        tf = _tf()
+        self.variables = list(variables) if variables else tf.compat.v1.global_variables()
+        self.session = session if session is not None or tf.executing_eagerly() else \
+            tf.compat.v1.get_default_session()
+        super().__init__(**kwargs)
+
+    def _variables(self) -> list[Any]:
+        return self.variables
+
+
+class TensorFlowKerasState(_VariablesState):
     """A built Keras model, its optimizer (default: the compiled one) and Python values. The
     optimizer's variables (its step count and slots) are part of the state: an optimizer that has
     not made them yet makes them now, for the model's trainable variables."""
@@ -222,7 +239,6 @@ class TensorFlowKerasState(ObjectState):
         if getattr(self.optimizer, "built", True) is False and hasattr(self.optimizer, "build"):
             self.optimizer.build(model.trainable_variables)
         self.backend = backend
-        self._saved_values = _saved(self._variables(), None)
         super().__init__(**kwargs)
 
     def _variables(self) -> list[Any]:
@@ -230,27 +246,6 @@ class TensorFlowKerasState(ObjectState):
         if callable(optimizer_variables):  # (TF's legacy optimizers: a method)
             optimizer_variables = optimizer_variables()
         return [*self.model.variables, *optimizer_variables]
-
-    def save(self) -> None:
-        self._saved_values = _saved(self._variables(), None)
-        super().save()
-
-    def restore(self) -> None:
-        _load(self._saved_values, None)
-        super().restore()
-
-    def sync(self) -> None:
-        variables = self._variables()
-        _broadcast(variables, None)
-        self._saved_values = _saved(variables, None)
-        super().sync()
-
-    def _spilled(self) -> dict[str, Any]:
-        return {**super()._spilled(), "variables": [value for _, value in self._saved_values]}
-
-    def _resume(self, spilled: dict[str, Any]) -> None:
-        self._saved_values = _matched(self._saved_values, spilled.get("variables", []))
-        super()._resume(spilled)
 
 
 class KerasState(TensorFlowKerasState):
