@@ -36,7 +36,7 @@ from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
 from .cluster.reaper import reap
 from .cluster.run import Job, run_job
-from .cluster.workdir import WorkDir, clusters_dir, find_workdirs
+from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_stale_elastic_dirs
 from .config import (
     FUSION_THRESHOLD,
     STALL_CHECK_DISABLE,
@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     stacks.registered_pids()  # (drops the stack files of ranks that were killed)
+    remove_stale_elastic_dirs()  # (and the hvd.elastic commits of kernels and jobs that were killed)
     orphans = [c for c in clusters if c.orphaned]
     if not orphans:
         kept = len(clusters)

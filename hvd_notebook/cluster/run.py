@@ -356,7 +356,7 @@ def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
     A job that fails after ``hvd.elastic`` committed is launched again, up to ``job.max_resets``
     times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
-    with tempfile.TemporaryDirectory(prefix="elastic-", dir=clusters_dir()) as elastic:
+    with tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()) as elastic:
         job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))
         placement, argv, env = prepare(job)
         if job.verbose:

@@ -117,3 +117,15 @@ def find_workdirs(base: Path | None = None) -> list[WorkDir]:
     base = base or clusters_dir()
     # (beside them: the ranks' stack files, and the hvd.elastic commits of sessions and jobs)
     return [WorkDir(p) for p in sorted(base.iterdir()) if p.is_dir() and p.name.startswith(CLUSTER_PREFIX)]
+
+
+def remove_stale_elastic_dirs(base: Path | None = None) -> list[Path]:
+    """The ``elastic-PID-*`` folders (hvd.elastic commits of a session or a job) whose process is
+    gone, removed; those removed."""
+    removed = []
+    for path in (base or clusters_dir()).glob("elastic-*-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed

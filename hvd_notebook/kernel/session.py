@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -55,7 +56,7 @@ class Session:
         self.history: list[RecordedCell] = []  # what a replay runs on a new world (``replay``)
         self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
         # rank 0's last hvd.elastic commit, across restarts: a cell resumes from it after a dead rank
-        self.elastic_dir = Path(tempfile.mkdtemp(prefix="elastic-", dir=clusters_dir()))
+        self.elastic_dir: Path | None = None  # (made by the first start)
         atexit.register(self.shutdown)
 
     @classmethod
@@ -74,6 +75,8 @@ class Session:
                     "first, or %hvd start --restart ... to replace it."
                 )
             self.stop()
+        if self.elastic_dir is None:
+            self.elastic_dir = Path(tempfile.mkdtemp(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         try:
             cluster = MPICluster(replace(options, env=(*options.env, (ELASTIC_DIR.name, str(self.elastic_dir)))))
             cluster.start()
@@ -123,7 +126,8 @@ class Session:
             self.stop()
         except Exception:  # never let clean-up raise at interpreter exit
             log.exception("stopping the hvd cluster at exit failed")
-        shutil.rmtree(self.elastic_dir, ignore_errors=True)
+        if self.elastic_dir is not None:
+            shutil.rmtree(self.elastic_dir, ignore_errors=True)
 
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
@@ -179,6 +183,8 @@ class Session:
 
     def _committed_since(self, started: float) -> bool:
         """Did rank 0 commit an ``hvd.elastic`` state (still unfinished) while the cell ran?"""
+        if self.elastic_dir is None:
+            return False
         summary = self.elastic_dir / ELASTIC_COMMIT_SUMMARY
         try:
             return summary.stat().st_mtime >= started - 1.0
@@ -189,7 +195,7 @@ class Session:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
         set-up cells replayed; the caller then runs the cell again, whose ``hvd.elastic.run`` resumes
         from the commit."""
-        commit = (self.elastic_dir / ELASTIC_COMMIT_SUMMARY).read_text().strip()
+        commit = (self.elastic_dir / ELASTIC_COMMIT_SUMMARY).read_text().strip()  # type: ignore[operator]
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
               f"cells and resuming from the last commit ({commit}): reset {reset} of {MAX_RESETS}.",

@@ -139,3 +139,15 @@ def test_engine_world_reads_the_log_while_running_and_ipyparallels_copy_after(tm
     assert world.output() == "[0]1:Return code = 7\n"
     launcher.running, launcher.poll = False, lambda: 7
     assert world.output() == "kept by ipyparallel" and world.exit_code() == 7
+
+
+def test_only_cluster_directories_are_clusters_and_stale_elastic_folders_go(tmp_path):
+    import os
+
+    ended = subprocess.Popen(["true"])  # a process that has ended: its PID names no process
+    ended.wait()
+    for name in ("hvd-1-2", "stacks", f"elastic-{os.getpid()}-abc", f"elastic-{ended.pid}-def"):
+        (tmp_path / name).mkdir()
+    assert [w.path.name for w in workdir.find_workdirs(tmp_path)] == ["hvd-1-2"]
+    assert workdir.remove_stale_elastic_dirs(tmp_path) == [tmp_path / f"elastic-{ended.pid}-def"]
+    assert (tmp_path / f"elastic-{os.getpid()}-abc").exists()
