@@ -30,11 +30,12 @@ WIDTH = 5000  # one Dense layer of 5000 x 5000 (+ bias): 25.005 M parameters
 
 def main() -> None:
     out_path, quick = sys.argv[1], "--quick" in sys.argv
+    width = WIDTH // 5 if quick else WIDTH  # (--quick: 1 M parameters, a smoke run)
     hvd.init()
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dense(WIDTH)])
+    model = keras.Sequential([keras.Input((width,)), keras.layers.Dense(width)])
     optimizer = hvd.DistributedOptimizer(keras.optimizers.Adam(1e-4))
-    x = np.random.default_rng(hvd.rank()).random((8, WIDTH), dtype=np.float32)
+    x = np.random.default_rng(hvd.rank()).random((8, width), dtype=np.float32)
 
     @tf.function
     def step() -> None:
