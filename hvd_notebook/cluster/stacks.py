@@ -104,9 +104,11 @@ def where(dump: str) -> str:
         if user is None:
             best = best or (f"in {frames[0][2]} ({frames[0][0]}, line {frames[0][1]})" if frames else "")
             continue
-        path, line, _ = frames[user]
+        path, line, function = frames[user]
         caller = f"a cell, line {line}" if "/ipykernel_" in path or path.startswith("<ipython") else \
             f"{path}, line {line}"
+        if function != "<module>":
+            caller += f", in {function}()"
         if user > 0 and "/hvd_notebook/runtime/" in frames[user - 1][0]:
             return f"in hvd.{frames[user - 1][2]}(), called from {caller}"
         best = f"at {caller}"

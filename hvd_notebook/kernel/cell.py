@@ -5,6 +5,7 @@ of ``failures``) and how it stops ranks that are still running."""
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
 import time
@@ -23,6 +24,8 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often a running cell's output is forwarded (results wake the loop at once)
 LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes exist
+# the stall inspector's warning (runtime/negotiation.py): "... rank(s) [1, 3] have not arrived"
+_STALL_WARNING = re.compile(r"stall: rank \d+ has waited .*?rank\(s\) \[([\d, ]*)\] have not arrived")
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
@@ -122,6 +125,8 @@ class RunningCell:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.dashboard = Dashboard(mode, ranks) if mode != DashboardMode.NONE else None
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
+        self._stall_scanned: dict[int, int] = {}  # per rank: how much of its stderr was read for stall warnings
+        self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
         engine_ids = cluster.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
         targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
@@ -171,6 +176,23 @@ class RunningCell:
                     _publish(out)
                 req.displayed = len(outputs)
 
+    def _say_where_the_missing_ranks_are(self) -> None:
+        """After a stall warning from a rank, where each rank it names as missing is (once per rank and
+        cell): its Python stack's summary, so that the user sees what it does instead."""
+        for req in self.requests:
+            text = req.metadata.get("stderr") or ""
+            for m in _STALL_WARNING.finditer(text, self._stall_scanned.get(req.rank, 0)):
+                missing = [int(r) for r in m.group(1).split(",") if r.strip()]
+                for rank in missing:
+                    if rank in self._located:
+                        continue
+                    self._located.add(rank)
+                    for line in self._whereabouts([rank]):
+                        print(f"{WARNING_PREFIX}: stall: {line.replace(' was ', ' is ', 1)} "
+                              "(all of its stack: %hvd stacks, or hvd-notebook stacks while the cell runs)",
+                              file=sys.stderr, flush=True)
+            self._stall_scanned[req.rank] = len(text)
+
     def _watch(self) -> list[RankRequest]:
         """Forward output until every rank is done (returns []) or some failed
         (returns them, first failure first); raises when ranks die or time runs out."""
@@ -185,6 +207,7 @@ class RunningCell:
                     req.finished_at = now
             failed = sorted((req for req in self.requests if req.error is not None), key=lambda r: r.finished_at)
             self.pump()
+            self._say_where_the_missing_ranks_are()
             if failed or all(req.done for req in self.requests):
                 return failed
             if time.monotonic() > next_liveness_check:

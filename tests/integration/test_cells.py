@@ -309,3 +309,16 @@ def test_tf1_graph_example_in_a_cell(cluster, run):
     assert result.success, out
     for r in (0, 1):
         assert f"[{r}] tf1 same start True same end True trained True" in out, out
+
+
+def test_a_stall_warning_is_followed_by_where_the_missing_rank_is(cluster, run):
+    result, out = run(
+        "%%hvd\nimport time\nfrom hvd_notebook.runtime import world\n"
+        "world.current().negotiator.stall.check_s = 1.0  # (the warning after 1 s instead of 60)\n"
+        "def preprocess():\n    time.sleep(4)\n"
+        "if hvd.rank() == 1:\n    preprocess()\n"
+        "hvd.barrier()\nworld.current().negotiator.stall.check_s = 60.0"
+    )
+    assert result.success, out
+    assert "stall: rank 0 has waited" in out and "rank(s) [1] have not arrived" in out, out
+    assert "stall: rank 1 is at a cell, line 5, in preprocess() (all of its stack: %hvd stacks" in out, out
