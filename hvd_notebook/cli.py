@@ -243,8 +243,9 @@ def job_from_arguments(args: argparse.Namespace) -> Job:
         raise ClusterError("--timeline-mark-cycles marks a timeline: give --timeline-filename FILE too")
     options = ClusterOptions(n=args.np, hosts=args.hosts, hostfile=args.hostfile, mpiexec=args.mpiexec,
                              mpi_args=tuple(shlex.split(args.mpi_args)), launcher=args.launcher,
-                             env=tuple(horovod_environment(args).items()), timeout=args.start_timeout)
-    return Job(tuple(args.program), options, verbose=args.verbose, max_resets=args.max_resets)
+                             env=tuple(horovod_environment(args).items()), timeout=args.start_timeout,
+                             max_resets=args.max_resets)
+    return Job(tuple(args.program), options, verbose=args.verbose)
 
 
 def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:

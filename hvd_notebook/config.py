@@ -224,6 +224,8 @@ class ClusterOptions:
     ip: str | None = _option(("--ip",), "address the controller listens on for engines on other hosts "
                              "(default: this machine's address on the route to the first other host)",
                              metavar="ADDRESS")
+    max_resets: int = _option(("--max-resets",), "times a %%%%hvd cell under hvd.elastic.run is resumed after a "
+                              "dead rank (default 3; 0: never)", default=3, metavar="K", type=non_negative_int)
     launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation "
                             "(auto: srun where SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)",
                             default=Launcher.AUTO.value, choices=choices(Launcher))

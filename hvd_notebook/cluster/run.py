@@ -58,7 +58,6 @@ class Job:
     command: tuple[str, ...]
     options: ClusterOptions
     verbose: bool = False
-    max_resets: int = 3  # relaunches of a failed job that left an hvd.elastic commit
 
 
 # ------------------------------------------------------------------ the command line of the ranks
@@ -354,7 +353,7 @@ def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
-    A job that fails after ``hvd.elastic`` committed is launched again, up to ``job.max_resets``
+    A job that fails after ``hvd.elastic`` committed is launched again, up to ``options.max_resets``
     times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
     with tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()) as elastic:
         job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))
@@ -365,7 +364,8 @@ def run_job(job: Job) -> int:
                   f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
         try:
             code, output = _launch_once_more_after_mpi_init(argv, env)
-            for reset in range(1, job.max_resets + 1):
+            resets = job.options.max_resets  # relaunches of a failed job that left an hvd.elastic commit
+            for reset in range(1, resets + 1):
                 commit = Path(elastic) / COMMIT_SUMMARY
                 if not code or not commit.exists():
                     break
@@ -373,7 +373,7 @@ def run_job(job: Job) -> int:
                 why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {code}"
                 print(f"[hvd_notebook] the job failed ({why}); launching it "
                       f"again from rank 0's last hvd.elastic commit ({commit.read_text().strip()}): reset {reset} "
-                      f"of {job.max_resets}.", file=sys.stderr, flush=True)
+                      f"of {resets}.", file=sys.stderr, flush=True)
                 code, output = _launch_once_more_after_mpi_init(argv, env)
         except Stopped as stop:
             print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)

@@ -27,7 +27,6 @@ __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError",
            "Session"]
 
 log = logging.getLogger(__name__)
-MAX_RESETS = 3  # automatic resumes of one cell under hvd.elastic.run after dead ranks
 
 
 @dataclass(frozen=True)
@@ -170,7 +169,7 @@ class Session:
         try:
             value = running.wait()
         except RankDied as died:
-            if resets >= MAX_RESETS or not self._committed_since(started):
+            if resets >= self._max_resets() or not self._committed_since(started):
                 raise
             self._resume(died, resets + 1)
             return self.run_cell(code, ranks, output_ranks, timeout, progress, record, resets + 1)
@@ -180,6 +179,10 @@ class Session:
         if record:
             self.history.append(RecordedCell(code, None if ranks == all_ranks else list(ranks), timeout))
         return value
+
+    def _max_resets(self) -> int:
+        """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
+        return self.options.max_resets if self.options is not None else 0
 
     def _committed_since(self, started: float) -> bool:
         """Did rank 0 commit an ``hvd.elastic`` state (still unfinished) while the cell ran?"""
@@ -198,7 +201,7 @@ class Session:
         commit = (self.elastic_dir / ELASTIC_COMMIT_SUMMARY).read_text().strip()  # type: ignore[operator]
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
-              f"cells and resuming from the last commit ({commit}): reset {reset} of {MAX_RESETS}.",
+              f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",
               file=sys.stderr, flush=True)
         try:
             self.restart()

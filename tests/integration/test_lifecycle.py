@@ -381,24 +381,26 @@ def train(state):
             state.commit()
         if state.step == 5 and hvd.rank() == 1 and not os.path.exists({mark!r}):
             open({mark!r}, "w").close()
-            os._exit(7)  # once: after step 5, whose last commit is step 4's
+            {death}  # once: after step 5, whose last commit is step 4's
     return weights.numpy().tolist()
 
 print("result", train(state), "step", state.step)
 """
 
 
-def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path):
+@pytest.mark.parametrize("death, how", [("os._exit(7)", "exit code 7"),
+                                        ("import ctypes; ctypes.string_at(0)", "signal Segmentation")])
+def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path, death, how):
     result, out = run("%hvd start -n 2")
     assert result.success, out
     first = session.cluster.pids()
     run("%%hvd\nbase = 1.0")  # a set-up cell: the new world gets it by replay
     t0 = time.monotonic()
-    result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died")))
-    figure(f"hvd.elastic cell with a dead rank: completed after {time.monotonic() - t0:.1f} s")
+    result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died"), death=death))
+    figure(f"hvd.elastic cell, rank 1 ended by {death}: completed after {time.monotonic() - t0:.1f} s")
     assert result.success, out
     assert_gone(first)
-    assert "rank(s) [1] died while running the cell (rank 1: exit code 7" in out, out
+    assert f"rank(s) [1] died while running the cell (rank 1: {how}" in out, out
     assert "resuming from the last commit (step=4, committed at" in out and "reset 1 of 3" in out, out
     assert "replayed 1/1: base = 1.0" in out, out
     assert "[0] result [16.0, 16.0, 16.0] step 8" in out, out  # 8 steps of +2, as without the failure
@@ -406,8 +408,13 @@ def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path):
     assert "[1] alive 1 2" in out
 
 
-def test_a_cell_that_dies_before_any_commit_fails_as_before(session, run):
-    result, out = run("%hvd start -n 2")
+def test_a_cell_without_a_commit_or_with_max_resets_0_fails_as_before(session, run, tmp_path):
+    result, out = run("%hvd start -n 2 --max-resets 0")
+    assert result.success, out
+    result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died"), death="os._exit(7)").replace(
+        "%%hvd\n", "%%hvd\nbase = 1.0\n", 1))
+    assert not result.success and "RankDied" in out and "resuming" not in out, out
+    result, out = run("%hvd start --restart -n 2")
     assert result.success, out
     result, out = run("%%hvd\nimport os\nstate = hvd.elastic.ObjectState(step=0)\n"
                       "@hvd.elastic.run\ndef train(state):\n    if hvd.rank() == 1:\n        os._exit(3)\n"
