@@ -220,6 +220,7 @@ class StallInspector:
         self.check_s = float(config.STALL_CHECK_TIME.number())
         self.shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
         self.enabled = not config.STALL_CHECK_DISABLE.flag()
+        self._queries = 0  # this rank's stall queries so far: answers name the one they answer
 
     def report_unmatched(self, lists: list[list[Entry]], waited: float) -> bool:
         """Past the stall check time with no name matched: say which ranks lack which names;
@@ -273,7 +274,7 @@ class StallInspector:
         after ``seq`` collectives, so that a rank waiting for it fails, naming it, instead of waiting;
         ``resetting``: it left for an ``hvd.elastic`` reset, which the waiting rank then joins."""
         kind = _RESETTING if resetting else _LEAVING
-        notes = [self.comm.isend((kind, seq, f"rank {world_rank}"), dest=r, tag=_STALL_TAG)
+        notes = [self.comm.isend((kind, seq, f"rank {world_rank}", 0), dest=r, tag=_STALL_TAG)
                  for r in range(self.size) if r != self.rank]
         deadline = time.monotonic() + 1.0  # (a note this small leaves at once; never hold up the exit)
         while notes and not self.MPI.Request.Testall(notes) and time.monotonic() < deadline:
@@ -283,9 +284,14 @@ class StallInspector:
         status = self.MPI.Status()
         while self.comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
             source = status.Get_source()
-            kind, theirs, where = self.comm.recv(source=source, tag=_STALL_TAG)
+            # (kind, their collective number, what they wait in or who they are, the query answered)
+            kind, theirs, where, query = self.comm.recv(source=source, tag=_STALL_TAG)
+            if (kind == _HERE and query != self._queries) or (kind in (_QUERY, _HERE) and theirs < seq):
+                # an answer to an earlier query, or a query or answer from a collective every rank has
+                # left since (the ranks go through collective numbers together): says nothing of now
+                continue
             if kind == _QUERY:
-                self.comm.isend((_HERE, seq, sig.describe()), dest=source, tag=_STALL_TAG)
+                self.comm.isend((_HERE, seq, sig.describe(), query), dest=source, tag=_STALL_TAG)
             elif kind == _LEAVING:
                 raise StallError(
                     f"{where} has shut down (its program ended, or it called hvd.shutdown()) after "
@@ -300,9 +306,10 @@ class StallInspector:
                 collected[source] = (theirs, where)
 
     def _report_stall(self, done: Callable[[], bool], sig: Signature, seq: int, waited: float) -> None:
+        self._queries += 1
         for r in range(self.size):
             if r != self.rank:
-                self.comm.isend((_QUERY, seq, sig.describe()), dest=r, tag=_STALL_TAG)
+                self.comm.isend((_QUERY, seq, sig.describe(), self._queries), dest=r, tag=_STALL_TAG)
         collected: dict[int, tuple] = {}
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline and len(collected) < self.size - 1 and not done():

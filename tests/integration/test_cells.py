@@ -321,4 +321,5 @@ def test_a_stall_warning_is_followed_by_where_the_missing_rank_is(cluster, run):
     )
     assert result.success, out
     assert "stall: rank 0 has waited" in out and "rank(s) [1] have not arrived" in out, out
+    assert "rank 1 waits in collective" not in out, out  # (no stale answer to an earlier cell's query)
     assert "stall: rank 1 is at a cell, line 5, in preprocess() (all of its stack: %hvd stacks" in out, out
