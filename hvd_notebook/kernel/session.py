@@ -5,43 +5,24 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
-from ..cluster.workdir import clusters_dir
-from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR, DashboardMode
+from ..config import DashboardMode
 from ..dashboard import resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
+from .recovery import ElasticCommits, RecordedCell, replay
 
 __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
            "Session"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RecordedCell:
-    """A ``%%hvd`` cell that completed since the last ``%hvd start``, as a replay runs it again."""
-
-    code: str
-    ranks: list[int] | None
-    timeout: float | None
-
-    @property
-    def label(self) -> str:
-        """The cell's first line of code, shortened."""
-        first = next((line.strip() for line in self.code.splitlines() if line.strip()), "(empty)")
-        return first if len(first) <= 60 else first[:57] + "..."
 
 
 class Session:
@@ -54,8 +35,7 @@ class Session:
         self.options: ClusterOptions | None = None
         self.history: list[RecordedCell] = []  # what a replay runs on a new world (``replay``)
         self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
-        # rank 0's last hvd.elastic commit, across restarts: a cell resumes from it after a dead rank
-        self.elastic_dir: Path | None = None  # (made by the first start)
+        self.commits = ElasticCommits()  # rank 0's last hvd.elastic commit: a cell resumes from it
         atexit.register(self.shutdown)
 
     @classmethod
@@ -74,10 +54,8 @@ class Session:
                     "first, or %hvd start --restart ... to replace it."
                 )
             self.stop()
-        if self.elastic_dir is None:
-            self.elastic_dir = Path(tempfile.mkdtemp(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         try:
-            cluster = MPICluster(replace(options, env=(*options.env, (ELASTIC_DIR.name, str(self.elastic_dir)))))
+            cluster = MPICluster(replace(options, env=(*options.env, self.commits.environment())))
             cluster.start()
         except ClusterError as exc:
             raise HvdError(f"The cluster did not start: {exc}") from None
@@ -98,18 +76,11 @@ class Session:
         every rank's variables): without output or dashboard, a line each through ``say``. A cell
         that fails stops the replay with an error naming it. The number of cells replayed."""
         history = list(self.history)
-        for i, recorded in enumerate(history, 1):
-            started = time.monotonic()
-            try:
-                self.run_cell(recorded.code, ranks=recorded.ranks, output_ranks=[], timeout=recorded.timeout,
-                              progress=DashboardMode.NONE, record=False)
-            except HvdError as exc:
-                raise HvdError(f"The replay stopped at cell {i} of {len(history)} ({recorded.label!r}): "
-                               f"{exc}\nThe cells after it were not replayed; fix the cause, then run them "
-                               "yourself.") from None
-            say(f"replayed {i}/{len(history)}: {recorded.label} ({time.monotonic() - started:.1f} s)")
+        done = replay(history, lambda cell: self.run_cell(cell.code, ranks=cell.ranks, output_ranks=[],
+                                                          timeout=cell.timeout, progress=DashboardMode.NONE,
+                                                          record=False), say)
         self.history = history
-        return len(history)
+        return done
 
     def stop(self) -> bool:
         """Stop the cluster; False when none was running."""
@@ -125,8 +96,7 @@ class Session:
             self.stop()
         except Exception:  # never let clean-up raise at interpreter exit
             log.exception("stopping the hvd cluster at exit failed")
-        if self.elastic_dir is not None:
-            shutil.rmtree(self.elastic_dir, ignore_errors=True)
+        self.commits.remove()
 
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
@@ -169,7 +139,7 @@ class Session:
         try:
             value = running.wait()
         except RankDied as died:
-            if resets >= self._max_resets() or not self._committed_since(started):
+            if resets >= self._max_resets() or not self.commits.committed_since(started):
                 raise
             self._resume(died, resets + 1)
             return self.run_cell(code, ranks, output_ranks, timeout, progress, record, resets + 1)
@@ -184,21 +154,11 @@ class Session:
         """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
         return self.options.max_resets if self.options is not None else 0
 
-    def _committed_since(self, started: float) -> bool:
-        """Did rank 0 commit an ``hvd.elastic`` state (still unfinished) while the cell ran?"""
-        if self.elastic_dir is None:
-            return False
-        summary = self.elastic_dir / ELASTIC_COMMIT_SUMMARY
-        try:
-            return summary.stat().st_mtime >= started - 1.0
-        except OSError:
-            return False
-
     def _resume(self, died: RankDied, reset: int) -> None:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
         set-up cells replayed; the caller then runs the cell again, whose ``hvd.elastic.run`` resumes
         from the commit."""
-        commit = (self.elastic_dir / ELASTIC_COMMIT_SUMMARY).read_text().strip()  # type: ignore[operator]
+        commit = self.commits.summary()
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
               f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",

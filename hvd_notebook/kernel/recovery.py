@@ -1,0 +1,77 @@
+"""What brings a notebook's training back after its ranks were lost: the record of the ``%%hvd``
+cells that completed (replayed on a new world), and the folder of rank 0's ``hvd.elastic`` commits
+that outlives the world (a cell resumes from it after a dead rank)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cluster.workdir import clusters_dir
+from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
+from .failures import HvdError
+
+
+@dataclass(frozen=True)
+class RecordedCell:
+    """A ``%%hvd`` cell that completed since the last ``%hvd start``, as a replay runs it again."""
+
+    code: str
+    ranks: list[int] | None
+    timeout: float | None
+
+    @property
+    def label(self) -> str:
+        """The cell's first line of code, shortened."""
+        first = next((line.strip() for line in self.code.splitlines() if line.strip()), "(empty)")
+        return first if len(first) <= 60 else first[:57] + "..."
+
+
+def replay(history: list[RecordedCell], run: Callable[[RecordedCell], object], say: Callable[[str], None]) -> int:
+    """Run each recorded cell again with ``run``, in order, a line each through ``say``; a cell that
+    fails stops the replay with an error naming it. The number of cells replayed."""
+    for i, recorded in enumerate(history, 1):
+        started = time.monotonic()
+        try:
+            run(recorded)
+        except HvdError as exc:
+            raise HvdError(f"The replay stopped at cell {i} of {len(history)} ({recorded.label!r}): "
+                           f"{exc}\nThe cells after it were not replayed; fix the cause, then run them "
+                           "yourself.") from None
+        say(f"replayed {i}/{len(history)}: {recorded.label} ({time.monotonic() - started:.1f} s)")
+    return len(history)
+
+
+class ElasticCommits:
+    """The session's folder for rank 0's ``hvd.elastic`` commits (``HVD_NOTEBOOK_ELASTIC_DIR`` of its
+    ranks), made at the first start, named by the kernel's PID (``hvd-notebook clean`` removes it
+    once the kernel is gone), kept across restarts."""
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+
+    def environment(self) -> tuple[str, str]:
+        """The variable that points the ranks at the folder (made now where it does not exist)."""
+        if self.path is None:
+            self.path = Path(tempfile.mkdtemp(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
+        return ELASTIC_DIR.name, str(self.path)
+
+    def committed_since(self, started: float) -> bool:
+        """Did rank 0 commit (in an ``hvd.elastic.run`` that has not returned) since ``started``?"""
+        try:
+            return self.path is not None and (self.path / ELASTIC_COMMIT_SUMMARY).stat().st_mtime >= started - 1.0
+        except OSError:
+            return False
+
+    def summary(self) -> str:
+        """The last commit in a few words (its values, when)."""
+        return (self.path / ELASTIC_COMMIT_SUMMARY).read_text().strip() if self.path is not None else ""
+
+    def remove(self) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
