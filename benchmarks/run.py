@@ -81,7 +81,7 @@ BENCHMARKS: list[Benchmark] = [
     ),
     Benchmark(
         "soak",
-        "20 cycles of start, training, interrupt of a blocked collective, restart: recovery time and leaks",
+        "faults and restarts, warm standby off and on: recovery times (restart <= 3 s, elastic <= 5 s) and leaks",
         bench_soak.run,
     ),
     Benchmark(

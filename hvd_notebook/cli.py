@@ -85,7 +85,8 @@ def find_clusters(base: Path | None = None) -> list[ClusterDir]:
 def _describe(c: ClusterDir) -> str:
     owner = f"kernel {c.kernel_pid}" if c.kernel_pid else "unknown kernel"
     state = "running" if c.kernel_alive else "gone"
-    return f"{c.path.name}: {owner} ({state}), {len(c.live_pids)} live process(es)"
+    role = ", the warm standby of its other cluster" if c.workdir.is_standby else ""
+    return f"{c.path.name}: {owner} ({state}){role}, {len(c.live_pids)} live process(es)"
 
 
 KERNEL_NAME = "hvd-tensorflow"

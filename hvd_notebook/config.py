@@ -47,6 +47,14 @@ class Launcher(enum.StrEnum):
     SRUN = "srun"
 
 
+class Standby(enum.StrEnum):
+    """Whether a cluster keeps a warm standby world for its restarts (``--standby``)."""
+
+    AUTO = "auto"  # on for ranks on this host where its memory allows (cluster.standby.wanted)
+    ON = "on"
+    OFF = "off"
+
+
 class DashboardMode(enum.StrEnum):
     """What a ``%%hvd`` cell shows while fit/evaluate/predict run."""
 
@@ -118,6 +126,8 @@ SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one hos
                            "in shared memory; off: through a small MPI allreduce")
 RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
                         "names it if it ends without a word (os._exit, a signal); off: none")
+STANDBY = EnvSetting("HVD_NOTEBOOK_STANDBY", Standby.AUTO.value, "default of %hvd start --standby "
+                     "(auto, on, off)")
 ELASTIC_DIR = EnvSetting("HVD_NOTEBOOK_ELASTIC_DIR", None, "where rank 0 keeps its last hvd.elastic commit, so "
                          "that a relaunched job resumes from it (hvd-notebook run sets it for each job)")
 ELASTIC_COMMIT_SUMMARY = "commit.txt"  # beside the commit in ELASTIC_DIR: a line on it, for the launcher's message
@@ -139,7 +149,7 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
-                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR)
+                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY)
 
 
 # ------------------------------------------------------------ option parsers
@@ -224,8 +234,14 @@ class ClusterOptions:
     ip: str | None = _option(("--ip",), "address the controller listens on for engines on other hosts "
                              "(default: this machine's address on the route to the first other host)",
                              metavar="ADDRESS")
+    min_np: int | None = _option(("--min-np",), "fewest ranks a restart may go on with where GPUs or hosts are "
+                                 "gone (default: the cluster's size)", metavar="N", type=positive_int)
     max_resets: int = _option(("--max-resets",), "times a %%%%hvd cell under hvd.elastic.run is resumed after a "
                               "dead rank (default 3; 0: never)", default=3, metavar="K", type=non_negative_int)
+    standby: str | None = _option(("--standby",), "keep a second, idle world of ranks launched with TensorFlow "
+                                  "imported, which a restart promotes in about a second (default: "
+                                  "$HVD_NOTEBOOK_STANDBY, else auto: on for ranks on this host where its free "
+                                  "memory allows)", choices=choices(Standby))
     launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation "
                             "(auto: srun where SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)",
                             default=Launcher.AUTO.value, choices=choices(Launcher))

@@ -19,6 +19,8 @@ import pytest
 collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
 
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
+# a warm standby doubles every cluster's ranks on 2 cores: only tests/integration/test_standby.py asks for one
+os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 
 
 FIGURES = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "figures.txt"

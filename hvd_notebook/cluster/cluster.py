@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -24,11 +25,12 @@ import psutil
 from ..config import ClusterOptions
 from . import diagnosis, leases
 from .errors import ClusterError
-from .gpus import resolve_gpus
+from .gpus import detect_gpus, resolve_gpus
 from .launch import EngineWorld, make_ipp_cluster
 from .pids import PidRegistry, kill_all
-from .placement import choose_placement
+from .placement import HostList, choose_placement
 from .reaper import start_reaper
+from .standby import WarmStandby, choose, wanted
 from .workdir import WorkDir, new_cluster_id
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,8 @@ class MPICluster:
         n = self.placement.ranks(self.host_gpus)  # None: settled at start, one rank per free GPU
         self.options = options if n is None else replace(options, n=n)
         self.mpiexec = self.placement.command
+        self.standby_choice = choose(options, self.placement)
+        self._standby: WarmStandby | None = None
         self.gpus: list[str] = []
         self.ipp_cluster: Any = None
         self.client: Any = None
@@ -86,6 +90,7 @@ class MPICluster:
         self._lease: leases.Lease | None = None
         self._world: EngineWorld | None = None
         self._pids = PidRegistry()
+        self._warm_pids: set[int] = set()  # the engines of a launched standby (``launch_standby``)
         self._reaper: subprocess.Popen | None = None
 
     @property
@@ -95,9 +100,15 @@ class MPICluster:
 
     # ----------------------------------------------------------------- start
     def start(self) -> list[RankInfo]:
-        """Start controller and engines, wait for all, bootstrap them; on any
-        failure stop everything that was started and raise ``ClusterError``.
-        Where MPI_Init itself failed before any engine connected, try once more:
+        """Start controller and engines, wait for all, bootstrap them, then launch the
+        warm standby in the background where one is wanted; on any failure stop
+        everything that was started and raise ``ClusterError``."""
+        self._start_cold()
+        self._start_standby()
+        return self.ranks
+
+    def _start_cold(self) -> list[RankInfo]:
+        """Where MPI_Init itself failed before any engine connected, try once more:
         that failure can be transient (UCX's address exchange under gforker)."""
         try:
             return self._start_once()
@@ -117,22 +128,13 @@ class MPICluster:
     def _start_once(self) -> list[RankInfo]:
         deadline = time.monotonic() + self.options.timeout
         cluster_id = new_cluster_id()
-        controller_ip = self.placement.controller_ip()
-        self.gpus, self._lease = self.placement.take_gpus(self.host_gpus, self.options.n,
-                                                          f"kernel {os.getpid()}, {cluster_id}")
+        if self._lease is None:  # (a restart keeps the lease, and so the GPUs, it had)
+            self.gpus, self._lease = self.placement.take_gpus(self.host_gpus, self.options.n,
+                                                              f"kernel {os.getpid()}, {cluster_id}")
         if self._lease is not None:
             self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
         try:
-            workdir = WorkDir.create(cluster_id)
-            self.workdir, self._pids.workdir = workdir.path, workdir
-            self.ipp_cluster = make_ipp_cluster(self.placement, cluster_id, workdir.profile, self.n, controller_ip)
-            self._reaper = start_reaper(workdir)
-            self.ipp_cluster.start_controller_sync()
-            self._pids.add(self.ipp_cluster.controller.pid)
-            self.client = self.ipp_cluster.connect_client_sync()
-            engine_set = self.ipp_cluster.start_engines_sync(self.n)
-            self._world = EngineWorld(self.ipp_cluster.engines[engine_set])
-            self._pids.add(self._world.pid)
+            workdir = self._launch(cluster_id, deadline)
             self._bootstrap(self._wait_for_engines(deadline), deadline)
             workdir.make_private()
         except BaseException:
@@ -140,11 +142,57 @@ class MPICluster:
             raise
         return self.ranks
 
-    def _wait_for_engines(self, deadline: float) -> list[int]:
+    def _launch(self, cluster_id: str, deadline: float) -> WorkDir:
+        """Make the cluster directory, start the reaper, the controller and the world of engines
+        (without waiting for them); the directory."""
+        controller_ip = self.placement.controller_ip()
+        workdir = WorkDir.create(cluster_id)
+        self.workdir, self._pids.workdir = workdir.path, workdir
+        self.ipp_cluster = make_ipp_cluster(self.placement, cluster_id, workdir.profile, self.n, controller_ip)
+        self._reaper = start_reaper(workdir)
+        self.ipp_cluster.start_controller_sync()
+        self._pids.add(self.ipp_cluster.controller.pid)
+        self.client = self.ipp_cluster.connect_client_sync()
+        engine_set = self.ipp_cluster.start_engines_sync(self.n)
+        self._world = EngineWorld(self.ipp_cluster.engines[engine_set])
+        self._pids.add(self._world.pid)
+        return workdir
+
+    def launch_standby(self, gpus: list[str], cancelled: threading.Event) -> None:
+        """Bring this (not started) cluster up as the warm standby of a cluster that holds ``gpus``:
+        controller and engines up, every rank's imports done and device pinned, but no runtime
+        initialised, no GPU context and no lease of its own (``engine.bootstrap.warm_up``). A
+        ClusterError where it fails or ``cancelled`` is set; nothing of it is left running then."""
+        from ..engine.bootstrap import warm_up
+
+        deadline = time.monotonic() + self.options.timeout
+        self.gpus = list(gpus)
+        try:
+            workdir = self._launch(new_cluster_id(), deadline)
+            workdir.mark_standby()
+            ar = self.client[self._wait_for_engines(deadline, cancelled)].apply_async(warm_up, self.gpus,
+                                                                                    self.options.backend)
+            while not ar.wait(0.1):
+                if cancelled.is_set() or time.monotonic() > deadline:
+                    raise ClusterError("the standby was cancelled" if cancelled.is_set()
+                                       else diagnosis.setup_late(self.options.timeout))
+            try:
+                self._warm_pids = set(ar.get())
+            except Exception as exc:
+                raise ClusterError(diagnosis.setup_failed(exc)) from None
+            self._pids.add(*self._warm_pids)
+            workdir.make_private()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_for_engines(self, deadline: float, cancelled: threading.Event | None = None) -> list[int]:
         """Engine ids of the whole world once every rank has registered; a ClusterError
         saying why as soon as the launcher has exited, or at the deadline."""
         world = self._world
         while len(registered := set(self.client.ids)) < self.n:
+            if cancelled is not None and cancelled.is_set():
+                raise ClusterError("the standby was cancelled")
             code = world.exit_code()
             if code is not None:
                 output = world.output()
@@ -159,6 +207,28 @@ class MPICluster:
             time.sleep(0.05)
         self._pids.remember_descendants()
         return sorted(registered)
+
+    def _start_standby(self) -> None:
+        if wanted(self.standby_choice, self.placement, self.n):
+            self._standby = WarmStandby(lambda: MPICluster(self.options), self.gpus)
+
+    def _promote(self, warm: MPICluster) -> bool:
+        """Make the launched standby ``warm`` this cluster's world (its processes, directory and
+        client), and finish every rank's bootstrap: ``hvd.init()`` and what follows it. False
+        (and nothing of it left running) where that failed."""
+        self.ipp_cluster, self.client, self.workdir = warm.ipp_cluster, warm.client, warm.workdir
+        self._world, self._pids, self._reaper = warm._world, warm._pids, warm._reaper
+        try:
+            WorkDir(self.workdir).mark_standby(False)
+            self._bootstrap(sorted(self.client.ids), time.monotonic() + self.options.timeout)
+            return True
+        except Exception:  # (a rank of it died just now): the caller starts cold
+            log.info("promoting the warm standby failed", exc_info=True)
+            self._stop_keeping_lease()
+            return False
+        except BaseException:
+            self.stop()
+            raise
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
         """Run the engine bootstrap on every rank and keep what each reports."""
@@ -186,8 +256,25 @@ class MPICluster:
 
     def pids(self) -> set[int]:
         """Every process of this cluster seen so far (controller, mpiexec, its
-        helpers, engines and their nannies, the reaper)."""
-        return self._pids.remember_descendants() | ({self._reaper.pid} if self._reaper is not None else set())
+        helpers, engines and their nannies, the reaper; its standby's)."""
+        standby = self._standby.pids() if self._standby is not None else set()
+        return (self._pids.remember_descendants() | ({self._reaper.pid} if self._reaper is not None else set())
+                | standby)
+
+    @property
+    def standby(self) -> WarmStandby | None:
+        """The warm standby world that the next restart promotes, where there is one."""
+        return self._standby
+
+    @property
+    def standby_state(self) -> str:
+        """The warm standby: ``off``, ``starting``, ``ready`` or ``failed: why``."""
+        return self._standby.state if self._standby is not None else "off"
+
+    def engines_whole(self) -> bool:
+        """The launcher still runs, every engine is registered, and (for a standby) each is alive."""
+        return (self._world is not None and self._world.exit_code() is None and self.client is not None
+                and len(set(self.client.ids)) == self.n and all(map(_running, self._warm_pids)))
 
     def mpiexec_output_tail(self, lines: int = 20) -> str:
         """The last lines mpiexec and the engines wrote to the launcher's log."""
@@ -212,17 +299,80 @@ class MPICluster:
 
     # ------------------------------------------------------------------ stop
     def restart(self) -> list[RankInfo]:
-        """End everything and start a fresh controller and MPI world of the same
-        shape (every rank's state is lost). A fresh controller means no stale
-        registrations of the old engines can be mistaken for the new ones."""
+        """End the world and bring up a fresh controller and MPI world of the same shape
+        on the same GPUs (every rank's state is lost): the warm standby where there is one
+        (waiting for it where it is still starting), else a cold start. A fresh controller
+        means no stale registrations of the old engines can be mistaken for the new ones."""
+        standby, self._standby = self._standby, None
+        warm = standby.take(self.options.timeout) if standby is not None else None
+        self._stop_keeping_lease()  # the same GPUs: the standby's ranks are pinned to them
+        if self._drop_gone_gpus() and warm is not None:
+            warm.stop()  # it has the old shape
+            warm = None
+        if warm is None or not self._promote(warm):
+            self._start_cold_or_smaller()
+        self._start_standby()
+        return self.ranks
+
+    def _min_np(self) -> int:
+        return self.options.min_np or self.n
+
+    def _shrink(self, n: int, why: str) -> None:
+        """Go on with ``n`` ranks, where ``--min-np`` allows it; else a ClusterError saying ``why``."""
+        if n < self._min_np():
+            raise ClusterError(f"{why}: {n} rank(s) could go on, fewer than the {self._min_np()} that --min-np "
+                               f"asks for. Start again with what is left (%hvd start --restart -n {n}), or with "
+                               f"--min-np {max(n, 1)} to let restarts go on with fewer ranks.")
+        print(f"[hvd_notebook] {why}: the new world has {n} rank(s) instead of {self.n} "
+              f"(--min-np {self._min_np()}).", file=sys.stderr, flush=True)
+        self.options = replace(self.options, n=n)
+
+    def _drop_gone_gpus(self) -> bool:
+        """Where the driver no longer lists some of the cluster's GPUs (fallen off the bus, reset,
+        taken away): drop them from the lease and the shape. Whether the shape changed."""
+        present = set(detect_gpus()) if self.gpus else set()
+        gone = [g for g in self.gpus if g not in present]
+        if not present or not gone:  # (no GPUs, or the driver cannot tell)
+            return False
+        self._shrink(len(self.gpus) - len(gone), f"GPU(s) {','.join(gone)} are no longer listed by the driver")
+        self.gpus = [g for g in self.gpus if g not in gone]
+        if self._lease is not None:
+            self._lease.drop(gone)
+        return True
+
+    def _start_cold_or_smaller(self) -> None:
+        """A cold start; where it fails on hosts that no longer answer and ``--min-np`` allows, again
+        on the hosts that do."""
+        try:
+            self._start_cold()
+        except ClusterError as exc:
+            if not isinstance(self.placement, HostList) or self._min_np() >= self.n:
+                raise
+            gone = self.placement.host_failures()
+            if not gone:
+                raise
+            kept = self.placement.without(list(gone))
+            self._shrink(min(self.n, kept.slots) if kept.hosts else 0, "; ".join(gone.values()))
+            self.placement = kept
+            self.options = replace(self.options, hosts=kept.options.hosts, hostfile=None)
+            try:
+                self._start_cold()
+            except ClusterError as again:
+                raise ClusterError(f"{again}\n(The first try, on every host: {exc})") from None
+
+    def _stop_keeping_lease(self) -> None:
+        lease, self._lease = self._lease, None
         self.stop()
-        return self.start()
+        self._lease = lease
 
     def stop(self) -> None:
         """Kill every process of the cluster by PID (SIGTERM to all at once, SIGKILL
         after a short grace: ipyparallel's launchers would stop them one after the
         other, and a kernel shut down by Jupyter is soon killed itself), then settle
-        ipyparallel's bookkeeping and remove the cluster directory."""
+        ipyparallel's bookkeeping and remove the cluster directory; its standby too."""
+        if self._standby is not None:
+            self._standby.cancel()
+            self._standby = None
         pids = self.pids()
         if self.client is not None:
             try:

@@ -44,6 +44,14 @@ class Lease:
     gpus: list[str]
     fds: list[int] = field(default_factory=list)
 
+    def drop(self, gpus: list[str]) -> None:
+        """Free these of the lease's GPUs (gone from the host), keep the others."""
+        kept = [(g, fd) for g, fd in zip(self.gpus, self.fds) if g not in gpus]
+        for gpu, fd in zip(self.gpus, self.fds):
+            if gpu in gpus:
+                os.close(fd)
+        self.gpus, self.fds = [g for g, _ in kept], [fd for _, fd in kept]
+
     def release(self) -> None:
         """Free the GPUs now (the process's exit would too)."""
         for fd in self.fds:

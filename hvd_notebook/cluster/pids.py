@@ -9,6 +9,7 @@ match is ever signalled.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterable
 
 import psutil
@@ -69,30 +70,34 @@ class PidRegistry:
     def __init__(self) -> None:
         self._pids: set[int] = set()
         self.workdir: WorkDir | None = None
+        self._lock = threading.Lock()  # a standby is launched in a thread while the kernel may ask
 
     def add(self, *pids: int) -> None:
         """Remember these processes, and their descendants."""
-        self._pids.update(pids)
+        with self._lock:
+            self._pids.update(pids)
         self.remember_descendants()
 
     def remember_descendants(self) -> set[int]:
         """Add the children of every known process, tell the reaper, and return them all."""
-        for pid in list(self._pids):
-            try:
-                self._pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-            except psutil.NoSuchProcess:
-                pass
-        if self.workdir is not None:
-            records = []
-            for pid in sorted(self._pids):
+        with self._lock:
+            for pid in list(self._pids):
                 try:
-                    records.append((pid, psutil.Process(pid).create_time()))
+                    self._pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
                 except psutil.NoSuchProcess:
                     pass
-            self.workdir.write_pids(records)
-        return set(self._pids)
+            if self.workdir is not None:
+                records = []
+                for pid in sorted(self._pids):
+                    try:
+                        records.append((pid, psutil.Process(pid).create_time()))
+                    except psutil.NoSuchProcess:
+                        pass
+                self.workdir.write_pids(records)
+            return set(self._pids)
 
     def clear(self) -> None:
         """Forget everything (the cluster has stopped)."""
-        self._pids.clear()
-        self.workdir = None
+        with self._lock:
+            self._pids.clear()
+            self.workdir = None

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from .. import config
@@ -179,6 +180,16 @@ class HostList(Placement):
         except hostlib.HostError as exc:
             raise ClusterError(str(exc)) from None
 
+    def without(self, hosts: list[str]) -> HostList:
+        """The same placement on the other hosts only (``-n`` then their slots)."""
+        kept = ",".join(f"{h.name}:{h.slots}" for h in self.hosts if h.name not in hosts)
+        return HostList(replace(self.options, hosts=kept, hostfile=None, n=None))
+
+    @property
+    def slots(self) -> int:
+        """The hosts' slots together."""
+        return sum(h.slots for h in self.hosts)
+
     def _hosts_option(self) -> str:
         return "--host" if is_open_mpi(self.command) else "-hosts"
 
@@ -192,6 +203,10 @@ class HostList(Placement):
     def probe_hosts(self, timeout: float = 30.0) -> list[str]:
         """One trivial rank on each host alone, all at once, to tell which hosts fail
         and why (a host without the environment makes hydra fail without naming it)."""
+        return list(self.host_failures(timeout).values())
+
+    def host_failures(self, timeout: float = 30.0) -> dict[str, str]:
+        """``probe_hosts``' findings by host: each failing host's name -> why."""
         env = {**os.environ, **dict(self.options.env)}
         probes = {}
         for host in self.hosts:
@@ -201,18 +216,18 @@ class HostList(Placement):
                                                  stderr=subprocess.STDOUT, text=True, env=env,
                                                  start_new_session=True)
         deadline = time.monotonic() + timeout
-        failed = []
+        failed = {}
         for name, probe in probes.items():
             try:
                 out, _ = probe.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(probe.pid, signal.SIGKILL)
                 probe.communicate()
-                failed.append(f"host {name} did not answer a test launch within {timeout:g} s")
+                failed[name] = f"host {name} did not answer a test launch within {timeout:g} s"
                 continue
             if probe.returncode != 0:
-                failed.append(f"host {name} cannot start a rank of this environment: "
-                              + (diagnose_launch(out) or [telling_line(out)])[0])
+                failed[name] = (f"host {name} cannot start a rank of this environment: "
+                                + (diagnose_launch(out) or [telling_line(out)])[0])
         return failed
 
 

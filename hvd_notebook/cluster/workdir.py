@@ -6,7 +6,8 @@ Each running cluster has a folder ``$TMPDIR/hvd_notebook-$USER/CLUSTER_ID/``
 - ``owner``: ``"pid create_time"`` of the kernel that started the cluster;
 - ``pids``: one ``"pid create_time"`` line per process of the cluster, so that a
   PID reused by an unrelated process is never mistaken for one of ours;
-- ``profile/``: ipyparallel's profile directory (connection files, logs).
+- ``profile/``: ipyparallel's profile directory (connection files, logs);
+- ``standby``: present while the cluster is another's warm standby (``standby``).
 
 The cluster writes it, the reaper and ``hvd-notebook list/clean`` read it.
 """
@@ -26,6 +27,7 @@ import psutil
 OWNER_FILE = "owner"
 PID_FILE = "pids"
 PROFILE_DIR = "profile"
+STANDBY_FILE = "standby"
 
 CLUSTER_PREFIX = "hvd-"  # every cluster directory's name starts so
 Record = tuple[int, float]  # (pid, create_time): one process, whatever later reuses its PID
@@ -96,6 +98,18 @@ class WorkDir:
         except OSError:
             return []
         return [r for r in map(parse_record, lines) if r is not None]
+
+    def mark_standby(self, standby: bool = True) -> None:
+        """Say (or no longer say) that this cluster is another's warm standby."""
+        if standby:
+            self._write(STANDBY_FILE, "")
+        else:
+            (self.path / STANDBY_FILE).unlink(missing_ok=True)
+
+    @property
+    def is_standby(self) -> bool:
+        """A warm standby, not yet promoted."""
+        return (self.path / STANDBY_FILE).exists()
 
     def make_private(self) -> None:
         """The profile (its connection files hold the key that signs every message): owner only."""

@@ -4,7 +4,7 @@ headline of a run and the line of one rank. Shared by every view."""
 from __future__ import annotations
 
 from .message import RankState
-from .model import ProgressModel, RankProgress, Run
+from .model import ProgressModel, RankProgress, ResetEvent, Run
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -47,6 +47,24 @@ def headline(model: ProgressModel, run: Run | None = None) -> str:
     else:
         parts.append(f"ETA {fmt_duration(model.eta(run))}")
     return " | ".join(parts)
+
+
+def event_lines(model: ProgressModel) -> list[str]:
+    """A line per reset of the world during the cell: ``reset 1 at 0:42: rank 1 died (signal Kill) at
+    epoch 3/10 step 40; world restarted; resumed from the last commit (epoch=2, batch=32, ...)``."""
+    return [f"reset {i} at {fmt_duration(e.elapsed)}: {reset_text(e)}" for i, e in enumerate(model.events, 1)]
+
+
+def reset_text(event: ResetEvent) -> str:
+    """What happened at one reset, in a sentence."""
+    deaths = []
+    for rank, how in sorted(event.died.items()):
+        death = f"rank {rank} died" + (f" ({how})" if how else "")
+        if rank in event.stood:
+            epoch, epochs, step = event.stood[rank]
+            death += (f" at epoch {epoch + 1}/{epochs}" if (epochs or 1) > 1 else " at") + f" step {step}"
+        deaths.append(death)
+    return f"{', '.join(deaths)}; world restarted; resumed from the last commit ({event.commit or 'unknown'})"
 
 
 def rank_line(rank_progress: RankProgress) -> str:

@@ -72,6 +72,17 @@ class Dashboard:
         """A rank's cell failed: the first line of ``message`` goes on its bar."""
         self.model.fail(rank, message.strip().splitlines()[0] if message.strip() else "failed")
 
+    def reset(self, died: dict[int, str], commit: str, ranks: list[int]) -> None:
+        """Ranks ``died`` (rank -> how) and a new world of ``ranks`` runs the cell again from ``commit``
+        (an ``hvd.elastic`` resume): mark the event on the timeline, and read the new ranks' updates as
+        the continuation of the old ones'."""
+        if self.frozen:
+            return
+        self.model.reset(died, commit, ranks)
+        self.seen.clear()  # the new ranks count their updates from 0 again
+        if self.view is not None:
+            self.view.render()
+
     def finish(self) -> None:
         """The cell ended: a last redraw, then the static summary; no more updates."""
         if self.frozen:

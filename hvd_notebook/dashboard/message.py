@@ -67,6 +67,7 @@ class ProgressUpdate:
     epoch_logs: dict[int, dict[str, float]] = field(default_factory=dict)  # the last few epochs' end logs
     rank: int = 0
     seq: int = 0  # per rank, increasing
+    first_epoch: int = 0  # fit's initial_epoch (a training resumed after a reset starts later)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, as IOPub serializes them."""
@@ -84,7 +85,7 @@ class ProgressUpdate:
             steps=data.get("steps"), samples=data.get("samples"), elapsed=float(data.get("elapsed", 0.0)),
             logs={str(k): float(v) for k, v in (data.get("logs") or {}).items()},
             epoch_logs={int(e): dict(logs) for e, logs in (data.get("epoch_logs") or {}).items()},
-            rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)),
+            rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)), first_epoch=int(data.get("first_epoch", 0)),
         )
 
     @staticmethod

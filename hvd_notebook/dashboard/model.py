@@ -35,6 +35,14 @@ class RankProgress:
     error: str | None = None
     history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed, samples or steps)
     points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (step, value)
+    first_epoch: int | None = None  # fit's initial_epoch in the run's first update
+
+    def epoch_offset(self, update: ProgressUpdate) -> int:
+        """Epochs to add to ``update``'s: a run resumed after a reset (``fit(initial_epoch=k)`` on a new
+        world) continues the epochs of the run it resumes, not from 0."""
+        if self.first_epoch is None:
+            self.first_epoch = update.first_epoch
+        return update.first_epoch - self.first_epoch
 
     @property
     def done_steps(self) -> int:
@@ -64,8 +72,11 @@ class RankProgress:
 
     def apply(self, update: ProgressUpdate) -> None:
         """Take an update's figures and extend the rate history and the curves."""
+        offset = self.epoch_offset(update)
         for name in ("state", "epoch", "epochs", "step", "steps", "samples", "elapsed"):
             setattr(self, name, getattr(update, name))
+        self.epoch += offset
+        self.epochs = self.epochs + offset if self.epochs is not None else None
         self.logs = dict(update.logs)
         self.history.append((self.elapsed, float(self.samples if self.samples is not None else self.done_steps)))
         if len(self.history) > 4 * MAX_POINTS:
@@ -78,12 +89,26 @@ class RankProgress:
     def _add_point(self, metric: str, value: float) -> None:
         points = self.points.setdefault(metric, [])
         x = self.done_steps
+        while points and points[-1][0] > x:  # resumed from an earlier commit: the redone steps replace them
+            points.pop()
         if points and points[-1][0] == x:
             points[-1] = (x, value)
         else:
             points.append((x, value))
         if len(points) > MAX_POINTS:
             del points[1::2]
+
+
+@dataclass
+class ResetEvent:
+    """The world was rebuilt during the cell (an ``hvd.elastic`` resume): when, why, where the training
+    stood, and what it resumed from."""
+
+    elapsed: float  # seconds since the cell started
+    step: int | None  # the curves' step where the training stood when the rank died
+    died: dict[int, str]  # rank -> how it ended ("signal Kill"; "" where unknown)
+    stood: dict[int, tuple[int, int | None, int]]  # each dead rank's (epoch, epochs, step) in the current run
+    commit: str  # the commit resumed from, in a few words
 
 
 @dataclass
@@ -117,6 +142,7 @@ class ProgressModel:
         self._runs_per_rank: dict[int, int] = {}
         self.failed: dict[int, str] = {}
         self.finished_at: float | None = None
+        self.events: list[ResetEvent] = []
 
     # -- input
     def feed(self, update: ProgressUpdate) -> None:
@@ -131,8 +157,9 @@ class ProgressModel:
         run = self.runs[index]
         rank_progress = run.ranks.setdefault(rank, RankProgress(rank))
         rank_progress.apply(update)
+        offset = rank_progress.epoch_offset(update)
         for epoch, logs in update.epoch_logs.items():
-            run.epoch_logs.setdefault(epoch, {})[rank] = dict(logs)
+            run.epoch_logs.setdefault(epoch + offset, {})[rank] = dict(logs)
         if rank in self.failed:
             rank_progress.state, rank_progress.error = RankState.FAILED, self.failed[rank]
 
@@ -142,6 +169,27 @@ class ProgressModel:
         for run in self.runs[-1:]:
             rank_progress = run.ranks.setdefault(rank, RankProgress(rank))
             rank_progress.state, rank_progress.error = RankState.FAILED, message
+
+    def reset(self, died: dict[int, str], commit: str, ranks: list[int] | None = None) -> ResetEvent:
+        """Ranks ``died`` (rank -> how) and a new world (of ``ranks``, where it has fewer) runs the cell
+        again from ``commit``: its k-th run continues the k-th run so far (its curves go on from the step
+        it resumes at); the event is kept."""
+        curve_run, current = self.curve_run, self.current
+        steps = [p.done_steps for p in curve_run.ranks.values()] if curve_run else []
+        stood = {r: (p.epoch, p.epochs, p.step) for r, p in (current.ranks.items() if current else ()) if r in died}
+        event = ResetEvent(self.elapsed(), max(steps) if steps else None, dict(died), stood, commit)
+        self.events.append(event)
+        self._run_of.clear()
+        self._runs_per_rank.clear()
+        self.failed.clear()
+        if ranks is not None:
+            self.rank_ids = list(ranks)
+        for run in self.runs:
+            run.ranks = {r: p for r, p in run.ranks.items() if r in self.rank_ids}
+            for rank_progress in run.ranks.values():
+                rank_progress.history.clear()  # the new processes' clocks start again
+                rank_progress.state, rank_progress.error = RankState.RUNNING, None
+        return event
 
     def finish(self) -> None:
         self.finished_at = self.clock()

@@ -8,7 +8,7 @@ import html
 import io
 from typing import Any
 
-from .formatting import headline, rank_line
+from .formatting import event_lines, headline, rank_line
 from .message import RankState
 from .model import ProgressModel
 
@@ -63,6 +63,9 @@ def curves_png(model: ProgressModel) -> bytes | None:
         for rank, (xs, ys) in per_rank.items():
             ax.plot(xs, ys, linewidth=0.8, alpha=0.4, label=f"rank {rank}")
         ax.plot(mean_x, mean_y, linewidth=2, color="#1f77b4", label="mean")
+        for event in model.events:
+            if event.step is not None:
+                ax.axvline(event.step, color="#d9534f", linestyle="--", linewidth=1)
         ax.set_title(metric)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -91,9 +94,11 @@ def static_bundle(model: ProgressModel) -> dict[str, str]:
     png = curves_png(model)
     img = (f"<img alt='hvd curves' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
            if png else "")
-    text = "\n".join([headline(model)] + [f"rank {r}: {rank_line(p)}" for r, p in
-                                          sorted((run.ranks if run else {}).items())])
-    body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>"
+    events = event_lines(model)
+    text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in
+                                                   sorted((run.ranks if run else {}).items())])
+    events_html = "".join(f"<p class='hvd-reset' style='color:#d9534f'>{html.escape(line)}</p>" for line in events)
+    body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>{events_html}"
             f"<table>{''.join(rows)}</table>{img}{epoch_table_html(model)}</div>")
     bundle = {"text/html": body, "text/plain": text}
     if png:

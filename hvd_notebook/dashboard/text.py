@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .formatting import fmt_logs, fmt_rate
+from .formatting import fmt_logs, fmt_rate, reset_text
 from .model import ProgressModel
 
 
@@ -25,6 +25,7 @@ class TextView:
         self.printed: set[tuple[int, int]] = set()  # (run index, epoch)
         self.ended: set[int] = set()  # runs of evaluate/predict printed
         self.failures: set[int] = set()
+        self.events = 0  # reset events printed
 
     def show(self) -> None:
         """Put the view under the cell (text needs nothing until the first line)."""
@@ -61,6 +62,9 @@ class TextView:
                 parts = [f"[hvd] {run.kind}", f"{ranks} ranks", f"{fmt_rate(model.rate(run))} {run.unit}",
                          fmt_logs(run.mean_logs())]
                 out.append(" | ".join(p for p in parts if p))
+        for event in model.events[self.events:]:
+            out.append(f"[hvd] reset: {reset_text(event)}")
+        self.events = len(model.events)
         for rank, message in sorted(model.failed.items()):
             if rank not in self.failures:
                 self.failures.add(rank)

@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from .formatting import headline, rank_line
+from .formatting import event_lines, headline, rank_line
 from .message import RankState
 from .model import ProgressModel, RankProgress
 from .summary import epoch_table_html, static_bundle
@@ -37,9 +37,12 @@ class WidgetView(TextView):
         self.each_rank = ipywidgets.Checkbox(value=False, description="each rank's curve", indent=False)
         self.each_rank.observe(lambda change: self._show_ranks(change["new"]), names="value")
         self.figures: dict[str, tuple[Any, Any, dict[int, Any]]] = {}  # metric -> (figure, mean line, rank lines)
+        self.resets: dict[str, Any] = {}  # metric -> the vertical marks of the world's resets
         self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.table = ipywidgets.HTML()
-        self.widget = ipywidgets.VBox([self.headline, self.rows, self.plots, self.each_rank, self.table],
+        self.events = ipywidgets.HTML()  # the world's resets during the cell
+        self.widget = ipywidgets.VBox([self.headline, self.events, self.rows, self.plots, self.each_rank,
+                                       self.table],
                                       layout=ipywidgets.Layout(border="1px solid #ddd", padding="6px"))
         self.widget.add_class("hvd-dashboard")
 
@@ -53,6 +56,8 @@ class WidgetView(TextView):
         if run is None:
             return
         self.headline.value = self._headline_html()
+        self.events.value = "<br>".join(f"<span style='color:#d9534f'>{html.escape(line)}</span>"
+                                        for line in event_lines(self.model))
         stragglers = set(self.model.stragglers())
         for rank in self.model.rank_ids:
             rank_progress = run.ranks.get(rank)
@@ -114,12 +119,16 @@ class WidgetView(TextView):
                             layout=self._widgets.Layout(width="360px", height="240px"))
             fig.add_class("hvd-curve")
             self.figures[metric] = (fig, mean, {})
+            self.resets[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#d9534f"],
+                                           line_style="dashed", labels=["reset"])
             self.plots.children = [f for f, _, _ in self.figures.values()]
         return self.figures[metric]
 
     def _draw_curve(self, metric: str) -> None:
         per_rank, (mean_x, mean_y) = self.model.curve(metric)
         fig, mean, lines = self._figure(metric)
+        resets = self.resets[metric]
+        steps = [e.step for e in self.model.events if e.step is not None]
         with fig.hold_sync():
             mean.x, mean.y = mean_x, mean_y
             for rank, (xs, ys) in per_rank.items():
@@ -127,8 +136,13 @@ class WidgetView(TextView):
                     lines[rank] = self._bqplot.Lines(x=[], y=[], scales=mean.scales, stroke_width=1,
                                                      opacities=[0.5], visible=self.each_rank.value,
                                                      labels=[f"rank {rank}"])
-                    fig.marks = [mean] + [lines[r] for r in sorted(lines)]
                 lines[rank].x, lines[rank].y = xs, ys
+            if steps and mean_y:  # a vertical dashed line at each reset, across the curve's range
+                low, high = min(mean_y), max(mean_y)
+                resets.x, resets.y = [[s, s] for s in steps], [[low, high] for _ in steps]
+            marks = [mean] + [lines[r] for r in sorted(lines)] + ([resets] if steps else [])
+            if list(fig.marks) != marks:
+                fig.marks = marks
 
     def _show_ranks(self, visible: bool) -> None:
         for _, _, lines in self.figures.values():

@@ -96,6 +96,33 @@ def _size_thread_pools(intra: int, inter: int = 1) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
+def _prepare(gpus: list[str], backend: str) -> tuple[Any, str, int, int, str]:
+    """The slow part of a bootstrap, which holds nothing: the backend imported, the device
+    pinned (no GPU context yet: no op has run), TensorFlow's threads sized. The backend, its
+    label, the local rank and size, the device's label."""
+    from ..runtime.topology import local_rank_before_init
+
+    hvd, backend_label = load_backend(backend)
+    # the device is pinned before hvd.init(), which creates the NCCL communicator on it
+    world_rank, local_rank, local_size = local_rank_before_init()
+    device = _pin_device(gpus, world_rank, local_rank)
+    _size_thread_pools(max(1, usable_cores() // local_size))
+    return hvd, backend_label, local_rank, local_size, device
+
+
+def warm_up(gpus: list[str], backend: str = Backend.AUTO) -> int:
+    """Make this engine a warm standby: everything of ``bootstrap`` that takes time (the
+    imports of TensorFlow, Keras and the backend) but no ``hvd.init()``: no communicator, no
+    collective state, no GPU context. ``bootstrap`` later finishes it in well under a second.
+    Returns this process's id."""
+    _prepare(gpus, backend)
+    try:
+        import keras  # noqa: F401  (the first cell of nearly every notebook; the replay's too)
+    except ImportError:
+        pass
+    return os.getpid()
+
+
 def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str = "127.0.0.1") -> dict[str, Any]:
     """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
 
@@ -104,13 +131,7 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     """
     from IPython import get_ipython
 
-    from ..runtime.topology import local_rank_before_init
-
-    hvd, backend_label = load_backend(backend)
-    # the device is pinned before hvd.init(), which creates the NCCL communicator on it
-    world_rank, local_rank, local_size = local_rank_before_init()
-    device = _pin_device(gpus, world_rank, local_rank)
-    _size_thread_pools(max(1, usable_cores() // local_size))
+    hvd, backend_label, local_rank, local_size, device = _prepare(gpus, backend)
 
     import tensorflow as tf
 

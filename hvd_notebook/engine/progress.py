@@ -158,6 +158,7 @@ class RunReport:
             run=self.id, kind=self.kind, state=state, epoch=self.epoch - self.first_epoch, epochs=self.epochs,
             step=self.step, steps=self.steps, samples=self.samples(), elapsed=time.monotonic() - self.start,
             logs=dict(self.logs), epoch_logs={e - self.first_epoch: self.epoch_logs[e] for e in kept},
+            first_epoch=self.first_epoch,
         ))
 
     def end_epoch(self, logs: dict[str, Any] | None) -> None:

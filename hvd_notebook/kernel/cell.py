@@ -117,13 +117,14 @@ class RunningCell:
     """
 
     def __init__(self, cluster: MPICluster, code: str, ranks: list[int], show: set[int], timeout: float | None,
-                 mode: DashboardMode) -> None:
+                 mode: DashboardMode, dashboard: Dashboard | None = None) -> None:
         self.cluster = cluster
         self.ranks = ranks
         self.show = show
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.dashboard = Dashboard(mode, ranks) if mode != DashboardMode.NONE else None
+        # (a cell resumed after dead ranks goes on with the dashboard of its first run)
+        self.dashboard = dashboard or (Dashboard(mode, ranks) if mode != DashboardMode.NONE else None)
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
         self._stall_scanned: dict[int, int] = {}  # per rank: how much of its stderr was read for stall warnings
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
@@ -142,7 +143,9 @@ class RunningCell:
         ]
 
     def wait(self) -> RankValue | None:
-        """Forward output until every rank finished (rank 0's value) or one failed (an error)."""
+        """Forward output until every rank finished (rank 0's value) or one failed (an error). After
+        ``RankDied`` the dashboard stays live: the session may resume the cell on it."""
+        died = False
         try:
             try:
                 failed = self._watch()
@@ -154,8 +157,11 @@ class RunningCell:
                 self._fail(failed)
             self.async_result.wait_for_output(5.0)  # results can overtake the last lines of output
             self.pump(final=True)
+        except failures.RankDied:
+            died = True
+            raise
         finally:
-            if self.dashboard is not None:
+            if self.dashboard is not None and not died:
                 self.dashboard.finish()
         if 0 in self.ranks:
             result = self.requests[self.ranks.index(0)].metadata["execute_result"]
@@ -297,9 +303,8 @@ class RunningCell:
                 printed = req.printed().strip().splitlines()[-5:]
                 last_lines += [f"  [{req.rank}] {line}" for line in printed] or [f"  [{req.rank}] (nothing)"]
         return failures.ranks_died(
-            dead, how="; ".join(f"rank {r}: {ended[r]}" for r in dead if r in ended),
-            others=[req.rank for req in self.requests if req.rank not in dead], last_lines=last_lines,
-            mpiexec_tail=self.cluster.mpiexec_output_tail())
+            {r: ended.get(r, "") for r in dead}, others=[req.rank for req in self.requests if req.rank not in dead],
+            last_lines=last_lines, mpiexec_tail=self.cluster.mpiexec_output_tail())
 
 
 def _publish(output: dict) -> None:

@@ -43,7 +43,12 @@ class CellTimeout(HvdError):
 
 
 class RankDied(HvdError):
-    """A rank's process is gone; the MPI world cannot go on without it."""
+    """A rank's process is gone; the MPI world cannot go on without it. ``died``: rank -> how it
+    ended ("signal Kill"; "" where the launcher did not say)."""
+
+    def __init__(self, message: str, died: dict[int, str] | None = None) -> None:
+        super().__init__(message)
+        self.died = died or {}
 
 
 def is_engine_death(error: Any) -> bool:
@@ -74,16 +79,18 @@ def dead_before_cell(dead: list[int]) -> RankDied:
                     "of the same shape (every rank's variables are lost).")
 
 
-def ranks_died(dead: list[int], how: str, others: list[int], last_lines: list[str], mpiexec_tail: str) -> RankDied:
-    """Ranks died during a cell: how each ended (from mpiexec), which others were
-    ended with them, and the last lines each dead rank printed."""
+def ranks_died(died: dict[int, str], others: list[int], last_lines: list[str], mpiexec_tail: str) -> RankDied:
+    """Ranks died during a cell: how each ended (rank -> what mpiexec said, "" where nothing), which
+    others were ended with them, and the last lines each dead rank printed."""
+    dead = sorted(died)
+    how = "; ".join(f"rank {r}: {died[r]}" for r in dead if died[r])
     return RankDied(
         f"rank(s) {dead} died while running the cell ({how or 'the process exited or was killed'}; "
         "out of memory is a common cause). An MPI world cannot go on without a rank"
         + (f", so rank(s) {others} were ended too" if others else "") + ": run "
         "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells. "
         "%hvd status shows which ranks are dead.\nLast lines the rank(s) printed:\n" + "\n".join(last_lines)
-        + "\nLast lines of mpiexec's output:\n" + mpiexec_tail
+        + "\nLast lines of mpiexec's output:\n" + mpiexec_tail, died
     )
 
 

@@ -139,6 +139,14 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     return _table(table)
 
 
+def format_standby(state: str, n: int) -> str:
+    """The line of ``%hvd status`` on the warm standby (``MPICluster.standby_state``)."""
+    what = {"off": "off (a restart starts the ranks cold; %hvd start --standby on keeps a warm world)",
+            "starting": f"starting {n} rank(s) in the background (a restart now waits for them)",
+            "ready": f"ready: {n} rank(s) with TensorFlow imported, which the next restart promotes"}
+    return f"standby: {what.get(state, f'{state} (a restart starts the ranks cold)')}"
+
+
 def _mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
 
@@ -187,7 +195,9 @@ class HvdMagics(Magics):
             print(f"Replayed {session.replay()} cell(s).")
         elif args.command == "status":
             rows = session.status()
-            print(f"hvd backend: {session.require().ranks[0].backend}\n{format_status(rows)}")
+            cluster = session.require()
+            print(f"hvd backend: {cluster.ranks[0].backend}\n{format_status(rows)}\n"
+                  f"{format_standby(cluster.standby_state, cluster.n)}")
         elif args.command == "stacks":
             ranks = [r for r in session.require().ranks if r.here]
             print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
 from ..config import DashboardMode
-from ..dashboard import resolve_mode
+from ..dashboard import Dashboard, resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
@@ -67,7 +67,14 @@ class Session:
         if self.options is None:
             raise HvdError("Nothing to restart: no cluster was started in this kernel. Run %hvd start.")
         history = self.history
-        ranks = self.start(self.options, restart=True)
+        if self.cluster is None:  # lost (a restart after an interrupt failed): start afresh
+            ranks = self.start(self.options)
+        else:
+            try:
+                ranks = self.cluster.restart()  # promotes its warm standby where it has one
+            except ClusterError as exc:
+                self.cluster = None
+                raise HvdError(f"The cluster did not restart: {exc}") from None
         self.history = history
         return ranks
 
@@ -114,6 +121,7 @@ class Session:
         progress: str | None = DashboardMode.AUTO,
         record: bool = True,
         resets: int = 0,
+        dashboard: Dashboard | None = None,
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
         on the first rank that raises; return rank 0's value of the last expression.
@@ -125,7 +133,7 @@ class Session:
             raise HvdError(str(exc)) from None
         cluster = self.require()
         all_ranks = [r.rank for r in cluster.ranks]
-        ranks = all_ranks if ranks is None else ranks
+        asked, ranks = ranks, all_ranks if ranks is None else ranks  # (a resume may have fewer ranks)
         unknown = sorted(set(ranks) - set(all_ranks)) + sorted(set(output_ranks or []) - set(all_ranks))
         if unknown:
             raise failures.unknown_ranks(unknown, len(all_ranks))
@@ -134,15 +142,18 @@ class Session:
             raise failures.dead_before_cell(dead)
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         self._set_engine_progress(cluster, mode != DashboardMode.NONE)
-        running = RunningCell(cluster, code, ranks, show, timeout, mode)
+        running = RunningCell(cluster, code, ranks, show, timeout, mode, dashboard)
         started = time.time()
         try:
             value = running.wait()
         except RankDied as died:
             if resets >= self._max_resets() or not self.commits.committed_since(started):
+                if running.dashboard is not None:
+                    running.dashboard.finish()
                 raise
-            self._resume(died, resets + 1)
-            return self.run_cell(code, ranks, output_ranks, timeout, progress, record, resets + 1)
+            self._resume(died, resets + 1, running.dashboard)
+            return self.run_cell(code, asked, output_ranks, timeout, progress, record, resets + 1,
+                                 running.dashboard)
         finally:
             if running.cluster_lost:
                 self.cluster = None
@@ -154,10 +165,10 @@ class Session:
         """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
         return self.options.max_resets if self.options is not None else 0
 
-    def _resume(self, died: RankDied, reset: int) -> None:
+    def _resume(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> None:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
-        set-up cells replayed; the caller then runs the cell again, whose ``hvd.elastic.run`` resumes
-        from the commit."""
+        set-up cells replayed, the event on the cell's dashboard; the caller then runs the cell again,
+        whose ``hvd.elastic.run`` resumes from the commit."""
         commit = self.commits.summary()
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
@@ -167,7 +178,11 @@ class Session:
             self.restart()
             self.replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
         except HvdError as exc:
-            raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}") from None
+            if dashboard is not None:
+                dashboard.finish()
+            raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}", died.died) from None
+        if dashboard is not None:
+            dashboard.reset(died.died, commit, [r.rank for r in self.require().ranks])
 
     def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
         """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when

@@ -3,6 +3,8 @@ behind; and a real Jupyter kernel that stops its cluster when it shuts down."""
 
 from __future__ import annotations
 
+import os
+import re
 import textwrap
 import time
 
@@ -388,24 +390,164 @@ print("result", train(state), "step", state.step)
 """
 
 
-@pytest.mark.parametrize("death, how", [("os._exit(7)", "exit code 7"),
-                                        ("import ctypes; ctypes.string_at(0)", "signal Segmentation")])
-def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path, death, how):
-    result, out = run("%hvd start -n 2")
+@pytest.mark.parametrize("death, how, standby", [
+    ("os._exit(7)", "exit code 7", "off"),
+    ("import ctypes; ctypes.string_at(0)", "signal Segmentation", "off"),
+    # what the out-of-memory killer sends; the new world is the warm standby's
+    ("import signal; os.kill(os.getpid(), signal.SIGKILL)", "signal Kill", "on"),
+])
+def test_a_cell_under_hvd_elastic_survives_a_dead_rank(session, run, tmp_path, death, how, standby):
+    result, out = run(f"%hvd start -n 2 --standby {standby}")
     assert result.success, out
     first = session.cluster.pids()
     run("%%hvd\nbase = 1.0")  # a set-up cell: the new world gets it by replay
+    warm = wait_for_standby(session.cluster) if standby == "on" else set()
     t0 = time.monotonic()
     result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died"), death=death))
-    figure(f"hvd.elastic cell, rank 1 ended by {death}: completed after {time.monotonic() - t0:.1f} s")
+    figure(f"hvd.elastic cell, rank 1 ended by {death} (standby {standby}): completed after "
+           f"{time.monotonic() - t0:.1f} s")
     assert result.success, out
-    assert_gone(first)
+    assert_gone(first - warm)
+    if warm:
+        assert {r.pid for r in session.cluster.ranks} <= warm, "the new world is not the standby's"
     assert f"rank(s) [1] died while running the cell (rank 1: {how}" in out, out
     assert "resuming from the last commit (step=4, committed at" in out and "reset 1 of 3" in out, out
     assert "replayed 1/1: base = 1.0" in out, out
     assert "[0] result [16.0, 16.0, 16.0] step 8" in out, out  # 8 steps of +2, as without the failure
     result, out = run("%%hvd --all-output\nprint('alive', hvd.rank(), hvd.size())")
     assert "[1] alive 1 2" in out
+
+
+KERAS_ELASTIC_CELL = """%%hvd --progress widgets
+import os, signal, numpy as np, keras, tensorflow as tf
+tf.config.experimental.enable_op_determinism()
+keras.utils.set_random_seed(0)
+x = np.random.default_rng(hvd.rank()).normal(size=(256, 8)).astype('float32'); y = (x[:, 0] > 0).astype('int64')
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'),
+                          keras.layers.Dense(2, activation='softmax')])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+              loss='sparse_categorical_crossentropy')
+state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+
+class Die(keras.callbacks.Callback):  # rank 1 is SIGKILLed after the first batch of the third epoch
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+    def on_train_batch_end(self, batch, logs=None):
+        if {kill} and hvd.rank() == 1 and self.epoch == 2 and batch == 0 and not os.path.exists({mark!r}):
+            open({mark!r}, 'w').close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+@hvd.elastic.run
+def train(state):
+    model.fit(x, y, batch_size=32, shuffle=False, initial_epoch=state.epoch, epochs=4, verbose=0,
+              callbacks=[Die(), hvd.elastic.UpdateEpochStateCallback(state),
+                         hvd.elastic.UpdateBatchStateCallback(state),
+                         hvd.elastic.CommitStateCallback(state, batches_per_commit=3)])
+
+train(state)
+weights = [w.tolist() for w in model.get_weights()]
+"""
+
+
+def test_a_keras_fit_under_hvd_elastic_survives_sigkill_and_ends_as_an_uninterrupted_run(
+        session, run, tmp_path, monkeypatch):
+    """Commits every 3 batches and at each epoch's end; rank 1 SIGKILLed mid-epoch: the cell completes
+    from the last commit (the end of epoch 2) with the weights an uninterrupted run ends with, and the
+    dashboard marks the reset and goes on with its curves."""
+    from hvd_notebook.dashboard import Dashboard
+    from hvd_notebook.kernel import cell
+
+    made = []
+
+    class Recorded(Dashboard):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(cell, "Dashboard", Recorded)
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    first = session.cluster.pids()
+    result, out = run(KERAS_ELASTIC_CELL.format(kill=True, mark=str(tmp_path / "died")))
+    assert result.success, out
+    assert_gone(first)
+    assert "rank(s) [1] died while running the cell (rank 1: signal Kill" in out, out
+    assert "resuming from the last commit (batch=0, epoch=2, committed at" in out, out
+    resumed = session.pull("weights")
+
+    (board,) = made  # the resumed cell went on with the first run's dashboard
+    assert board.frozen and len(board.model.events) == 1
+    event = board.model.events[0]
+    assert event.died[1].startswith("signal Kill") and event.commit.startswith("batch=0, epoch=2")
+    # the static summary: where rank 1 stood is its last update (published at most 10 times a second)
+    assert re.search(r"reset 1 at 0:\d\d: rank 1 died \(signal Kill\w*\) at epoch [23]/4 step \d; world "
+                     r"restarted; resumed from the last commit \(batch=0, epoch=2, committed at", out), out
+    assert "rank 0: epoch 4/4  step 8/8" in out, out  # the resumed fit (initial_epoch=2) goes on counting
+    steps, _ = board.model.curve("loss")[1]
+    assert steps == sorted(steps) and steps[-1] == 4 * 8 and 2 * 8 <= event.step <= 2 * 8 + 1  # the curve goes on
+
+    result, out = run("%hvd restart")
+    assert result.success, out
+    result, out = run(KERAS_ELASTIC_CELL.format(kill=False, mark=str(tmp_path / "died")))
+    assert result.success, out
+    assert session.pull("weights") == resumed  # bit for bit
+
+
+def wait_for_standby(cluster, timeout: float = 120.0) -> set[int]:
+    """The processes of ``cluster``'s warm standby, once it is ready."""
+    deadline = time.monotonic() + timeout
+    while cluster.standby_state == "starting" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.standby_state == "ready", cluster.standby_state
+    return cluster.standby.pids()
+
+
+def test_min_np_lets_a_resume_go_on_without_a_gpu_that_is_gone(session, run, tmp_path, monkeypatch):
+    """Two GPUs (listed in HVD_NOTEBOOK_GPUS; TensorFlow sees none): while rank 1 dies, the driver stops
+    listing GPU 1 (as after an Xid error). With --min-np 1 the cell resumes on one rank and GPU 1's
+    lease is released."""
+    import threading
+
+    from hvd_notebook.cluster import leases
+
+    monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
+    monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "leases"))
+    result, out = run("%hvd start -n 2 --min-np 1")
+    assert result.success, out
+    first = session.cluster.pids()
+    run("%%hvd\nbase = 1.0")
+    mark = tmp_path / "died"
+
+    def gpu_1_falls_off_the_bus():
+        deadline = time.monotonic() + 120
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.environ["HVD_NOTEBOOK_GPUS"] = "0"
+
+    threading.Thread(target=gpu_1_falls_off_the_bus, daemon=True).start()
+    result, out = run(ELASTIC_CELL.format(mark=str(mark), death="import time; time.sleep(1); os._exit(7)"))
+    assert result.success, out
+    assert_gone(first)
+    assert ("GPU(s) 1 are no longer listed by the driver: the new world has 1 rank(s) instead of 2 "
+            "(--min-np 1)") in out, out
+    assert "[0] result [12.0, 12.0, 12.0] step 8" in out, out  # steps 1-4 summed over 2 ranks, 5-8 over 1
+    assert [r.device for r in session.cluster.ranks] == ["GPU 0"]
+    assert leases.acquire(["1"], 1, "test").gpus == ["1"]  # GPU 1's lease was released
+    with pytest.raises(leases.LeaseError):
+        leases.acquire(["0"], 1, "test")
+
+
+def test_without_min_np_a_gone_gpu_stops_the_restart_saying_what_to_do(monkeypatch):
+    from hvd_notebook.cluster import ClusterError, ClusterOptions, MPICluster
+
+    monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
+    cluster = MPICluster(ClusterOptions(n=2))  # not started: only its arithmetic
+    cluster.gpus = ["0", "1"]
+    monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0")
+    with pytest.raises(ClusterError, match=r"GPU\(s\) 1 are no longer listed by the driver: 1 rank\(s\) could "
+                       r"go on, fewer than the 2 that --min-np asks for. Start again with what is left \(%hvd "
+                       r"start --restart -n 1\), or with --min-np 1"):
+        cluster._drop_gone_gpus()
 
 
 def test_a_cell_without_a_commit_or_with_max_resets_0_fails_as_before(session, run, tmp_path):

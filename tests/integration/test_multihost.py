@@ -140,6 +140,36 @@ def test_an_unreachable_host_is_named_and_nothing_is_left(two_hosts, ip, run):
     assert _ns_pids() == []
 
 
+def test_min_np_resumes_an_elastic_cell_on_the_hosts_that_still_answer(two_hosts, ip, run, tmp_path):
+    """Rank 1's host goes off the network as rank 1 dies (the rank itself takes the host's link down):
+    the resume's new world cannot start on both hosts, so with --min-np 1 it starts on the one that
+    answers and the cell completes there."""
+    from test_lifecycle import ELASTIC_CELL
+
+    off_the_network = (f"import subprocess; subprocess.run(['nsenter', '--net=/proc/{os.getpid()}/ns/net', 'ip', "
+                       "'link', 'set', 'vhvdh2', 'down'], check=True); os._exit(7)")  # (this process's netns)
+    result, out = run(f"%hvd start -H {two_hosts[0]}:1,{two_hosts[1]}:1 --min-np 1 {VIA_NETNS}")
+    assert result.error_in_exec is None, out
+    session = Session.get()
+    pids = session.cluster.pids()
+    try:
+        run("%%hvd\nbase = 1.0")
+        t0 = time.monotonic()
+        result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "died"), death=off_the_network))
+        figure(f"multihost: --min-np 1 resume on the host that answers: the cell completed after "
+               f"{time.monotonic() - t0:.1f} s")
+        assert result.error_in_exec is None, out
+        assert f"host {two_hosts[1]}" in out and "the new world has 1 rank(s) instead of 2 (--min-np 1)" in out, out
+        assert "[0] result [12.0, 12.0, 12.0] step 8" in out, out  # steps 1-4 summed over 2 ranks, 5-8 over 1
+        assert [r.host for r in session.cluster.ranks] == ["hvdh1"]
+        pids |= session.cluster.pids()
+    finally:
+        subprocess.run(["ip", "link", "set", "vhvdh2", "up"], check=True)
+        run("%hvd stop")
+    assert_gone(pids)
+    assert _ns_pids() == []
+
+
 def test_a_host_without_the_environment_is_named(two_hosts, ip, run, monkeypatch):
     # on hvdh2 this environment's folder is empty, as on a host where it was never installed
     venv = Path(sys.executable).parent.parent

@@ -130,3 +130,28 @@ def test_slurm_is_not_chosen_over_an_explicit_mpiexec_or_launcher(slurm, tmp_pat
     assert type(choose_placement(ClusterOptions(mpiexec=str(mpiexec)))) is OneHost
     assert type(choose_placement(ClusterOptions(launcher="mpiexec"))) is OneHost
     assert type(choose_placement(ClusterOptions(launcher="srun", mpiexec=str(mpiexec)))) is SlurmAllocation
+
+
+def test_standby_choice_and_its_auto_rule(no_slurm, slurm, monkeypatch):
+    from hvd_notebook.cluster import standby
+    from hvd_notebook.config import Standby
+
+    monkeypatch.delenv("SLURM_JOB_ID")  # (the slurm fixture's srun stays on PATH)
+    one_host = choose_placement(ClusterOptions())
+    monkeypatch.setenv("HVD_NOTEBOOK_STANDBY", "on")
+    assert standby.choose(ClusterOptions(), one_host) is Standby.ON  # the environment sets the default
+    assert standby.choose(ClusterOptions(standby="off"), one_host) is Standby.OFF  # the option wins
+    monkeypatch.setenv("HVD_NOTEBOOK_STANDBY", "sometimes")
+    with pytest.raises(ClusterError, match="--standby 'sometimes' .* use auto, on or off"):
+        standby.choose(ClusterOptions(), one_host)
+    monkeypatch.setenv("SLURM_JOB_ID", "12")
+    in_slurm = choose_placement(ClusterOptions())
+    assert type(in_slurm) is SlurmAllocation
+    with pytest.raises(ClusterError, match="second job step would wait"):
+        standby.choose(ClusterOptions(standby="on"), in_slurm)
+    assert not standby.wanted(standby.choose(ClusterOptions(standby="auto"), in_slurm), in_slurm, 2)
+
+    free = standby.psutil.virtual_memory().available
+    assert standby.wanted(Standby.AUTO, one_host, 1) == (free >= 2 * standby.STANDBY_BYTES_PER_RANK)
+    assert not standby.wanted(Standby.AUTO, one_host, free // standby.STANDBY_BYTES_PER_RANK)  # no room twice over
+    assert standby.wanted(Standby.ON, one_host, 10**6) and not standby.wanted(Standby.OFF, one_host, 1)

@@ -195,3 +195,37 @@ def test_formatting():
     assert formatting.fmt_duration(75) == "1:15" and formatting.fmt_duration(3725) == "1:02:05"
     assert formatting.fmt_logs({"accuracy": 0.5, "val_loss": 2, "loss": 1, "time": 3}) == \
         "loss 1 accuracy 0.5 val_loss 2"
+
+
+def test_a_reset_marks_the_event_and_the_new_worlds_updates_continue_the_curves():
+    lines: list[str] = []
+    clock = Clock()
+    board = Dashboard("text", [0, 1], write=lines.append, clock=clock)
+    data = {0: {}, 1: {}}
+    for rank in (0, 1):  # the first world: run "a", up to step 40 of epoch 0; rank 1 then dies
+        for seq, step in enumerate((10, 20, 30, 40)):
+            data[rank][f"{KEY_PREFIX}{seq}"] = update(rank, seq, run="a", step=step, elapsed=step / 10,
+                                                       logs={"loss": 1.0 - step / 100}).to_dict()
+    board.poll(data)
+    board.fail(1, "died")
+    clock.now += 42
+    board.reset({1: "signal Kill"}, "batch=30, committed at 10:02:11", [0, 1])
+    assert board.model.failed == {} and board.model.events[0].step == 40
+    data = {0: {}, 1: {}}
+    for rank in (0, 1):  # the new world: another run id, its updates counted from 0, resumed at step 30
+        for seq, step in enumerate((30, 35, 50)):
+            data[rank][f"{KEY_PREFIX}{seq}"] = update(rank, seq, run="b", step=step, elapsed=0.5 + seq,
+                                                       logs={"loss": 0.5 - step / 1000}).to_dict()
+    assert board.poll(data, force=True)
+    model = board.model
+    assert len(model.runs) == 1  # the resumed fit continues the run, not a new one
+    per_rank, (xs, _) = model.curve("loss")
+    assert per_rank[0][0] == [10, 20, 30, 35, 50]  # the lost steps 31..40 are replaced by the redone ones
+    assert xs == [10, 20, 30, 35, 50]
+    assert model.current.ranks[1].state == "running" and model.current.ranks[1].step == 50
+    text = "".join(lines)
+    assert ("[hvd] reset: rank 1 died (signal Kill) at epoch 1/2 step 40; world restarted; resumed from the "
+            "last commit (batch=30, committed at 10:02:11)") in text, text
+    bundle = static_bundle(model)
+    assert "reset 1 at 0:42: rank 1 died" in bundle["text/plain"]
+    assert "class='hvd-reset'" in bundle["text/html"] and bundle["image/png"]

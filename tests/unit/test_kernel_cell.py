@@ -184,7 +184,8 @@ def test_failure_texts():
     assert failures.describe(RemoteError("EngineError", "died")) == failures.DIED
     assert failures.describe(RemoteError("KeyError", "'x'")) == "KeyError: 'x'"
     assert str(failures.unknown_ranks([5], 2)) == "Rank(s) [5] do not exist: this cluster has ranks 0..1."
-    died = failures.ranks_died([1], "rank 1: exit code 7", [0], ["  [1] (nothing)"], "tail")
+    died = failures.ranks_died({1: "exit code 7"}, [0], ["  [1] (nothing)"], "tail")
+    assert died.died == {1: "exit code 7"}
     assert str(died).startswith("rank(s) [1] died while running the cell (rank 1: exit code 7; out of memory is "
                                 "a common cause). An MPI world cannot go on without a rank, so rank(s) [0] were "
                                 "ended too: run %hvd restart")
