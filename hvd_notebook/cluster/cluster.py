@@ -306,11 +306,17 @@ class MPICluster:
         standby, self._standby = self._standby, None
         warm = standby.take(self.options.timeout) if standby is not None else None
         self._stop_keeping_lease()  # the same GPUs: the standby's ranks are pinned to them
-        if self._drop_gone_gpus() and warm is not None:
-            warm.stop()  # it has the old shape
-            warm = None
+        try:
+            if self._drop_gone_gpus() and warm is not None:
+                warm.stop()  # it has the old shape
+                warm = None
+        except BaseException:  # fewer GPUs than --min-np: nothing is kept
+            if warm is not None:
+                warm.stop()
+            self.stop()
+            raise
         if warm is None or not self._promote(warm):
-            self._start_cold_or_smaller()
+            self._start_cold_or_smaller()  # (a start that fails stops everything, the lease too)
         self._start_standby()
         return self.ranks
 

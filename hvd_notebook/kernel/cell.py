@@ -4,12 +4,14 @@ of ``failures``) and how it stops ranks that are still running."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
@@ -148,7 +150,8 @@ class RunningCell:
         died = False
         try:
             try:
-                failed = self._watch()
+                with _interrupts_as_a_flag() as interrupted:
+                    failed = self._watch(interrupted)
             except KeyboardInterrupt:
                 running, note = self._stop_running()
                 print(failures.interrupted(running, note), file=sys.stderr)
@@ -199,11 +202,14 @@ class RunningCell:
                               file=sys.stderr, flush=True)
             self._stall_scanned[req.rank] = len(text)
 
-    def _watch(self) -> list[RankRequest]:
+    def _watch(self, interrupted: threading.Event) -> list[RankRequest]:
         """Forward output until every rank is done (returns []) or some failed
-        (returns them, first failure first); raises when ranks die or time runs out."""
+        (returns them, first failure first); raises when ranks die or time runs out,
+        and KeyboardInterrupt once ``interrupted`` is set."""
         next_liveness_check = time.monotonic() + LIVENESS_S
         while True:
+            if interrupted.is_set():
+                raise KeyboardInterrupt
             pending = [req.result for req in self.requests if not req.done]
             if pending:  # wakes as soon as a rank finishes, else after POLL_S to stream output
                 futures_wait(pending, timeout=POLL_S, return_when=FIRST_COMPLETED)
@@ -305,6 +311,23 @@ class RunningCell:
         return failures.ranks_died(
             {r: ended.get(r, "") for r in dead}, others=[req.rank for req in self.requests if req.rank not in dead],
             last_lines=last_lines, mpiexec_tail=self.cluster.mpiexec_output_tail())
+
+
+@contextlib.contextmanager
+def _interrupts_as_a_flag() -> Iterator[threading.Event]:
+    """While a cell runs, SIGINT (the notebook's stop button) sets an event instead of raising
+    KeyboardInterrupt wherever the kernel happens to be: raised inside a finalizer (``__del__`` of a
+    zmq or ipyparallel object) it would be printed as "ignored" and lost, and the cell would wait on
+    for its blocked ranks. Further interrupts while the ranks are being stopped change nothing."""
+    interrupted = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted  # (signal handlers belong to the main thread; a cell run elsewhere cannot be interrupted)
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _publish(output: dict) -> None:

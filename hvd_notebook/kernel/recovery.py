@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..cluster.workdir import clusters_dir
 from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
@@ -47,6 +48,16 @@ def replay(history: list[RecordedCell], run: Callable[[RecordedCell], object], s
     return len(history)
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """A cell being run again after dead ranks: when its first run started (a commit since then is
+    its own), a line per reset so far, and the dashboard its runs share."""
+
+    started: float
+    resets: tuple[str, ...] = ()
+    dashboard: Any = None  # dashboard.Dashboard, or None without one
+
+
 class ElasticCommits:
     """The session's folder for rank 0's ``hvd.elastic`` commits (``HVD_NOTEBOOK_ELASTIC_DIR`` of its
     ranks), made at the first start, named by the kernel's PID (``hvd-notebook clean`` removes it
@@ -71,6 +82,12 @@ class ElasticCommits:
     def summary(self) -> str:
         """The last commit in a few words (its values, when)."""
         return (self.path / ELASTIC_COMMIT_SUMMARY).read_text().strip() if self.path is not None else ""
+
+    def forget(self) -> None:
+        """Drop the last commit: its cell has ended, and no later cell may resume from it."""
+        if self.path is not None:
+            for path in self.path.iterdir():
+                path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         if self.path is not None:

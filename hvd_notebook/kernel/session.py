@@ -17,7 +17,7 @@ from ..dashboard import Dashboard, resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
-from .recovery import ElasticCommits, RecordedCell, replay
+from .recovery import ElasticCommits, RecordedCell, Resumed, replay
 
 __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
            "Session"]
@@ -54,6 +54,7 @@ class Session:
                     "first, or %hvd start --restart ... to replace it."
                 )
             self.stop()
+        self.commits.forget()  # (a fresh start: nothing before it is resumed)
         try:
             cluster = MPICluster(replace(options, env=(*options.env, self.commits.environment())))
             cluster.start()
@@ -120,13 +121,13 @@ class Session:
         timeout: float | None = None,
         progress: str | None = DashboardMode.AUTO,
         record: bool = True,
-        resets: int = 0,
-        dashboard: Dashboard | None = None,
+        resumed: Resumed | None = None,
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
         on the first rank that raises; return rank 0's value of the last expression.
         ``progress`` is the dashboard's mode (``config.DashboardMode``); ``record``: a cell that
-        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off)."""
+        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off); ``resumed``: this is
+        the cell again after dead ranks (``_resume``)."""
         try:
             mode = resolve_mode(progress)
         except ValueError as exc:
@@ -142,18 +143,27 @@ class Session:
             raise failures.dead_before_cell(dead)
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         self._set_engine_progress(cluster, mode != DashboardMode.NONE)
-        running = RunningCell(cluster, code, ranks, show, timeout, mode, dashboard)
-        started = time.time()
+        resumed = resumed or Resumed(time.time())
+        running = RunningCell(cluster, code, ranks, show, timeout, mode, resumed.dashboard)
         try:
             value = running.wait()
         except RankDied as died:
-            if resets >= self._max_resets() or not self.commits.committed_since(started):
+            resets, resumable = resumed.resets, self.commits.committed_since(resumed.started)
+            if len(resets) >= self._max_resets() or not resumable:
                 if running.dashboard is not None:
                     running.dashboard.finish()
+                self.commits.forget()
+                if resets and resumable:
+                    raise RankDied(f"{died}\nThe cell was resumed {len(resets)} time(s) already, as many as "
+                                   f"--max-resets {self._max_resets()} allows:\n" + "\n".join(resets),
+                                   died.died) from None
                 raise
-            self._resume(died, resets + 1, running.dashboard)
-            return self.run_cell(code, asked, output_ranks, timeout, progress, record, resets + 1,
-                                 running.dashboard)
+            line = self._resume(died, len(resets) + 1, running.dashboard)
+            return self.run_cell(code, asked, output_ranks, timeout, progress, record,
+                                 Resumed(resumed.started, (*resets, line), running.dashboard))
+        except BaseException:
+            self.commits.forget()  # the cell's training has ended: a later cell must not resume from it
+            raise
         finally:
             if running.cluster_lost:
                 self.cluster = None
@@ -165,10 +175,10 @@ class Session:
         """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
         return self.options.max_resets if self.options is not None else 0
 
-    def _resume(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> None:
+    def _resume(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> str:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
         set-up cells replayed, the event on the cell's dashboard; the caller then runs the cell again,
-        whose ``hvd.elastic.run`` resumes from the commit."""
+        whose ``hvd.elastic.run`` resumes from the commit. A line on this reset, for the history."""
         commit = self.commits.summary()
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
@@ -180,9 +190,12 @@ class Session:
         except HvdError as exc:
             if dashboard is not None:
                 dashboard.finish()
+            self.commits.forget()
             raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}", died.died) from None
         if dashboard is not None:
             dashboard.reset(died.died, commit, [r.rank for r in self.require().ranks])
+        how = "; ".join(f"rank {r}: {how or 'ended'}" for r, how in sorted(died.died.items()))
+        return f"  reset {reset}: {how}; resumed from the last commit ({commit})"
 
     def _set_engine_progress(self, cluster: MPICluster, enabled: bool) -> None:
         """Turn the ranks' progress callback on or off (``%%hvd --no-progress``) when

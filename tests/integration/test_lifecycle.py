@@ -537,17 +537,24 @@ def test_min_np_lets_a_resume_go_on_without_a_gpu_that_is_gone(session, run, tmp
         leases.acquire(["0"], 1, "test")
 
 
-def test_without_min_np_a_gone_gpu_stops_the_restart_saying_what_to_do(monkeypatch):
-    from hvd_notebook.cluster import ClusterError, ClusterOptions, MPICluster
+def test_without_min_np_a_gone_gpu_stops_the_restart_saying_what_to_do(monkeypatch, tmp_path):
+    from hvd_notebook.cluster import ClusterError, ClusterOptions, MPICluster, leases
 
     monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
-    cluster = MPICluster(ClusterOptions(n=2))  # not started: only its arithmetic
-    cluster.gpus = ["0", "1"]
+    monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "leases"))
+    cluster = MPICluster(ClusterOptions(n=2))
+    cluster.start()
+    pids = cluster.pids()
     monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0")
-    with pytest.raises(ClusterError, match=r"GPU\(s\) 1 are no longer listed by the driver: 1 rank\(s\) could "
-                       r"go on, fewer than the 2 that --min-np asks for. Start again with what is left \(%hvd "
-                       r"start --restart -n 1\), or with --min-np 1"):
-        cluster._drop_gone_gpus()
+    try:
+        with pytest.raises(ClusterError, match=r"GPU\(s\) 1 are no longer listed by the driver: 1 rank\(s\) "
+                           r"could go on, fewer than the 2 that --min-np asks for. Start again with what is left "
+                           r"\(%hvd start --restart -n 1\), or with --min-np 1"):
+            cluster.restart()
+    finally:
+        cluster.stop()
+    assert_gone(pids)
+    assert leases.acquire(["0", "1"], 2, "test").gpus == ["0", "1"]  # nothing of the lease was kept
 
 
 def test_a_cell_without_a_commit_or_with_max_resets_0_fails_as_before(session, run, tmp_path):
@@ -562,3 +569,12 @@ def test_a_cell_without_a_commit_or_with_max_resets_0_fails_as_before(session, r
                       "@hvd.elastic.run\ndef train(state):\n    if hvd.rank() == 1:\n        os._exit(3)\n"
                       "    hvd.barrier()\ntrain(state)")
     assert not result.success and "RankDied" in out and "resuming" not in out, out
+
+    # a rank that dies after every resume: the cell fails once --max-resets is used up, with the history
+    result, out = run("%hvd start --restart -n 2 --max-resets 1")
+    assert result.success, out
+    result, out = run(ELASTIC_CELL.format(mark=str(tmp_path / "again"), death="os._exit(7)").replace(
+        "%%hvd\n", "%%hvd\nbase = 1.0\n", 1).replace("not os.path.exists(", "not os.path.isdir("))
+    assert not result.success and "reset 1 of 1" in out, out
+    assert ("The cell was resumed 1 time(s) already, as many as --max-resets 1 allows:\n  reset 1: rank 1: exit "
+            "code 7; resumed from the last commit (step=4, committed at") in out, out

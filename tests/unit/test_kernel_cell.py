@@ -137,17 +137,25 @@ def test_a_rank_that_raises_fails_the_cell_and_stops_the_others():
     assert cluster.client.signals == [(signal.SIGINT, [10])]
 
 
-def test_interrupting_the_kernel_stops_the_ranks_and_says_so(capsys, monkeypatch):
+def test_interrupting_the_kernel_stops_the_ranks_and_says_so(capsys):
+    """A real SIGINT while the cell waits (as ipykernel's interrupt sends it), twice: the first is taken
+    at the loop's next turn, the second changes nothing; the kernel's own handler is back afterwards."""
+    import os
+    import signal
+    import threading
+
     cluster = FakeCluster([part(), part()])
     running = start(cluster)
+    before = signal.getsignal(signal.SIGINT)
+    def press_stop_twice():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
 
-    def interrupted():
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(running, "_watch", interrupted)
+    threading.Timer(0.2, press_stop_twice).start()
     with pytest.raises(KeyboardInterrupt):
         running.wait()
     assert "Rank(s) [0, 1] were still running. They were interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_output_streams_forward_whole_lines_with_the_rank():
