@@ -1,6 +1,6 @@
 """A warm standby world, which a cluster's restart promotes instead of starting cold.
 
-A cold restart takes ~14 s on a small host, most of it TensorFlow's import in the new
+A cold restart takes ~11 s on a small host, most of it TensorFlow's import in the new
 ranks. A standby is a second controller and world of engines of the cluster's shape,
 launched in a background thread once the cluster is up, whose ranks have done those
 imports and pinned their device (``engine.bootstrap.warm_up``) but hold no communicator,
@@ -25,7 +25,7 @@ from .placement import OneHost, Placement, SlurmAllocation
 if TYPE_CHECKING:
     from .cluster import MPICluster
 
-# host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.45 GiB RSS
+# host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS
 # measured here), rounded up; ``auto`` wants room for the standby and as much again free
 STANDBY_BYTES_PER_RANK = 1 << 30
 CANCEL_WAIT_S = 60.0  # a standby being launched stops at its next step; ipyparallel's own steps are bounded

@@ -70,8 +70,9 @@ class RankProgress:
                     return (v1 - v0) / (t1 - t0)
         return v1 / t1 if t1 > 0 else None
 
-    def apply(self, update: ProgressUpdate) -> None:
-        """Take an update's figures and extend the rate history and the curves."""
+    def apply(self, update: ProgressUpdate) -> int:
+        """Take an update's figures and extend the rate history and the curves; the epochs added to the
+        update's (``epoch_offset``)."""
         offset = self.epoch_offset(update)
         for name in ("state", "epoch", "epochs", "step", "steps", "samples", "elapsed"):
             setattr(self, name, getattr(update, name))
@@ -85,6 +86,7 @@ class RankProgress:
             for name, value in self.logs.items():
                 if not name.startswith("val_"):  # validation metrics exist per epoch only: in the epoch rows
                     self._add_point(name, value)
+        return offset
 
     def _add_point(self, metric: str, value: float) -> None:
         points = self.points.setdefault(metric, [])
@@ -156,8 +158,7 @@ class ProgressModel:
                 self.runs.append(Run(kind=update.kind))
         run = self.runs[index]
         rank_progress = run.ranks.setdefault(rank, RankProgress(rank))
-        rank_progress.apply(update)
-        offset = rank_progress.epoch_offset(update)
+        offset = rank_progress.apply(update)
         for epoch, logs in update.epoch_logs.items():
             run.epoch_logs.setdefault(epoch + offset, {})[rank] = dict(logs)
         if rank in self.failed:

@@ -149,13 +149,13 @@ class RunningCell:
         ``RankDied`` the dashboard stays live: the session may resume the cell on it."""
         died = False
         try:
-            try:
-                with _interrupts_as_a_flag() as interrupted:
+            with _interrupts_as_a_flag() as interrupted:  # (also while interrupted ranks are being stopped)
+                try:
                     failed = self._watch(interrupted)
-            except KeyboardInterrupt:
-                running, note = self._stop_running()
-                print(failures.interrupted(running, note), file=sys.stderr)
-                raise
+                except KeyboardInterrupt:
+                    running, note = self._stop_running()
+                    print(failures.interrupted(running, note), file=sys.stderr)
+                    raise
             if failed:
                 self._fail(failed)
             self.async_result.wait_for_output(5.0)  # results can overtake the last lines of output
