@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # tensorflow-cpu where no NVIDIA driver is visible (no CUDA download), else TF's CUDA build
 TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+# PyTorch's CPU build where no NVIDIA driver is visible: 2.13.0+cpu, which pip finds on this kind of
+# machine's disk (PyPI's newer Linux wheels are CUDA builds of several GB); with a driver, the [torch]
+# extra takes PyPI's CUDA build
+TORCH_CPU := torch==2.13.0
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
@@ -18,8 +22,9 @@ $(STAMP): pyproject.toml setup.py Makefile
 	@bash scripts/ensure-python.sh $(VENV)
 	@bash scripts/ensure-chromium.sh
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),mpich,test,lab]"
-	$(PY) -c "import tensorflow, keras, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
+	@if [ "$(TF_EXTRA)" = cpu ]; then $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
+	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),torch,mpich,test,lab]"
+	$(PY) -c "import tensorflow, keras, torch, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| torch', torch.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
 	@[ -e $(VENV)/bin/horovodrun ] || [ -L $(VENV)/bin/horovodrun ] || ln -s hvd-notebook $(VENV)/bin/horovodrun
 	@touch $(STAMP)
 

@@ -1,4 +1,5 @@
-"""``import horovod.tensorflow as hvd`` gives hvd_notebook's runtime where no real Horovod is installed.
+"""``import horovod.tensorflow as hvd`` (or ``horovod.torch``) gives hvd_notebook's runtime where no real
+Horovod is installed.
 
 ``hvd_notebook-horovod.pth`` in site-packages imports this module at interpreter start and calls
 ``install()``, which appends ``HorovodAliasFinder`` to ``sys.meta_path`` (the way setuptools' editable
@@ -31,8 +32,15 @@ ALIASES = {
     "horovod.common": None,
     "horovod.common.elastic": "hvd_notebook.runtime.elastic",  # State, ObjectState
     "horovod.common.exceptions": "hvd_notebook.runtime.elastic",  # HorovodInternalError, HostsUpdatedInterrupt
+    "horovod.torch": "hvd_notebook.runtime.torch",
+    "horovod.torch.mpi_ops": "hvd_notebook.runtime.torch",  # Horovod's mpi_ops holds the queries too
+    "horovod.torch.compression": "hvd_notebook.runtime.torch.compression",
+    "horovod.torch.functions": "hvd_notebook.runtime.torch.functions",
+    "horovod.torch.optimizer": "hvd_notebook.runtime.torch.optimizer",
+    "horovod.torch.sync_batch_norm": "hvd_notebook.runtime.torch.sync_batch_norm",
 }
-PACKAGES = frozenset({"horovod", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras", "horovod.common"})
+PACKAGES = frozenset({"horovod", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras", "horovod.common",
+                      "horovod.torch"})
 MARKER = "__hvd_notebook_alias__"  # set on every alias module: the runtime module it stands for
 
 

@@ -39,6 +39,14 @@ class Backend(enum.StrEnum):
     HOROVOD = "horovod"
 
 
+class Framework(enum.StrEnum):
+    """Which framework's ``hvd`` cells get (the other is never imported on the ranks)."""
+
+    AUTO = "auto"  # TensorFlow where it is installed, else PyTorch
+    TENSORFLOW = "tensorflow"  # horovod.tensorflow's API (hvd_notebook.runtime), Keras' fit on the dashboard
+    TORCH = "torch"  # horovod.torch's API (hvd_notebook.runtime.torch), torch.distributed's default group
+
+
 class Launcher(enum.StrEnum):
     """How ranks start."""
 
@@ -224,6 +232,10 @@ class ClusterOptions:
                         default="auto", metavar="auto|none|LIST")
     backend: str = _option(("--backend",), "the hvd runtime: a real horovod where it imports (auto) or "
                            "hvd_notebook's own", default=Backend.AUTO.value, choices=choices(Backend))
+    framework: str = _option(("--framework",), "which framework's hvd the cells get: horovod.tensorflow's or "
+                             "horovod.torch's (auto: TensorFlow where it is installed, else PyTorch); a torch "
+                             "cluster never imports TensorFlow", default=Framework.AUTO.value,
+                             choices=choices(Framework))
     secure: bool = _option(("--secure",), "encrypt and authenticate the cluster's traffic with CurveZMQ "
                            "(ipyparallel's enable_curve; always on when ranks run on other hosts)",
                            default=False, action="store_true")

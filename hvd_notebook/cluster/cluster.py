@@ -52,13 +52,14 @@ class RankInfo:
     intra_op_threads: int
     inter_op_threads: int
     backend: str
+    framework: str = ""  # e.g. "torch 2.13.0+cpu, torch.distributed gloo"
     ip: str = ""  # the rank's address on its route to the controller
     here: bool = True  # on the kernel's host (its pid means something here)
 
     @classmethod
     def from_bootstrap(cls, engine_id: int, report: dict[str, Any]) -> RankInfo:
         """The rank that ``engine.bootstrap.bootstrap`` described in ``report``."""
-        reported = {k: report[k] for k in cls.__dataclass_fields__ if k not in ("engine_id", "here")}
+        reported = {k: report[k] for k in cls.__dataclass_fields__ if k not in ("engine_id", "here") and k in report}
         return cls(engine_id=engine_id, here=report["host"] == socket.gethostname(), **reported)
 
 
@@ -171,7 +172,8 @@ class MPICluster:
             workdir = self._launch(new_cluster_id(), deadline)
             workdir.mark_standby()
             ar = self.client[self._wait_for_engines(deadline, cancelled)].apply_async(warm_up, self.gpus,
-                                                                                    self.options.backend)
+                                                                                    self.options.backend,
+                                                                                    self.options.framework)
             while not ar.wait(0.1):
                 if cancelled.is_set() or time.monotonic() > deadline:
                     raise ClusterError("the standby was cancelled" if cancelled.is_set()
@@ -235,7 +237,7 @@ class MPICluster:
         from ..engine.bootstrap import bootstrap
 
         ar = self.client[engine_ids].apply_async(bootstrap, self.gpus, self.options.backend,
-                                                 self.ipp_cluster.controller_ip)
+                                                 self.ipp_cluster.controller_ip, self.options.framework)
         if not ar.wait(max(1.0, deadline - time.monotonic())):
             raise ClusterError(diagnosis.setup_late(self.options.timeout))
         try:

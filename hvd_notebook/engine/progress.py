@@ -75,11 +75,11 @@ def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
         return None
 
 
-def install(rank: int) -> None:
-    """Called once per engine by ``engine.bootstrap``: hook Keras, remember the rank."""
+def install(rank: int, keras: bool = True) -> None:
+    """Called once per engine by ``engine.bootstrap``: hook Keras (on TensorFlow ranks), remember the rank."""
     _State.rank = rank
     _State.publish = _engine_publisher()
-    if not _State.installed:
+    if keras and not _State.installed:
         install_keras_hooks()
         _State.installed = True
 

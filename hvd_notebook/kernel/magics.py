@@ -120,6 +120,11 @@ def usage() -> str:
     return "\n".join(parts)
 
 
+def describe_hvd(rank: RankInfo) -> str:
+    """``hvd: builtin; torch 2.13.0+cpu, torch.distributed gloo``: which runtime and framework cells get."""
+    return f"hvd: {rank.backend}" + (f"; {rank.framework}" if rank.framework else "")
+
+
 def format_rank_table(ranks: Sequence[RankInfo]) -> str:
     """One line per rank; with ranks on other hosts, each rank's address too."""
     spread = any(not r.here for r in ranks)
@@ -143,7 +148,7 @@ def format_standby(state: str, n: int) -> str:
     """The line of ``%hvd status`` on the warm standby (``MPICluster.standby_state``)."""
     what = {"off": "off (a restart starts the ranks cold; %hvd start --standby on keeps a warm world)",
             "starting": f"starting {n} rank(s) in the background (a restart now waits for them)",
-            "ready": f"ready: {n} rank(s) with TensorFlow imported, which the next restart promotes"}
+            "ready": f"ready: {n} rank(s) with the framework imported, which the next restart promotes"}
     return f"standby: {what.get(state, f'{state} (a restart starts the ranks cold)')}"
 
 
@@ -182,12 +187,12 @@ class HvdMagics(Magics):
         if args.command == "start":
             options = ClusterOptions.from_arguments(args)
             ranks = session.start(options, restart=args.restart)
-            print(f"Started {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
+            print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
         elif args.command == "stop":
             print("Cluster stopped." if session.stop() else "No cluster was running.")
         elif args.command == "restart":
             ranks = session.restart()
-            print(f"Restarted {len(ranks)} MPI ranks (hvd: {ranks[0].backend}).\n{format_rank_table(ranks)}")
+            print(f"Restarted {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
             if args.replay:
                 print(f"Replayed {session.replay()} cell(s).")
         elif args.command == "replay":
@@ -196,7 +201,7 @@ class HvdMagics(Magics):
         elif args.command == "status":
             rows = session.status()
             cluster = session.require()
-            print(f"hvd backend: {cluster.ranks[0].backend}\n{format_status(rows)}\n"
+            print(f"{describe_hvd(cluster.ranks[0])}\n{format_status(rows)}\n"
                   f"{format_standby(cluster.standby_state, cluster.n)}")
         elif args.command == "stacks":
             ranks = [r for r in session.require().ranks if r.here]

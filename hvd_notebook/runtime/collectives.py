@@ -98,10 +98,17 @@ def _name(name: str | None, kind: str, tensor: Any = None) -> str:
             return tensor.name  # graph tensors and variables have names
         except (AttributeError, ValueError):
             pass
+    return auto_name(kind)
+
+
+def auto_name(kind: str) -> str:
+    """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
+    so nameless calls pair by call order, whichever framework's binding made them."""
     return f"{kind}.noname.{next(_counter)}"
 
 
-def _resolve_op(op: int | None, average: bool | None) -> int:
+def resolve_op(op: int | None, average: bool | None) -> int:
+    """The op of Horovod's ``op=`` or its deprecated ``average=`` (default: Average)."""
     if op is not None and average is not None:
         raise ValueError("pass either op= or the deprecated average=, not both.")
     if op is None:
@@ -335,7 +342,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     """
     if device_dense or device_sparse:
         reject_unsupported("hvd.allreduce", device_dense=device_dense, device_sparse=device_sparse)
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     members = _members(process_set, "hvd.allreduce", tensor)
     eager = is_eager(tensor)
     if compression is Compression.none and (eager or type(tensor) is np.ndarray):
@@ -378,7 +385,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     threshold allows (``HOROVOD_FUSION_THRESHOLD``)."""
     if device_dense or device_sparse:
         reject_unsupported("hvd.grouped_allreduce", device_dense=device_dense, device_sparse=device_sparse)
-    op = _resolve_op(op, average)
+    op = resolve_op(op, average)
     if not tensors:
         return []
     if _any_indexed_slices(tensors):

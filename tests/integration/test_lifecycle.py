@@ -326,9 +326,9 @@ def test_backend_horovod_where_it_does_not_import(session, run):
     assert session.cluster is None
     assert_gone(watch.seen)
     result, out = run("%hvd start -n 2 --backend auto")
-    assert result.success and "(hvd: builtin)" in out
+    assert result.success and "(hvd: builtin; tensorflow " in out
     result, out = run("%hvd status")
-    assert "hvd backend: builtin" in out
+    assert "hvd: builtin; tensorflow" in out
 
 
 def test_restart_replay_runs_the_completed_cells_again_on_the_new_world(session, run):

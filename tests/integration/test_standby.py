@@ -124,7 +124,7 @@ def test_status_shows_the_standby_and_an_interrupt_promotes_it(ip, run):
         assert "standby: starting 2 rank(s)" in out or "standby: ready" in out, out
         warm = wait_for_standby(session.cluster)
         _, out = run("%hvd status")
-        assert "standby: ready: 2 rank(s) with TensorFlow imported" in out, out
+        assert "standby: ready: 2 rank(s) with the framework imported" in out, out
         run("%%hvd\nkept = 'lost with the world'")
         threading.Timer(1.5, _thread.interrupt_main).start()  # as the notebook's stop button does
         t0 = time.monotonic() + 1.5

@@ -47,7 +47,7 @@ def test_it_answers_for_each_horovod_name(finder, name):
     assert (spec.submodule_search_locations is not None) == (name in alias.PACKAGES)
 
 
-@pytest.mark.parametrize("name", ["horovod.torch", "horovod.tensorflow.mpi_ops", "horovod.runner", "numpy",
+@pytest.mark.parametrize("name", ["horovod.torch.elastic", "horovod.tensorflow.mpi_ops", "horovod.runner", "numpy",
                                   "hvd_notebook.runtime", "horovodx", "tensorflow"])
 def test_it_answers_for_nothing_else(finder, name):
     importlib.import_module("horovod")
@@ -72,6 +72,20 @@ def test_the_aliases_are_the_runtime(finder):
         hvd.no_such_name  # noqa: B018
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("horovod.tensorflow.mpi_ops")  # not an alias: no stand-in module
+
+
+def test_the_torch_aliases_are_the_torch_runtime(finder):
+    import horovod.torch as hvd
+    from horovod.torch.compression import Compression
+    from horovod.torch.mpi_ops import allreduce_async_, synchronize
+    from horovod.torch.optimizer import DistributedOptimizer
+
+    import hvd_notebook.runtime.torch as runtime_torch
+
+    assert hvd.allreduce is runtime_torch.allreduce and allreduce_async_ is runtime_torch.allreduce_async_
+    assert synchronize is runtime_torch.synchronize and DistributedOptimizer is runtime_torch.DistributedOptimizer
+    assert Compression is runtime_torch.Compression and hvd.__name__ == "horovod.torch"
+    assert hvd.SyncBatchNorm is runtime_torch.SyncBatchNorm
 
 
 def test_a_real_horovod_wins(finder, tmp_path, monkeypatch):

@@ -64,6 +64,26 @@ def test_runtime_modules_import_only_lower_layers():
     assert not wrong, wrong
 
 
+# what the PyTorch binding (runtime/torch/) may import of the runtime: the framework-neutral core and
+# the neutral parts of the TensorFlow side's modules (names, ops, objects), never a TensorFlow module
+TORCH_MAY_IMPORT = {"ops", "signatures", "world", "process_sets", "basics", "compression", "collectives"}
+
+
+def test_the_torch_binding_imports_only_the_core():
+    wrong = []
+    for path in (RUNTIME / "torch").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
+                if node.module.split(".")[0] not in TORCH_MAY_IMPORT:
+                    wrong.append(f"torch/{path.name} imports runtime.{node.module}")
+            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if any(n.split(".")[0] in ("tensorflow", "keras") for n in [*names, module or ""]):
+                wrong.append(f"torch/{path.name} imports TensorFlow or Keras")
+    assert not wrong, wrong
+
+
 def test_the_backends_never_import_each_other():
     assert "nccl_backend" not in _runtime_imports(RUNTIME / "mpi_backend.py")
     assert "mpi_backend" not in _runtime_imports(RUNTIME / "nccl_backend.py")

@@ -1,0 +1,144 @@
+"""``horovod.torch``'s helpers for a model and its optimizer: ``broadcast_parameters``,
+``broadcast_optimizer_state``, ``broadcast_object`` and ``allgather_object``.
+
+Parameters and optimizer state travel as one fused broadcast (the core's ``broadcast`` packs every
+tensor into one buffer); the optimizer state's structure (param groups, hyperparameters, which
+tensors where) goes as a Python object first, so a rank whose optimizer has not stepped yet (no
+state at all) receives the root's state whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import collectives as _collectives
+from .. import process_sets as _process_sets
+from ..process_sets import global_process_set
+from .tensors import as_tensor, host_array
+
+
+def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
+    """``params`` (a ``state_dict()``, ``named_parameters()`` or a list of (name, tensor)) as a sorted list."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, Iterable):
+        items = list(params)
+        if any(not (isinstance(p, tuple) and len(p) == 2) for p in items):
+            raise ValueError("hvd.broadcast_parameters takes a dict (model.state_dict()) or a list of "
+                             "(name, tensor) pairs (model.named_parameters()).")
+    else:
+        raise ValueError(f"hvd.broadcast_parameters: invalid params of type {type(params).__name__}; pass "
+                         "model.state_dict() or model.named_parameters().")
+    return [(str(name), t) for name, t in items if t is not None]
+
+
+def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: int, process_set: Any) -> None:
+    """Overwrite ``tensors`` with the root's, in one fused broadcast."""
+    if not tensors:
+        return
+    members = _process_sets.members(process_set, "hvd.broadcast_parameters")
+    root = _process_sets.root_of(members, root_rank)
+    received = members.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+    if members.rank == root:
+        return
+    with torch.no_grad():
+        for t, r in zip(tensors, received):
+            t.copy_(as_tensor(r, t, t.shape))
+
+
+def broadcast_parameters(params: Any, root_rank: int, process_set: Any = global_process_set) -> None:
+    """Overwrite every rank's parameters (or any tensors of a ``state_dict``) with ``root_rank``'s.
+
+    >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    """
+    named = _named(params)
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"hvd.broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor; broadcast "
+                             "other values with hvd.broadcast_object.")
+    _broadcast_into([t for _, t in named], [f"broadcast_parameters.{n}" for n, _ in named], root_rank, process_set)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """Where a tensor sat in the root's optimizer state (its index among the broadcast tensors)."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+def _hollow(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value`` with each tensor replaced by a ``_Slot`` (the tensors appended to ``tensors``)."""
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype)
+    if isinstance(value, dict):
+        return {k: _hollow(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_hollow(v, tensors) for v in value)
+    return value
+
+
+def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """The inverse of ``_hollow``."""
+    if isinstance(value, _Slot):
+        return tensors[value.index]
+    if isinstance(value, dict):
+        return {k: _fill(v, tensors) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_fill(v, tensors) for v in value)
+    return value
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
+                              process_set: Any = global_process_set) -> None:
+    """Give every rank ``root_rank``'s optimizer state (hyperparameters and per-parameter state such as
+    momentum), also where the other ranks' optimizers have not stepped yet. (``model``: Horovod's
+    argument for models whose parameters are not the optimizer's; not needed here.)"""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("hvd.broadcast_optimizer_state does not support torch.optim.LBFGS (as Horovod); "
+                         "broadcast its state_dict() with hvd.broadcast_object.")
+    members = _process_sets.members(process_set, "hvd.broadcast_optimizer_state")
+    root = _process_sets.root_of(members, root_rank)
+    tensors: list[torch.Tensor] = []
+    structure = _hollow(optimizer.state_dict(), tensors) if members.rank == root else None
+    structure = _collectives.broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure",
+                                              process_set=process_set)
+    if members.rank != root:
+        slots: list[_Slot] = []
+        _collect_slots(structure, slots)
+        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(slots, key=lambda s: s.index)]
+    _broadcast_into(tensors, [f"broadcast_optimizer_state.{i}" for i in range(len(tensors))], root_rank,
+                    process_set)
+    if members.rank != root:
+        optimizer.load_state_dict(_fill(structure, tensors))
+
+
+def _collect_slots(value: Any, slots: list[_Slot]) -> None:
+    if isinstance(value, _Slot):
+        slots.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_slots(v, slots)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_slots(v, slots)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set: Any = global_process_set) -> Any:
+    """Every rank gets ``root_rank``'s (picklable) Python object."""
+    return _collectives.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
+    """A list of every rank's (picklable) Python object, in rank order."""
+    return _collectives.allgather_object(obj, name=name, process_set=process_set)
+
+
+__all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]

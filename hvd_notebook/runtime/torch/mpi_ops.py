@@ -1,0 +1,546 @@
+"""``horovod.torch``'s collectives on PyTorch tensors, over the runtime's framework-neutral core.
+
+Each collective is the core's (``mpi_backend``: agreement by name, fusion, timeline, stall and
+mismatch errors) on the tensor's memory read as numpy (``tensors``). The ``_async`` forms return a
+handle at once and run the call in a worker thread: the core's coordinator takes calls from any
+thread in any order and matches them by name across ranks, so reductions started from several
+threads (``DistributedOptimizer``'s gradient hooks) that are ready in the same agreement round share
+one fused MPI call. ``synchronize(handle)`` waits and returns the result (raising the call's error);
+``poll(handle)`` says whether it is done. The plain forms are differentiable, with Horovod's
+gradients (an allreduce's gradient is the same allreduce of the gradient, and so on).
+
+Differences from Horovod: Adasum is refused (as on the TensorFlow side); a failed call raises its
+own error (``MismatchError``, ``ValueError``, ``StallError``) from ``synchronize`` rather than a
+``HorovodInternalError`` wrapping it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import process_sets as _process_sets
+from .. import world as _world
+from ..collectives import auto_name, resolve_op
+from ..ops import Average, Sum, check_op
+from ..process_sets import global_process_set
+from .compression import Compression
+from .tensors import as_tensor, check_same_kind, check_tensor, host_array
+
+
+# ------------------------------------------------------------------ handles
+class _Pending:
+    """One asynchronous call: its result or error once its worker has finished."""
+
+    __slots__ = ("done", "result", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Workers:
+    """Daemon threads that run asynchronous calls, one more started whenever none is idle: a call
+    waiting for the other ranks must never keep a later call from starting, or ranks that issue
+    calls in different orders would wait for each other for ever."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: list[tuple[_Pending, Callable[[], Any]]] = []
+        self.wake = threading.Condition(self.lock)
+        self.idle = 0
+        self.started = itertools.count()
+
+    def submit(self, fn: Callable[[], Any]) -> _Pending:
+        pending = _Pending()
+        with self.lock:
+            self.jobs.append((pending, fn))
+            if self.idle:
+                self.wake.notify()
+            else:
+                threading.Thread(target=self._work, name=f"hvd-torch-async-{next(self.started)}", daemon=True).start()
+        return pending
+
+    def _work(self) -> None:
+        while True:
+            with self.lock:
+                while not self.jobs:
+                    self.idle += 1
+                    self.wake.wait()
+                    self.idle -= 1
+                pending, fn = self.jobs.pop(0)
+            try:
+                pending.result = fn()
+            except BaseException as exc:  # handed to synchronize(), raised there
+                pending.error = exc
+            pending.done.set()
+
+
+_workers = _Workers()
+_handles: dict[int, _Pending] = {}
+_handle_ids = itertools.count(1)
+
+
+def _start(fn: Callable[[], Any]) -> int:
+    handle = next(_handle_ids)
+    _handles[handle] = _workers.submit(fn)
+    return handle
+
+
+def poll(handle: int) -> bool:
+    """True once the call behind ``handle`` has finished (``synchronize`` then returns at once)."""
+    pending = _handles.get(handle)
+    if pending is None:
+        raise ValueError(f"hvd.poll: {handle!r} is not a handle of a running call (synchronize() takes each "
+                         "handle once).")
+    return pending.done.is_set()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the call behind ``handle`` and return its result (raise its error). A handle is
+    taken once: a second ``synchronize`` returns None, as Horovod's."""
+    pending = _handles.get(handle)
+    if pending is None:
+        return None
+    while not pending.done.wait(0.1):  # (a timed wait: Ctrl-C reaches a waiting main thread)
+        pass
+    del _handles[handle]
+    if pending.error is not None:
+        raise pending.error
+    return pending.result
+
+
+# ------------------------------------------------------------------ the calls
+def _members(process_set: Any, call: str) -> Any:
+    return _process_sets.members(process_set, call)
+
+
+def _reduce_op(op: int | None, average: bool | None) -> int:
+    op = resolve_op(op, average)
+    check_op(op)
+    return op
+
+
+def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
+                   process_set: Any, outputs: list[torch.Tensor] | None, call: str) -> list[torch.Tensor]:
+    members = _members(process_set, call)
+    arrays = [host_array(t, reducing=True) for t in tensors]
+    reduced = members.mpi.allreduce(arrays, op, prescale, postscale, names)
+    results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
+    if outputs is None:
+        return results
+    for out, r in zip(outputs, results):
+        out.copy_(r)
+    return outputs
+
+
+def _checked(tensors: list[Any], call: str) -> list[torch.Tensor]:
+    checked = [check_tensor(t, call) for t in tensors]
+    check_same_kind(checked, call)
+    return checked
+
+
+def _names(name: str | None, kind: str, count: int) -> list[str]:
+    if name:
+        return [str(name)] if count == 1 else [f"{name}.{i}" for i in range(count)]
+    return [auto_name(kind) for _ in range(count)]
+
+
+def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                    op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: Any = global_process_set) -> int:
+    """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
+    (tensor,) = _checked([tensor], "hvd.allreduce_async")
+    op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
+    return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
+                                         None, "hvd.allreduce")[0])
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: Any = global_process_set) -> int:
+    """As ``allreduce_async``, writing the result into ``tensor``."""
+    (tensor,) = _checked([tensor], "hvd.allreduce_async_")
+    op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
+    return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
+                                         [tensor], "hvd.allreduce_")[0])
+
+
+def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
+               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: Any = global_process_set) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks in place; returns ``tensor``."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    """An allreduce whose gradient is the same allreduce of the gradient (Horovod's)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: int, name: str | None, prescale: float, postscale: float,
+                process_set: Any) -> torch.Tensor:
+        ctx.args = (op, prescale, postscale, process_set)
+        return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        op, prescale, postscale, process_set = ctx.args
+        return (allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                          process_set=process_set), None, None, None, None, None)
+
+
+def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
+              compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: Any = global_process_set) -> torch.Tensor:
+    """``tensor`` reduced over all ranks (default: average) as a new tensor; differentiable.
+
+    >>> hvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum)   # on 2 ranks
+    tensor([3., 3.])
+    """
+    check_tensor(tensor, "hvd.allreduce")
+    op = _reduce_op(op, average)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                            op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: Any = global_process_set) -> int:
+    """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
+    tensors = _checked(list(tensors), "hvd.grouped_allreduce_async")
+    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
+    return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set, None,
+                                         "hvd.grouped_allreduce"))
+
+
+def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: Any = global_process_set) -> int:
+    """As ``grouped_allreduce_async``, writing each result into its tensor."""
+    tensors = _checked(list(tensors), "hvd.grouped_allreduce_async_")
+    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
+    return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
+                                         tensors, "hvd.grouped_allreduce_"))
+
+
+def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                       op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                       process_set: Any = global_process_set) -> list[torch.Tensor]:
+    """Reduce several tensors in place; returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
+                                                process_set))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, op: int, name: str | None, prescale: float, postscale: float, process_set: Any,
+                *tensors: torch.Tensor) -> Any:
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale, postscale,
+                                                         process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        op, prescale, postscale, process_set = ctx.args
+        reduced = grouped_allreduce(list(grads), op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                    process_set=process_set)
+        return (None, None, None, None, None, *reduced)
+
+
+def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
+                      compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: Any = global_process_set) -> list[torch.Tensor]:
+    """Several tensors reduced over all ranks, fused; differentiable."""
+    tensors = _checked(list(tensors), "hvd.grouped_allreduce")
+    if not tensors:
+        return []
+    op = _reduce_op(op, average)
+    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, process_set, *compressed)
+    return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+
+
+# ------------------------------------------------------------------ allgather
+def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: Any) -> list[torch.Tensor]:
+    members = _members(process_set, "hvd.allgather")
+    gathered = members.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
+    return [as_tensor(g, t) for g, t in zip(gathered, tensors)]
+
+
+def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> int:
+    """Start concatenating ``tensor`` over ranks along its first dimension (which may differ by rank)."""
+    (tensor,) = _checked([tensor], "hvd.allgather_async")
+    names = _names(name, "allgather", 1)
+    return _start(lambda: _allgather_now([tensor], names, process_set)[0])
+
+
+def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
+                            process_set: Any = global_process_set) -> int:
+    """Start ``allgather`` of several tensors in one call."""
+    tensors = _checked(list(tensors), "hvd.grouped_allgather_async")
+    names = _names(name, "allgather", len(tensors))
+    return _start(lambda: _allgather_now(tensors, names, process_set))
+
+
+def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
+    """This rank's rows of an allgather's (averaged) gradient."""
+    all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    rank = _members(process_set, "hvd.allgather").rank
+    offset = int(all_rows[:rank].sum())
+    return grad.narrow(0, offset, rows)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> torch.Tensor:
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
+        return synchronize(allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        return _my_rows(reduced, ctx.rows, ctx.process_set), None, None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
+    """``tensor`` concatenated over ranks along its first dimension; differentiable."""
+    check_tensor(tensor, "hvd.allgather")
+    return _Allgather.apply(tensor, name, process_set)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: Any, *tensors: torch.Tensor) -> Any:
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        reduced = grouped_allreduce(list(grads), op=Average, process_set=ctx.process_set)
+        return (None, None, *(_my_rows(r, rows, ctx.process_set) for r, rows in zip(reduced, ctx.rows)))
+
+
+def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
+                      process_set: Any = global_process_set) -> list[torch.Tensor]:
+    """``allgather`` of several tensors in one call; differentiable."""
+    tensors = _checked(list(tensors), "hvd.grouped_allgather")
+    return list(_GroupedAllgather.apply(name, process_set, *tensors)) if tensors else []
+
+
+# ------------------------------------------------------------------ broadcast
+def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str, process_set: Any,
+                   output: torch.Tensor | None) -> torch.Tensor:
+    members = _members(process_set, "hvd.broadcast")
+    root = _process_sets.root_of(members, root_rank)
+    (received,) = members.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
+    result = as_tensor(received, tensor)
+    if output is None:
+        return result
+    return output.copy_(result)
+
+
+def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                    process_set: Any = global_process_set) -> int:
+    """Start giving every rank ``root_rank``'s ``tensor``."""
+    (tensor,) = _checked([tensor], "hvd.broadcast_async")
+    names = _names(name, "broadcast", 1)
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None))
+
+
+def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+                     process_set: Any = global_process_set) -> int:
+    """As ``broadcast_async``, writing the result into ``tensor``."""
+    (tensor,) = _checked([tensor], "hvd.broadcast_async_")
+    names = _names(name, "broadcast", 1)
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor))
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+               process_set: Any = global_process_set) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: Any) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        if _world.current().rank != ctx.root_rank:
+            reduced = reduced * 0
+        return reduced, None, None, None
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+              process_set: Any = global_process_set) -> torch.Tensor:
+    """``root_rank``'s ``tensor`` on every rank, as a new tensor; differentiable."""
+    check_tensor(tensor, "hvd.broadcast")
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ------------------------------------------------------------------ alltoall
+def _splits(splits: Any) -> np.ndarray | None:
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        splits = splits.detach().cpu().numpy()
+    return np.asarray(splits, dtype=np.int64).reshape(-1)
+
+
+def _alltoall_now(tensor: torch.Tensor, splits: np.ndarray | None, name: str, process_set: Any) -> Any:
+    members = _members(process_set, "hvd.alltoall")
+    out, received = members.mpi.alltoall(host_array(tensor, reducing=False), splits, name)
+    return as_tensor(out, tensor), torch.from_numpy(np.asarray(received, dtype=np.int32))
+
+
+def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+                   process_set: Any = global_process_set) -> int:
+    """Start sending rows ``splits[r]`` of ``tensor`` to rank r (equal parts where None); ``synchronize``
+    returns what arrived and how many rows came from each rank."""
+    (tensor,) = _checked([tensor], "hvd.alltoall_async")
+    names, split_array = _names(name, "alltoall", 1), _splits(splits)
+    return _start(lambda: _alltoall_now(tensor, split_array, names[0], process_set))
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: Any) -> Any:
+        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        ctx.received, ctx.process_set = received, process_set
+        ctx.mark_non_differentiable(received)
+        return out, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _received_grad: Any) -> Any:
+        back, _ = _Alltoall.apply(grad, ctx.received, None, ctx.process_set)
+        return back, None, None, None
+
+
+def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
+             process_set: Any = global_process_set) -> Any:
+    """Rows ``splits[r]`` of ``tensor`` sent to rank r (equal parts where None), what arrived
+    concatenated; with ``splits`` given, also how many rows came from each rank. Differentiable."""
+    check_tensor(tensor, "hvd.alltoall")
+    out, received = _Alltoall.apply(tensor, splits, name, process_set)
+    return out if splits is None else (out, received)
+
+
+# ------------------------------------------------------------------ reducescatter
+def _reducescatter_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
+                       process_set: Any) -> list[torch.Tensor]:
+    members = _members(process_set, "hvd.reducescatter")
+    arrays = [host_array(t * prescale if prescale != 1.0 else t, reducing=True) for t in tensors]
+    outs = members.mpi.reducescatter(arrays, op, names)
+    results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
+    return [r * postscale if postscale != 1.0 else r for r in results]
+
+
+def _scatter_op(op: int) -> int:
+    check_op(op)
+    return op
+
+
+def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
+                        process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0) -> int:
+    """Start reducing ``tensor`` over ranks and keeping this rank's block of its first dimension."""
+    (tensor,) = _checked([tensor], "hvd.reducescatter_async")
+    op, names = _scatter_op(op), _names(name, "reducescatter", 1)
+    return _start(lambda: _reducescatter_now([tensor], names, op, prescale_factor, postscale_factor,
+                                             process_set)[0])
+
+
+def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
+                                process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> int:
+    """Start ``reducescatter`` of several tensors."""
+    tensors = _checked(list(tensors), "hvd.grouped_reducescatter_async")
+    op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
+    return _start(lambda: _reducescatter_now(tensors, names, op, prescale_factor, postscale_factor, process_set))
+
+
+def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
+    size = _members(process_set, "hvd.reducescatter").size
+    factor = (size if op == Sum else 1.0) * prescale * postscale
+    return allgather(grad * factor if factor != 1.0 else grad, process_set=process_set)
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: Any, prescale: float,
+                postscale: float) -> torch.Tensor:
+        ctx.args = (op, prescale, postscale, process_set)
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale, postscale))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        return _scatter_grad(grad, *ctx.args), None, None, None, None, None
+
+
+def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
+                  op: int = Average, process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> torch.Tensor:
+    """``tensor`` reduced over ranks, this rank's block of its first dimension; differentiable."""
+    check_tensor(tensor, "hvd.reducescatter")
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, _scatter_op(op), process_set, prescale_factor, postscale_factor)
+    return compression.decompress(out, ctx)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: int, process_set: Any, prescale: float, postscale: float,
+                *tensors: torch.Tensor) -> Any:
+        ctx.args = (op, prescale, postscale, process_set)
+        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale,
+                                                             postscale)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        return (None, None, None, None, None, *(_scatter_grad(g, *ctx.args) for g in grads))
+
+
+def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
+                          op: int = Average, process_set: Any = global_process_set, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """``reducescatter`` of several tensors; differentiable."""
+    tensors = _checked(list(tensors), "hvd.grouped_reducescatter")
+    if not tensors:
+        return []
+    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    outs = _GroupedReducescatter.apply(name, _scatter_op(op), process_set, prescale_factor, postscale_factor,
+                                       *compressed)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+
+
+# ------------------------------------------------------------------ the rest
+def join(device: int = -1) -> int:
+    """Say this rank has no more data: it takes part, with zeros, in the other ranks' allreduces until
+    every rank has joined. Returns the rank that joined last. (``device``: Horovod's device for the
+    zeros; here the core makes them where the other ranks' tensors are.)"""
+    return _world.current().join()
+
+
+def barrier(process_set: Any = global_process_set) -> None:
+    """Return once every rank (of ``process_set``) has called ``barrier()``."""
+    _members(process_set, "hvd.barrier").barrier()
+
+
+__all__ = [
+    "allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "join", "poll", "reducescatter", "reducescatter_async", "synchronize",
+]

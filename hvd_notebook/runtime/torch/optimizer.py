@@ -1,0 +1,293 @@
+"""``hvd.DistributedOptimizer`` for PyTorch: gradients averaged over ranks while backward still runs.
+
+Each parameter gets a post-accumulate-grad hook. When its gradient is final for the step (after
+``backward_passes_per_step`` backward passes), the hook starts an asynchronous in-place allreduce of
+it and returns at once, so autograd goes on with the layers below while the gradient travels. The
+core's coordinator matches these calls by parameter name across ranks and fuses those that are
+ready in the same agreement round into one MPI call (Horovod's tensor fusion; the round is the
+cycle). ``step()`` (or ``synchronize()``) waits for the outstanding reductions, reduces with zeros
+the parameters this rank computed no gradient for (another rank may have), then steps the wrapped
+optimizer.
+
+The returned object is the user's optimizer itself under a subclass that adds this (its state,
+param groups and hyperparameters are the original's, not copies), so ``isinstance(opt, SGD)``,
+``state_dict()`` and learning-rate schedulers work as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .. import ops
+from ..process_sets import global_process_set
+from .compression import Compression
+from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_, synchronize
+
+
+class _DistributedOptimizer:
+    """The methods that ``DistributedOptimizer`` adds in front of the wrapped optimizer's class."""
+
+    def _setup_distributed(self, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: int,
+                           gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
+                           process_set: Any) -> None:
+        self._compression, self._op, self._sparse_as_dense = compression, op, sparse_as_dense
+        self._predivide, self._process_set = gradient_predivide_factor, process_set
+        self._names = _parameter_names(self, named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._passes_left = {p: backward_passes_per_step for p in self._names}
+        self._handles: dict[Any, tuple[int | None, Any]] = {}  # a parameter (or a group's tuple): (handle, ctx)
+        self._groups = _parameter_groups(self, groups)
+        self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
+        self._synchronized, self._should_synchronize = False, True
+        self._hooks: list[Any] = []
+        members = _members(process_set)
+        if members is not None and members.size > 1:
+            for p in self._names:
+                if p.requires_grad:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+
+    # ------------------------------------------------------------ the hooks
+    def _make_hook(self, p: torch.Tensor) -> Any:
+        def hook(param: torch.Tensor) -> None:
+            if self._passes_left[p] <= 0:
+                raise AssertionError("Gradients were computed more than backward_passes_per_step times before "
+                                     "optimizer.step(); raise backward_passes_per_step to accumulate them locally.")
+            self._passes_left[p] -= 1
+            if self._passes_left[p] > 0:
+                return
+            group = self._groups.get(p)
+            if group is None:
+                self._handles[p] = self._reduce_async(p)
+                return
+            self._group_ready[group] += 1
+            if self._group_ready[group] == len(group):
+                self._handles[group] = self._reduce_group_async(group)
+                self._group_ready[group] = 0
+
+        return hook
+
+    def _scales(self) -> tuple[float, float]:
+        """Horovod's split of an average around the sum: 1/f before it, f (and 1/size) after."""
+        if self._op == ops.Average and self._predivide != 1.0:
+            return 1.0 / self._predivide, self._predivide
+        return 1.0, 1.0
+
+    def _reduce_async(self, p: torch.Tensor) -> tuple[Any, Any]:
+        if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
+            p.grad = torch.zeros_like(p)
+        name = self._names[p]
+        grad = p.grad
+        if grad.is_sparse:
+            if not self._sparse_as_dense:
+                return _sparse_allreduce_async(grad, name, self._op, self._process_set), "sparse"
+            grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
+        prescale, postscale = self._scales()
+        handle = allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
+                                  postscale_factor=postscale, process_set=self._process_set)
+        return handle, (ctx, compressed)
+
+    def _reduce_group_async(self, group: tuple) -> tuple[int, Any]:
+        for p in group:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        compressed, ctxs = zip(*(self._compression.compress(p.grad) for p in group))
+        prescale, postscale = self._scales()
+        handle = grouped_allreduce_async_(list(compressed), name=self._names[group[0]], op=self._op,
+                                          prescale_factor=prescale, postscale_factor=postscale,
+                                          process_set=self._process_set)
+        return handle, list(zip(ctxs, compressed))
+
+    # ------------------------------------------------------------ the step
+    def synchronize(self) -> None:
+        """Wait until every gradient is reduced over the ranks (``step()`` calls this)."""
+        members = _members(self._process_set)
+        if members is None or members.size == 1:
+            self._synchronized = True
+            return
+        started = {q for key in self._handles for q in (key if isinstance(key, tuple) else (key,))}
+        for p in self._names:  # (every rank walks the parameters in the same order)
+            if p.requires_grad and p not in started:
+                group = self._groups.get(p)
+                if group is None:
+                    self._handles[p] = self._reduce_async(p)
+                elif group not in self._handles:
+                    self._handles[group] = self._reduce_group_async(group)
+                    started.update(group)
+        for key, (handle, ctx) in self._handles.items():
+            if ctx == "sparse":
+                output = handle.result()
+                with torch.no_grad():
+                    key.grad.zero_().add_(output)
+                continue
+            output = synchronize(handle)
+            if isinstance(key, tuple):
+                for p, (c, compressed) in zip(key, ctx):
+                    _set_grad(p, self._compression.decompress(compressed, c))
+            else:
+                c, compressed = ctx
+                _set_grad(key, self._compression.decompress(compressed, c))
+        for p in self._passes_left:
+            self._passes_left[p] = self.backward_passes_per_step
+        for g in self._group_ready:
+            self._group_ready[g] = 0
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """``step()`` inside this block does not synchronize (after an explicit ``synchronize()``)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
+                              "optimizer.skip_synchronize(): the gradients are reduced twice.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._handles:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(): the gradients are still being "
+                                 "reduced.")
+        return super().zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._passes_left:
+            self._passes_left[p] = passes
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._handles.clear()
+        self._synchronized, self._should_synchronize = False, True
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
+        return super().load_state_dict(state_dict)
+
+
+def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
+    """The reduced gradient into ``p.grad`` (an in-place reduction already wrote it there)."""
+    if reduced is not p.grad:
+        with torch.no_grad():
+            p.grad.copy_(reduced)
+
+
+def _members(process_set: Any) -> Any:
+    """The world or the set's backends; None on a rank outside the set (its gradients stay local)."""
+    from .. import process_sets as _process_sets
+
+    try:
+        return _process_sets.members(process_set, "hvd.DistributedOptimizer")
+    except _process_sets.NotAMemberError:
+        return None
+
+
+def _sparse_allreduce_async(grad: torch.Tensor, name: str, op: int, process_set: Any) -> Any:
+    """A sparse gradient as Horovod reduces it: indices and values allgathered, summed (averaged) by
+    ``coalesce``."""
+    grad = grad.coalesce()
+    values = allgather_async(grad.values(), name=f"{name}.values", process_set=process_set)
+    indices = allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
+    return _SparseHandle(values, indices, grad.shape, op, _members(process_set).size)
+
+
+class _SparseHandle:
+    """A sparse gradient's two allgathers; ``result`` builds the reduced sparse tensor from them."""
+
+    def __init__(self, values: int, indices: int, shape: Any, op: int, size: int) -> None:
+        self.parts = (values, indices, shape, op, size)
+
+    def result(self) -> torch.Tensor:
+        values, indices, shape, op, size = self.parts
+        v, i = synchronize(values), synchronize(indices)
+        out = torch.sparse_coo_tensor(i.t(), v, shape).coalesce()
+        return out / size if op == ops.Average else out
+
+
+def _parameter_names(opt: Any, named_parameters: Any) -> dict[torch.Tensor, str]:
+    params = [p for group in opt.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(opt.param_groups)
+                for j, p in enumerate(group["params"])}
+    named = list(named_parameters)
+    if any(not (isinstance(x, tuple) and len(x) == 2) for x in named):
+        raise ValueError("named_parameters should be a sequence of (name, parameter) tuples, usually "
+                         "model.named_parameters().")
+    seen: set[str] = set()
+    duplicates = sorted({n for n, _ in named if n in seen or seen.add(n)})  # type: ignore[func-returns-value]
+    if duplicates:
+        raise ValueError(f"Parameter names in named_parameters must be unique; duplicates: {', '.join(duplicates)}")
+    by_param = {p: str(n) for n, p in named}
+    unnamed = [p for p in params if p not in by_param]
+    if unnamed:
+        raise ValueError(f"named_parameters was given, but {len(unnamed)} of the optimizer's parameters are not in "
+                         "it; pass model.named_parameters() of the model whose parameters the optimizer updates.")
+    return {p: by_param[p] for p in params}
+
+
+def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
+    """Each grouped parameter's group (Horovod's ``groups``: a number of groups, or lists of parameters)."""
+    if groups is None or groups == 0:
+        return {}
+    params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
+    if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
+        per = -(-len(params) // groups)
+        chunks = [tuple(params[i:i + per]) for i in range(0, len(params), per)]
+    elif isinstance(groups, list):
+        chunks, seen = [], set()
+        for g in groups:
+            members = tuple(p for p in g if any(p is q for q in params))
+            for p in g:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must be lists of torch.Tensor (parameters).")
+                if id(p) in seen:
+                    raise ValueError("a parameter can appear in one group only.")
+                seen.add(id(p))
+            if members:
+                chunks.append(members)
+    else:
+        raise ValueError("groups takes a positive number of groups or a list of lists of parameters.")
+    return {p: chunk for chunk in chunks for p in chunk}
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: Any = Compression.none, backward_passes_per_step: int = 1,
+                         op: int = ops.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: Any = global_process_set) -> torch.optim.Optimizer:
+    """``optimizer`` with its gradients averaged (``op``) over all ranks before each step, each
+    gradient's reduction started by a hook as soon as backward has computed it.
+
+    >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+    ...                                named_parameters=model.named_parameters())
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"hvd.DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}.")
+    ops.check_op(op)
+    if gradient_predivide_factor != 1.0 and op != ops.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be at least 1, not {backward_passes_per_step}.")
+    if num_groups and groups is None:
+        groups = num_groups
+    base = type(optimizer)
+    cls = type(base.__name__, (_DistributedOptimizer, base), {"__module__": base.__module__})
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(optimizer.__dict__)  # the same param groups, state and hooks: nothing copied
+    wrapped._setup_distributed(named_parameters, compression, backward_passes_per_step, op,
+                               gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    return wrapped
+
+
+__all__ = ["DistributedOptimizer"]

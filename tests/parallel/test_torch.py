@@ -1,0 +1,286 @@
+"""``horovod.torch``'s API (hvd_notebook.runtime.torch) on PyTorch CPU tensors, in a 2-rank world: the
+collectives matrix (ops x dtypes x ranks of tensor), async handles, autograd, errors instead of hangs,
+fusion and the timeline, the parameter and optimizer-state broadcasts, DistributedOptimizer and
+SyncBatchNorm against single-process PyTorch on the whole batch."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+OPS = ("Sum", "Average", "Min", "Max", "Product")
+DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
+SHAPES = ((), (5,), (3, 4), (2, 3, 2))
+
+
+@pytest.fixture(scope="module")
+def thvd(hvd):
+    import hvd_notebook.runtime.torch as thvd
+
+    thvd.init()
+    return thvd
+
+
+def _expected(op: str, values: list[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack([v.double() for v in values])
+    return {"Sum": stacked.sum(0), "Average": stacked.mean(0), "Min": stacked.min(0).values,
+            "Max": stacked.max(0).values, "Product": stacked.prod(0)}[op]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+def test_allreduce_every_op_dtype_and_rank(thvd, op, dtype, shape):
+    n, r = thvd.size(), thvd.rank()
+
+    def value(rank: int) -> torch.Tensor:
+        return (torch.arange(int(np.prod(shape)), dtype=torch.float64).reshape(shape) % 3 + rank + 1).to(dtype)
+
+    out = thvd.allreduce(value(r), op=getattr(thvd, op), name=f"m.{op}.{dtype}.{shape}")
+    assert out.dtype == dtype and out.shape == torch.Size(shape)
+    expected = _expected(op, [value(k) for k in range(n)])
+    if not dtype.is_floating_point and op == "Average":
+        expected = torch.trunc(expected)  # Horovod 0.28's integer average truncates
+    tol = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-6
+    torch.testing.assert_close(out.double(), expected.to(dtype).double(), rtol=tol, atol=tol)
+
+
+def test_in_place_and_async_forms(thvd):
+    n, r = thvd.size(), thvd.rank()
+    t = torch.full((4,), float(r + 1))
+    assert thvd.allreduce_(t, op=thvd.Sum) is t
+    torch.testing.assert_close(t, torch.full((4,), n * (n + 1) / 2))
+    handles = [thvd.allreduce_async(torch.full((3,), float(i + r)), name=f"async.{i}", op=thvd.Sum) for i in range(5)]
+    for i, h in enumerate(handles):
+        out = thvd.synchronize(h)
+        torch.testing.assert_close(out, torch.full((3,), float(n * i + n * (n - 1) / 2)))
+        assert thvd.synchronize(h) is None  # a handle is taken once
+    h = thvd.allreduce_async_(t2 := torch.ones(2), op=thvd.Sum)
+    while not thvd.poll(h):
+        time.sleep(0.001)
+    assert thvd.synchronize(h) is t2 and t2.tolist() == [n, n]
+    group = [torch.ones(3), torch.full((2, 2), 2.0)]
+    out = thvd.grouped_allreduce_(group, op=thvd.Sum)
+    assert out[0] is group[0] and group[1].tolist() == [[2.0 * n] * 2] * 2
+    b = torch.full((2,), float(r))
+    assert thvd.broadcast_(b, root_rank=1) is b and b.tolist() == [1.0, 1.0]
+    h = thvd.broadcast_async(torch.full((2,), float(r) + 5), root_rank=0)
+    assert thvd.synchronize(h).tolist() == [5.0, 5.0]
+
+
+def test_allgather_broadcast_alltoall_reducescatter(thvd):
+    n, r = thvd.size(), thvd.rank()
+    g = thvd.allgather(torch.full((r + 1, 2), float(r)))
+    assert g.shape == (n * (n + 1) // 2, 2)
+    assert g[:, 0].tolist() == [float(k) for k in range(n) for _ in range(k + 1)]
+    gg = thvd.grouped_allgather([torch.ones(1, dtype=torch.int64) * r, torch.ones(2, 3, dtype=torch.bfloat16)])
+    assert gg[0].tolist() == list(range(n)) and gg[1].shape == (2 * n, 3) and gg[1].dtype == torch.bfloat16
+    assert thvd.broadcast(torch.arange(3) + r, root_rank=1).tolist() == [1, 2, 3]
+    assert thvd.broadcast(torch.tensor([r], dtype=torch.bfloat16), root_rank=0).item() == 0
+    # alltoall: rank r sends rank k (k + 1) rows of value r
+    splits = torch.tensor([k + 1 for k in range(n)], dtype=torch.int32)
+    data = torch.full((int(splits.sum()), 2), float(r))
+    out, received = thvd.alltoall(data, splits=splits)
+    assert received.tolist() == [r + 1] * n
+    assert out[:, 0].tolist() == [float(k) for k in range(n) for _ in range(r + 1)]
+    assert thvd.alltoall(torch.arange(2 * n) + 10 * r).tolist() == [2 * r + 10 * k + j for k in range(n)
+                                                                   for j in range(2)]
+    rs = thvd.reducescatter(torch.arange(2.0 * n).reshape(n, 2) * (r + 1), op=thvd.Sum)
+    torch.testing.assert_close(rs, torch.arange(2.0 * n).reshape(n, 2)[r:r + 1] * (n * (n + 1) / 2))
+    grs = thvd.grouped_reducescatter([torch.ones(n, 1), torch.ones(n)], op=thvd.Average, postscale_factor=3.0)
+    assert grs[0].tolist() == [[3.0]] and grs[1].tolist() == [3.0]
+    assert thvd.broadcast_object({"from": r}, root_rank=1) == {"from": 1}
+    assert thvd.allgather_object(r * 10) == [k * 10 for k in range(n)]
+    thvd.barrier()
+
+
+def test_gradients_flow_through_the_collectives(thvd):
+    n, r = thvd.size(), thvd.rank()
+    x = torch.full((3,), float(r + 1), requires_grad=True)
+    thvd.allreduce(x, op=thvd.Sum).sum().backward()
+    assert x.grad.tolist() == [float(n)] * 3  # the gradient's own Sum allreduce of ones
+    y = torch.ones(r + 1, 2, requires_grad=True)
+    (thvd.allgather(y) * 2).sum().backward()
+    assert y.grad.shape == y.shape and torch.all(y.grad == 2.0)
+    z = torch.ones(2, requires_grad=True)
+    thvd.broadcast(z, root_rank=0).sum().backward()
+    assert z.grad.tolist() == ([1.0, 1.0] if r == 0 else [0.0, 0.0])
+    w = torch.ones(n, 2, requires_grad=True)
+    thvd.reducescatter(w, op=thvd.Sum).sum().backward()
+    assert torch.all(w.grad == float(n))
+
+
+def test_errors_instead_of_hangs(thvd):
+    n, r = thvd.size(), thvd.rank()
+    with pytest.raises(ValueError, match="shape|Mismatch|mismatch"):  # every rank raises, none waits
+        thvd.allreduce(torch.ones(2 + r), name="mismatched")
+    with pytest.raises(TypeError, match="takes torch.Tensor, not ndarray"):
+        thvd.allreduce(np.ones(2))
+    with pytest.raises(TypeError, match="takes torch.Tensor, not ndarray"):
+        thvd.grouped_allreduce([torch.ones(2), np.ones(2)])
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        thvd.allreduce(torch.ones(2), op=thvd.Adasum)
+    with pytest.raises(ValueError, match="root_rank"):
+        thvd.broadcast(torch.ones(2), root_rank=n + 3)
+    h = thvd.allreduce_async(torch.ones(3 + r), name="async.mismatched")
+    with pytest.raises(ValueError):
+        thvd.synchronize(h)
+    with pytest.raises(ValueError, match="not a handle"):
+        thvd.poll(12345678)
+    torch.testing.assert_close(thvd.allreduce(torch.ones(2), op=thvd.Sum), torch.full((2,), float(n)))  # still agreed
+
+
+def test_join_serves_the_other_ranks(thvd):
+    r = thvd.rank()
+    if r == 0:
+        out = thvd.allreduce(torch.ones(3), op=thvd.Sum, name="joined")
+        assert out.tolist() == [1.0] * 3  # the joined rank contributed zeros
+    last = thvd.join()
+    assert last == 0
+
+
+def test_async_calls_ready_together_are_fused(thvd, tmp_path_factory):
+    # Horovod's fusion across calls: rank 0 starts its reductions late, so both ranks' calls wait
+    # together and are agreed, and fused, in one round
+    path = thvd.broadcast_object(str(tmp_path_factory.mktemp("torch-fusion") / "trace.json"), root_rank=0)
+    thvd.start_timeline(path)
+    if thvd.rank() == 0:
+        time.sleep(0.5)
+    handles = [thvd.allreduce_async(torch.full((20000,), float(i)), name=f"layer{i}", op=thvd.Sum) for i in range(6)]
+    for i, h in enumerate(handles):
+        assert thvd.synchronize(h)[0].item() == i * thvd.size()
+    thvd.stop_timeline()
+    thvd.barrier()
+    if thvd.rank() == 0:
+        events = json.loads(open(path).read())["traceEvents"]
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
+        assert any(label.endswith("fused") for label in calls), calls
+        assert len(calls) < 6
+
+
+def test_broadcast_parameters_and_optimizer_state(thvd):
+    r = thvd.rank()
+    torch.manual_seed(r)  # different initial weights on every rank
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    if r == 0:  # only rank 0 has stepped: the others have no optimizer state at all
+        model(torch.randn(5, 4)).sum().backward()
+        opt.step()
+        opt.param_groups[0]["lr"] = 0.05
+    thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    thvd.broadcast_optimizer_state(opt, root_rank=0)
+    params = [p.detach().numpy().copy() for p in model.state_dict().values()]
+    state = [v.numpy().copy() for s in opt.state_dict()["state"].values() for v in s.values()]
+    every = thvd.allgather_object((params, state, opt.param_groups[0]["lr"]))
+    for other in every[1:]:
+        for a, b in zip(every[0][0] + every[0][1], other[0] + other[1]):
+            np.testing.assert_array_equal(a, b)
+        assert other[2] == 0.05
+    assert len(every[0][1]) == 3 * len(list(model.parameters()))  # step, exp_avg, exp_avg_sq of each
+    thvd.broadcast_parameters(list(model.named_parameters()), root_rank=1)
+    with pytest.raises(ValueError, match="dict .*or a list of"):
+        thvd.broadcast_parameters([1, 2], root_rank=0)
+
+
+def _data(seed: int, rows: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 8, generator=g), torch.randint(0, 3, (rows,), generator=g)
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(7)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("options", [{}, {"backward_passes_per_step": 2}, {"gradient_predivide_factor": 2.0},
+                                     {"groups": 2}, {"compression": "fp16"}])
+def test_distributed_optimizer_equals_one_process_on_the_whole_batch(thvd, options):
+    n, r = thvd.size(), thvd.rank()
+    options = dict(options)
+    if options.get("compression") == "fp16":
+        options["compression"] = thvd.Compression.fp16
+    passes = options.get("backward_passes_per_step", 1)
+    reference, model = _model(), _model()
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=model.named_parameters(), **options)
+    assert isinstance(opt, torch.optim.SGD)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(4):
+        ref_opt.zero_grad()
+        opt.zero_grad()
+        for micro in range(passes):
+            x, y = _data(100 * step + micro, rows=8 * n)
+            (loss_fn(reference(x), y) / passes).backward()  # the whole batch in one process
+            mine = slice(8 * r, 8 * (r + 1))
+            (loss_fn(model(x[mine]), y[mine]) / passes).backward()  # this rank's share
+        ref_opt.step()
+        opt.step()
+    tol = 2e-3 if "compression" in options else 1e-5
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    weights = thvd.allgather_object([p.detach().numpy() for p in model.parameters()])
+    for a, b in zip(weights[0], weights[-1]):
+        np.testing.assert_array_equal(a, b)  # identical on every rank, bit for bit
+
+
+def test_distributed_optimizer_guards(thvd):
+    model = _model()
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                    named_parameters=model.named_parameters())
+    x, y = _data(1, rows=4)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.synchronize()
+    with opt.skip_synchronize():
+        opt.step()
+    opt.zero_grad()
+    with pytest.raises(ValueError, match="duplicates"):
+        thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=[("w", p) for p in model.parameters()])
+    with pytest.raises(ValueError, match="not in it"):
+        thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=list(model.named_parameters())[:1])
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=thvd.Adasum)
+
+
+def test_a_parameter_without_gradient_on_one_rank(thvd):
+    # rank 1 never uses the second layer: its zeros still meet rank 0's gradient
+    torch.manual_seed(3)
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    params = [*a.named_parameters(prefix="a"), *b.named_parameters(prefix="b")]
+    opt = thvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=1.0), named_parameters=params)
+    x = torch.ones(1, 2)
+    out = b(a(x)) if thvd.rank() == 0 else a(x)
+    out.sum().backward()
+    opt.step()
+    weights = thvd.allgather_object([p.detach().numpy() for _, p in params])
+    for w0, w1 in zip(weights[0], weights[-1]):
+        np.testing.assert_array_equal(w0, w1)
+
+
+def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(thvd):
+    n, r = thvd.size(), thvd.rank()
+    x = torch.randn(4 * n, 3, 5, generator=torch.Generator().manual_seed(11))
+    mine = x[4 * r:4 * (r + 1)].clone().requires_grad_(True)
+    whole = x.clone().requires_grad_(True)
+    sync, plain = thvd.SyncBatchNorm(3), torch.nn.BatchNorm1d(3)
+    (sync(mine) ** 2).sum().backward()
+    (plain(whole) ** 2).sum().backward()
+    torch.testing.assert_close(mine.grad, whole.grad[4 * r:4 * (r + 1)], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(sync.running_mean, plain.running_mean)
+    torch.testing.assert_close(sync.running_var, plain.running_var)
+    torch.testing.assert_close(thvd.allreduce(sync.weight.grad, op=thvd.Sum), plain.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_tensorflow_is_never_imported(thvd):
+    assert "tensorflow" not in sys.modules
