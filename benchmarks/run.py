@@ -40,6 +40,7 @@ import bench_gpu  # noqa: E402
 import bench_keras  # noqa: E402
 import bench_progress  # noqa: E402
 import bench_soak  # noqa: E402
+import bench_torch  # noqa: E402
 from common import Context, Report  # noqa: E402
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "build" / "bench"
@@ -78,6 +79,11 @@ BENCHMARKS: list[Benchmark] = [
         "elastic",
         "hvd.elastic: a commit of 25 M parameters (+ Adam) vs 0.2 s; the step after a commit vs one without",
         bench_elastic.run,
+    ),
+    Benchmark(
+        "torch",
+        "PyTorch: hvd.allreduce vs raw MPI, DistributedOptimizer vs DDP, overlap of communication with backward",
+        bench_torch.run,
     ),
     Benchmark(
         "soak",

@@ -144,9 +144,10 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     if shell is not None:
         shell.user_ns["hvd"] = hvd
 
-    from . import progress
+    from . import progress, tqdm_bars
 
     progress.install(hvd.rank(), keras=chosen is Framework.TENSORFLOW)  # what reports to the dashboard
+    tqdm_bars.install()
 
     return {
         "rank": hvd.rank(),

@@ -18,7 +18,10 @@ from ..config import Framework, choices
 
 def installed(module: str) -> bool:
     """Is ``module`` importable here (asked without importing it)?"""
-    return importlib.util.find_spec(module) is not None
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it, or a broken half-installed package
+        return False
 
 
 def resolve(framework: str) -> Framework:

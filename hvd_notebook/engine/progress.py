@@ -89,6 +89,11 @@ def set_enabled(enabled: bool) -> None:
     _State.enabled = bool(enabled)
 
 
+def reporting() -> bool:
+    """Does progress reach a dashboard now (inside an engine, in a cell without ``--no-progress``)?"""
+    return _State.publish is not None and _State.enabled
+
+
 def publish(update: ProgressUpdate) -> None:
     """Send one update to the notebook kernel (nothing outside an engine)."""
     if _State.publish is None or not _State.enabled:
@@ -227,6 +232,8 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
         run = _Custom.run = RunReport(RunKind.CUSTOM)
         _Custom.cell = cell
         run.epochs = epochs or 1
+    elif epochs:
+        run.epochs = epochs
     last_epoch = (epoch or 0) + 1 >= (epochs or 1)
     if epoch is not None and epoch != run.epoch:
         if run.epoch not in run.epoch_logs:  # the loop moved on without reporting the last step

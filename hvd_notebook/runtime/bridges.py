@@ -106,14 +106,6 @@ def cupy_to_tf(array: Any) -> Any:
     return tf().experimental.dlpack.from_dlpack(export())
 
 
-def from_bytes(raw: Any, dtype: Any, shape: Any) -> Any:
-    """A flat uint8 TensorFlow tensor reinterpreted as ``dtype`` of ``shape``."""
-    tensorflow = tf()
-    if dtype.size > 1:
-        raw = tensorflow.reshape(raw, [-1, dtype.size])
-    return tensorflow.reshape(tensorflow.bitcast(raw, dtype), shape)
-
-
 @functools.cache
 def _from_dlpack() -> Any:
     return tf().experimental.dlpack.from_dlpack

@@ -4,7 +4,7 @@ numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
 A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
 tensor out. Eager host tensors reach the numpy collectives of ``mpi_backend``
 through DLPack (``bridges``, no copy) and results come back the same way; GPU
-tensors go to ``nccl_backend`` where the world has NCCL; in a graph a
+tensors go to ``nccl_backend`` (through ``nccl_tensorflow``) where the world has NCCL; in a graph a
 collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
 graph first, so a step makes one call). Gradients are registered with
 ``tf.custom_gradient`` as Horovod defines them.
@@ -31,6 +31,7 @@ from .bridges import to_numpy as _to_numpy
 from .bridges import to_tf as _to_tf
 from .compression import Compression
 from .fusion import fused_label, fusion_groups
+from .nccl_tensorflow import TensorFlowOnNccl
 from .ops import Adasum, Average, Max, Min, Product, Sum
 from .signatures import MismatchError
 
@@ -176,6 +177,11 @@ def _check_not_xla() -> None:
 def _nccl() -> Any:
     """The world's NCCL backend, or None where GPU tensors go through the host."""
     return _world.current().nccl
+
+
+def _gpu(world: Any) -> TensorFlowOnNccl:
+    """The NCCL collectives of ``world`` (or a process set's backends) for TensorFlow GPU tensors."""
+    return TensorFlowOnNccl(world.nccl)
 
 
 def _members(process_set: Any, call: str, tensor: Any = None) -> Any:
@@ -434,7 +440,7 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     where it runs (``nccl_backend``)."""
     if _on_gpus(tensors):
         try:
-            return world.nccl.allreduce(tensors, op, prescale, postscale, names)
+            return _gpu(world).allreduce(tensors, op, prescale, postscale, names)
         except MismatchError as exc:
             raise _tf_error(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
@@ -571,7 +577,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     @tf.custom_gradient
     def gather_tf(*xs: Any) -> Any:
         outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs],
-                      gpu_fn=lambda ts: world.nccl.allgather(ts, names))
+                      gpu_fn=lambda ts: _gpu(world).allgather(ts, names))
 
         def grad(*dys: Any) -> Any:
             # Horovod (0.28): average the gradient over ranks, then keep this rank's rows
@@ -608,7 +614,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     @tf.custom_gradient
     def bcast_tf(x: Any) -> Any:
         out = _on_tf(bcast_np, [x], [x.dtype], [x.shape],
-                     gpu_fn=lambda ts: world.nccl.broadcast(ts, root, names))[0]
+                     gpu_fn=lambda ts: _gpu(world).broadcast(ts, root, names))[0]
 
         def grad(dy: Any) -> Any:
             # Horovod (0.28): the averaged gradient flows back to the root only
@@ -662,7 +668,7 @@ def _assign_from_root(variables: list[Any], root_rank: int, names: list[str], wo
     values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
                                for v in variables],
                     [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
-                    [v.shape for v in variables], gpu_fn=lambda ts: world.nccl.broadcast(ts, root, names))
+                    [v.shape for v in variables], gpu_fn=lambda ts: _gpu(world).broadcast(ts, root, names))
     return [v.assign(x) for v, x in zip(variables, values)]
 
 
@@ -772,7 +778,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     def rs_tf(*xs: Any) -> Any:
         outs = _on_tf(rs_np, list(xs), [x.dtype for x in xs],
                       [[None] + x.shape[1:].as_list() for x in xs],
-                      gpu_fn=scaled(lambda ts: world.nccl.reducescatter(ts, op, names)))
+                      gpu_fn=scaled(lambda ts: _gpu(world).reducescatter(ts, op, names)))
 
         def grad(*dys: Any) -> Any:
             # Horovod: a Sum's gradient times the size, both scale factors, then every rank's rows gathered

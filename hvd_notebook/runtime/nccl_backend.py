@@ -1,27 +1,30 @@
-"""Collectives on GPU tensors with NCCL, coordinated over MPI.
+"""Collectives on GPU arrays with NCCL, coordinated over MPI: the framework-neutral GPU core.
 
 Where every rank has a GPU, ``hvd.init()`` creates one NCCL communicator for
 the world: rank 0 makes NCCL's unique id, MPI broadcasts it, every rank joins
-(``bootstrap_unique_id``). GPU tensors then reach NCCL without passing through
-the host: TensorFlow hands its device memory to cupy through DLPack, NCCL
-reduces it on a stream of ours, and the result goes back to TensorFlow the same
-way. The agreement check (``negotiation``) still runs over MPI first, so a
-mismatch raises instead of hanging NCCL. Built from (communicator, negotiator,
-timeline); ``world.World`` owns one.
+(``bootstrap_unique_id``). The backend takes and returns cupy arrays: the
+framework bindings hand it their tensors' device memory through DLPack (no copy,
+no trip through the host) and adopt its results the same way
+(``nccl_tensorflow`` for TensorFlow, ``torch/gpu.py`` for PyTorch). The agreement
+check (``negotiation``) still runs over MPI first, so a mismatch raises instead of
+hanging NCCL. Built from (communicator, negotiator, timeline); ``world.World``
+owns one.
 
 Library: cupy's NCCL bindings (``cupy.cuda.nccl``), from the ``[gpu]`` extra.
-Nothing here imports cupy or TensorFlow on a machine without an NVIDIA device.
+Nothing here imports cupy or a framework on a machine without an NVIDIA device.
 
-Ordering with TensorFlow's work: TensorFlow does not expose its compute stream
-to Python, so before NCCL reads a tensor we wait for the device's queued work
-(``tf.test.experimental.sync_devices``), and before TensorFlow reads a result
-we wait for our stream: a sync per collective call (not per tensor).
+Ordering with the framework's work: each call takes ``wait``, the binding's way
+to make our stream wait for the work that writes the inputs (TensorFlow: a device
+sync, since it does not expose its stream; PyTorch: an event on its current
+stream, no host wait). Every call ends with our stream synchronized, so its
+results are complete when the framework reads them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -31,14 +34,15 @@ import numpy as np
 
 from .. import config
 from . import ops
-from .bridges import cupy_to_tf, from_bytes, tf, to_cupy
-from .fusion import fused_label, fusion_groups
+from .fusion import aligned_offsets, fused_label, fusion_groups
 from .negotiation import Negotiator
 from .signatures import AllreduceCall, allgather_signature, allreduce_signature, reducescatter_signature
 from .signatures import broadcast_signature as _broadcast_signature
 from .timeline import Timeline
 
 log = logging.getLogger(__name__)
+
+Wait = Callable[[Any], None] | None  # called with our cupy stream before any input is read
 
 
 def gpu_device_present() -> bool:
@@ -57,9 +61,9 @@ def cupy_importable() -> bool:
 
 
 def _preload_nccl() -> None:
-    """Load NCCL from the ``nvidia-nccl-cu12`` wheel (TensorFlow's CUDA build brings
-    it) before cupy's NCCL module needs ``libnccl.so.2``, which is not on the
-    loader's path in a virtualenv."""
+    """Load NCCL from an ``nvidia-nccl-cu12``/``-cu13`` wheel (TensorFlow's and PyTorch's CUDA builds
+    bring one) before cupy's NCCL module needs ``libnccl.so.2``, which is not on the loader's path in
+    a virtualenv."""
     import ctypes
     from pathlib import Path
 
@@ -81,28 +85,12 @@ def bootstrap_unique_id(comm: Any, make_id: Callable[[], Any]) -> Any:
     return comm.bcast(uid, root=0)
 
 
-def _shape(tensor: Any) -> list[int]:
-    return tensor.shape.as_list()
-
-
-def _row_elements(tensor: Any) -> int:
-    return int(np.prod(_shape(tensor)[1:], dtype=np.int64))
-
-
-def _widened(tensor: Any) -> Any:
-    """cupy has no bfloat16: those tensors are reduced as float32 (cast on the device)."""
-    t = tf()
-    return t.cast(tensor, t.float32) if tensor.dtype == t.bfloat16 else tensor
-
-
-def _narrowed(result: Any, original: Any) -> Any:
-    """A result back in its input's dtype where ``_widened`` widened it."""
-    t = tf()
-    return t.cast(result, t.bfloat16) if original.dtype == t.bfloat16 else result
+def _row_elements(array: Any) -> int:
+    return int(np.prod(array.shape[1:], dtype=np.int64))
 
 
 class NcclBackend:
-    """The world's NCCL communicator and the GPU collectives built on it."""
+    """The world's NCCL communicator and the GPU collectives built on it, on cupy arrays."""
 
     def __init__(self, comm: Any, negotiator: Negotiator, timeline: Timeline, device_id: int) -> None:
         _preload_nccl()
@@ -131,12 +119,14 @@ class NcclBackend:
 
     # -------------------------------------------------------------- helpers
     @contextlib.contextmanager
-    def _on_stream(self, wait_for_tensorflow: bool = True) -> Iterator[Any]:
-        """Our device and stream, after TensorFlow's queued work (which may write our inputs)."""
-        if wait_for_tensorflow:
-            tf().test.experimental.sync_devices()
+    def on_stream(self, wait: Wait = None) -> Iterator[Any]:
+        """Our device and stream (cupy's current stream inside), after ``wait(stream)`` has ordered it
+        behind the framework's work on the inputs; synchronized on the way out, so the results are complete."""
         with self.cupy.cuda.Device(self.device_id), self.stream:
+            if wait is not None:
+                wait(self.stream)
             yield self.cupy
+            self.stream.synchronize()
 
     def _nccl_call(self, phase: str, label: str, nbytes: int, call: Callable[..., None], *args: Any) -> None:
         """``call(*args, stream pointer)`` (an NCCL collective) as one timeline phase, waiting for it."""
@@ -150,76 +140,73 @@ class NcclBackend:
         except KeyError:
             raise TypeError(f"{what}: NCCL has no type for {np.dtype(dtype).name} tensors.") from None
 
-    def _in(self, tensor: Any) -> Any:
-        return to_cupy(tensor, self.device_id)
-
-    def _out(self, array: Any) -> Any:
-        """A result as a TensorFlow tensor, once the stream has finished writing it."""
-        self.stream.synchronize()
-        return cupy_to_tf(array)
-
     # ------------------------------------------------------------ allreduce
-    def allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float,
-                  names: list[str]) -> list[Any]:
-        """Reduce GPU tensors over all ranks; each dtype's tensors are fused into one
-        device buffer (up to ``HOROVOD_FUSION_THRESHOLD`` bytes) and one NCCL call."""
-        work = [_widened(t) for t in tensors]
-        results: list[Any] = [None] * len(tensors)
-        with self._on_stream():
-            for group in fusion_groups([(t.dtype, t.shape.num_elements() * t.dtype.size) for t in work]):
-                reduced = self._allreduce_group([tensors[i] for i in group], [work[i] for i in group], op,
-                                                prescale, postscale, fused_label([names[i] for i in group]))
+    def allreduce(self, arrays: list[Any], op: int, prescale: float, postscale: float, names: list[str],
+                  dtype_names: list[str] | None = None, wait: Wait = None) -> list[Any]:
+        """Reduce GPU arrays over all ranks; each dtype's arrays are fused into one device buffer (up
+        to ``HOROVOD_FUSION_THRESHOLD`` bytes, each array 64-byte aligned in it) and one NCCL call.
+        Returns arrays of the inputs' shapes, views of the reduced buffers. ``dtype_names``: the
+        dtypes the agreement names (a binding that widened bfloat16 to float32 names bfloat16)."""
+        dtype_names = dtype_names or [a.dtype.name for a in arrays]
+        results: list[Any] = [None] * len(arrays)
+        with self.on_stream(wait):
+            for group in fusion_groups([(a.dtype, a.nbytes) for a in arrays]):
+                reduced = self._allreduce_group([arrays[i] for i in group], op, prescale, postscale,
+                                                fused_label([names[i] for i in group]), dtype_names[group[0]])
                 for i, piece in zip(group, reduced):
                     results[i] = piece
         return results
 
-    def _allreduce_group(self, originals: list[Any], members: list[Any], op: int, prescale: float,
-                         postscale: float, label: str) -> list[Any]:
-        cp, t = self.cupy, tf()
-        with self.negotiator.turn(allreduce_signature(op, str(originals[0].dtype.name),
-                                                  tuple(tuple(_shape(m)) for m in members), prescale, postscale,
-                                                  label, via="NCCL"), allow_joined=True):
-            arrays = [self._in(m) for m in members]
-            nbytes = sum(a.nbytes for a in arrays)
-            if len(arrays) == 1 and prescale == 1.0:
-                src, buf = arrays[0], cp.empty_like(arrays[0])  # out of place: no copy in
+    def _allreduce_group(self, members: list[Any], op: int, prescale: float, postscale: float, label: str,
+                         dtype_name: str) -> list[Any]:
+        cp = self.cupy
+        with self.negotiator.turn(allreduce_signature(op, dtype_name, tuple(tuple(m.shape) for m in members),
+                                                      prescale, postscale, label, via="NCCL"), allow_joined=True):
+            nbytes = sum(m.nbytes for m in members)
+            if len(members) == 1 and prescale == 1.0 and members[0].flags.c_contiguous:
+                src = members[0].reshape(-1)
+                buf, offsets = cp.empty_like(src), [0]  # out of place: no copy in
             else:
+                offsets, total = aligned_offsets([m.size for m in members], members[0].dtype.itemsize)
                 with self.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, nbytes):
-                    buf = cp.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
+                    buf = cp.zeros(total, dtype=members[0].dtype)
+                    for m, off in zip(members, offsets):
+                        buf[off:off + m.size] = m.reshape(-1)
                     if prescale != 1.0:
                         buf = ops.scale(buf, prescale)
                 src = buf
-            nccl_type = self._nccl_type(members[0].dtype.as_numpy_dtype, "allreduce")
+            nccl_type = self._nccl_type(members[0].dtype, "allreduce")
             self._nccl_call("NCCL_ALLREDUCE", label, nbytes, self.nccl_comm.allReduce, src.data.ptr, buf.data.ptr,
                             buf.size, nccl_type, self._ops[op])
             buf = ops.finish_reduction(buf, op, self.size, postscale)
-            with self.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", label, nbytes):
-                flat = self._out(buf)
-            pieces = t.split(flat, [a.size for a in arrays]) if len(arrays) > 1 else [flat]
-            return [_narrowed(t.reshape(piece, m.shape), o) for piece, m, o in zip(pieces, members, originals)]
+            return [buf[off:off + m.size].reshape(m.shape) for m, off in zip(members, offsets)]
 
     def allreduce_zeros(self, call: AllreduceCall) -> None:
         """Take part with zeros in the other ranks' NCCL allreduce (after ``hvd.join()``)."""
         dtype = np.dtype(np.float32) if call.dtype == "bfloat16" else np.dtype(call.dtype)
-        with self._on_stream(wait_for_tensorflow=False) as cp:
-            buf = cp.zeros(call.elements, dtype=dtype)
+        with self.on_stream() as cp:
+            # the other ranks' fused buffer, alignment padding included
+            _, total = aligned_offsets([math.prod(shape) for shape in call.shapes], dtype.itemsize)
+            buf = cp.zeros(total, dtype=dtype)
             self._nccl_call("NCCL_ALLREDUCE", "join", buf.nbytes, self.nccl_comm.allReduce, buf.data.ptr,
                             buf.data.ptr, buf.size, self._nccl_type(dtype, "allreduce"), self._ops[call.op])
 
     # ------------------------------------------------------------ allgather
-    def allgather(self, tensors: list[Any], names: list[str]) -> list[Any]:
-        """Concatenate GPU tensors over ranks along the first dimension (which may
-        differ: NCCL gathers equal blocks, so each is padded to the longest)."""
+    def allgather(self, arrays: list[Any], names: list[str], dtype_names: list[str] | None = None,
+                  wait: Wait = None) -> list[Any]:
+        """Concatenate GPU arrays over ranks along the first dimension (which may differ: NCCL
+        gathers equal blocks, so each is padded to the longest). Any dtype: sent as bytes."""
         label = fused_label(names)
-        with self.negotiator.turn(allgather_signature(tuple(t.dtype.name for t in tensors),
-                                                  tuple(tuple(_shape(t)[1:]) for t in tensors), label)):
-            all_rows = self.comm.allgather([int(t.shape[0]) for t in tensors])
+        dtype_names = dtype_names or [a.dtype.name for a in arrays]
+        with self.negotiator.turn(allgather_signature(tuple(dtype_names), tuple(tuple(a.shape[1:]) for a in arrays),
+                                                      label)):
+            all_rows = self.comm.allgather([int(a.shape[0]) for a in arrays])
             outs = []
-            with self._on_stream() as cp:
-                for i, t in enumerate(tensors):
+            with self.on_stream(wait) as cp:
+                for i, a in enumerate(arrays):
                     rows = [r[i] for r in all_rows]
-                    row_bytes = _row_elements(t) * t.dtype.size
-                    src = self._in(t).view(cp.uint8)
+                    row_bytes = _row_elements(a) * a.dtype.itemsize
+                    src = cp.ascontiguousarray(a).reshape(-1).view(cp.uint8)
                     send = cp.zeros(max(rows) * row_bytes, dtype=cp.uint8)
                     send[:src.size] = src
                     recv = cp.empty(self.size * send.size, dtype=cp.uint8)
@@ -227,57 +214,59 @@ class NcclBackend:
                                     recv.data.ptr, send.size, self.nccl.NCCL_UINT8)
                     blocks = recv.reshape(self.size, send.size)
                     out = cp.concatenate([blocks[r, :rows[r] * row_bytes] for r in range(self.size)])
-                    outs.append(from_bytes(self._out(out), t.dtype, [sum(rows)] + _shape(t)[1:]))
+                    outs.append(out.view(a.dtype).reshape((sum(rows),) + tuple(a.shape[1:])))
         return outs
 
     # ------------------------------------------------------------ broadcast
-    def broadcast(self, tensors: list[Any], root_rank: int, names: list[str]) -> list[Any]:
-        """Every rank gets ``root_rank``'s GPU tensors (sent as bytes: any dtype)."""
+    def broadcast(self, arrays: list[Any], root_rank: int, names: list[str], dtype_names: list[str] | None = None,
+                  wait: Wait = None) -> list[Any]:
+        """Every rank gets ``root_rank``'s GPU arrays (sent as bytes: any dtype)."""
         label = fused_label(names)
-        with self.negotiator.turn(_broadcast_signature(root_rank, tuple(t.dtype.name for t in tensors),
-                                                   tuple(tuple(_shape(t)) for t in tensors), label)):
+        dtype_names = dtype_names or [a.dtype.name for a in arrays]
+        with self.negotiator.turn(_broadcast_signature(root_rank, tuple(dtype_names),
+                                                       tuple(tuple(a.shape) for a in arrays), label)):
             outs = []
-            with self._on_stream() as cp:
-                for t in tensors:
-                    src = self._in(t).view(cp.uint8)
+            with self.on_stream(wait) as cp:
+                for a in arrays:
+                    src = cp.ascontiguousarray(a).reshape(-1).view(cp.uint8)
                     out = cp.empty_like(src)
                     self._nccl_call("NCCL_BROADCAST", label, src.nbytes, self.nccl_comm.broadcast, src.data.ptr,
                                     out.data.ptr, src.size, self.nccl.NCCL_UINT8, root_rank)
-                    outs.append(from_bytes(self._out(out), t.dtype, t.shape))
+                    outs.append(out.view(a.dtype).reshape(a.shape))
         return outs
 
     # -------------------------------------------------------- reducescatter
-    def reducescatter(self, tensors: list[Any], op: int, names: list[str]) -> list[Any]:
-        """Reduce over ranks and keep this rank's block of rows (``ops.even_rows``;
-        blocks are padded to equal size for NCCL)."""
-        work = [_widened(t) for t in tensors]  # (before the wait: the casts run on TensorFlow's stream)
+    def reducescatter(self, arrays: list[Any], op: int, names: list[str], dtype_names: list[str] | None = None,
+                      wait: Wait = None) -> list[Any]:
+        """Reduce over ranks and keep this rank's block of rows (``ops.even_rows``; blocks are
+        padded to equal size for NCCL)."""
+        dtype_names = dtype_names or [a.dtype.name for a in arrays]
         outs = []
-        with self._on_stream():
-            for t, widened, name in zip(tensors, work, names):
-                with self.negotiator.turn(reducescatter_signature(op, t.dtype.name, tuple(_shape(t)), name)):
-                    outs.append(_narrowed(self._reducescatter_one(widened, op, name), t))
+        with self.on_stream(wait):
+            for a, dtype_name, name in zip(arrays, dtype_names, names):
+                with self.negotiator.turn(reducescatter_signature(op, dtype_name, tuple(a.shape), name)):
+                    outs.append(self._reducescatter_one(a, op, name))
         return outs
 
-    def _reducescatter_one(self, work: Any, op: int, name: str) -> Any:
+    def _reducescatter_one(self, array: Any, op: int, name: str) -> Any:
         cp = self.cupy
-        dtype = np.dtype(work.dtype.as_numpy_dtype)
-        rows = ops.even_rows(int(work.shape[0]), self.size)
-        row_elems = _row_elements(work)
+        rows = ops.even_rows(int(array.shape[0]), self.size)
+        row_elems = _row_elements(array)
         block = max(rows) * row_elems
-        src = self._in(work)
-        send = cp.zeros(self.size * block, dtype=dtype)
+        src = cp.ascontiguousarray(array).reshape(-1)
+        send = cp.zeros(self.size * block, dtype=array.dtype)
         start = 0
         for r, n in enumerate(rows):
             send[r * block:r * block + n * row_elems] = src[start:start + n * row_elems]
             start += n * row_elems
-        recv = cp.empty(block, dtype=dtype)
-        nccl_type = self._nccl_type(dtype, "reducescatter")
+        recv = cp.empty(block, dtype=array.dtype)
+        nccl_type = self._nccl_type(array.dtype, "reducescatter")
         self._nccl_call("NCCL_REDUCESCATTER", name, send.nbytes, self.nccl_comm.reduceScatter, send.data.ptr,
                         recv.data.ptr, block, nccl_type, self._ops[op])
         out = recv[:rows[self.rank] * row_elems]
         if op == ops.Average:
-            out = ops.average(out.copy(), self.size)
-        return tf().reshape(self._out(cp.ascontiguousarray(out)), [rows[self.rank]] + _shape(work)[1:])
+            out = ops.average(out, self.size)
+        return out.reshape((rows[self.rank],) + tuple(array.shape[1:]))
 
 
 def _local_device(comm: Any, local_rank: int) -> int:

@@ -29,7 +29,7 @@ def session(ip):
 def test_start_table_status_restart_stop(session, run):
     result, out = run("%hvd start -n 2 --env HVD_TEST_MARK=hello --timeout 90")
     assert result.success, out
-    assert "Started 2 MPI ranks (hvd: builtin)." in out
+    assert "Started 2 MPI ranks (hvd: builtin; tensorflow 2." in out
     assert "rank  host" in out and "device" in out and "threads (intra/inter)" in out
     first = session.cluster.pids()
     engine_pids = {r.pid for r in session.cluster.ranks}
@@ -41,7 +41,7 @@ def test_start_table_status_restart_stop(session, run):
     # GPU pinning by local rank: on this CPU-only machine TensorFlow finds no GPU
     # behind the id, but each rank must see exactly its own one
     result, out = run("%hvd start --restart -n 2 --gpus 0,1 --env HVD_TEST_MARK=again")
-    assert result.success and "Started 2 MPI ranks (hvd: builtin)." in out
+    assert result.success and "Started 2 MPI ranks (hvd: builtin; tensorflow 2." in out
     assert "GPU 0" in out and "GPU 1" in out
     assert_gone(first)
     second = session.cluster.pids()
@@ -49,7 +49,7 @@ def test_start_table_status_restart_stop(session, run):
     assert "[0] visible 0" in out and "[1] visible 1" in out
 
     result, out = run("%hvd restart")  # same options as the last start
-    assert result.success and "Restarted 2 MPI ranks (hvd: builtin)." in out
+    assert result.success and "Restarted 2 MPI ranks (hvd: builtin; tensorflow 2." in out
     assert_gone(second)
     result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
     assert "[1] mark again" in out

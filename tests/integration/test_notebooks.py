@@ -47,7 +47,7 @@ def test_make_demo_runs_the_quickstart_and_prints_its_summary():
     nb = nbformat.read(ROOT / "build" / "01-quickstart.ipynb", as_version=4)
     text = "".join(out.get("text", "") + out.get("data", {}).get("text/plain", "")
                    for c in nb.cells if c.cell_type == "code" for out in c.outputs)
-    assert "Started 2 MPI ranks (hvd: builtin)." in text
+    assert "Started 2 MPI ranks (hvd: builtin; tensorflow 2." in text
     assert "[0] rank 0 of 2: " in text and "[1] rank 1 of 2: " in text
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
     assert set(accuracies) == {0, 1}

@@ -24,7 +24,7 @@ LAYERS = [
     {"coordinator"},
     {"bridges", "negotiation"},
     {"mpi_backend", "nccl_backend"},
-    {"world"},
+    {"world", "nccl_tensorflow"},
     {"process_sets"},
     {"basics", "compression"},
     {"collectives"},

@@ -29,6 +29,7 @@ from .. import world as _world
 from ..collectives import auto_name, resolve_op
 from ..ops import Average, Sum, check_op
 from ..process_sets import global_process_set
+from . import gpu
 from .compression import Compression
 from .tensors import as_tensor, check_same_kind, check_tensor, host_array
 
@@ -121,6 +122,18 @@ def _members(process_set: Any, call: str) -> Any:
     return _process_sets.members(process_set, call)
 
 
+def _ready(tensors: list[torch.Tensor], process_set: Any, call: str, reducing: bool) -> gpu.Ready | None:
+    """For CUDA tensors in a world with NCCL, the point in the caller's stream the call waits for
+    (recorded now, in the calling thread); None where the tensors go through the host."""
+    if not tensors or not tensors[0].is_cuda:
+        return None
+    try:
+        members = _members(process_set, call)
+    except ValueError:
+        return None  # (the call itself raises it, in its turn)
+    return gpu.Ready(tensors, reducing) if gpu.on_nccl(tensors, members) else None
+
+
 def _reduce_op(op: int | None, average: bool | None) -> int:
     op = resolve_op(op, average)
     check_op(op)
@@ -128,11 +141,15 @@ def _reduce_op(op: int | None, average: bool | None) -> int:
 
 
 def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
-                   process_set: Any, outputs: list[torch.Tensor] | None, call: str) -> list[torch.Tensor]:
+                   process_set: Any, outputs: list[torch.Tensor] | None, call: str,
+                   ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     members = _members(process_set, call)
-    arrays = [host_array(t, reducing=True) for t in tensors]
-    reduced = members.mpi.allreduce(arrays, op, prescale, postscale, names)
-    results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
+    if ready is not None:
+        results = gpu.allreduce(members.nccl, ready, tensors, op, prescale, postscale, names)
+    else:
+        reduced = members.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
+                                        names)
+        results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
     if outputs is None:
         return results
     for out, r in zip(outputs, results):
@@ -158,8 +175,9 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
     (tensor,) = _checked([tensor], "hvd.allreduce_async")
     op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
+    ready = _ready([tensor], process_set, "hvd.allreduce", reducing=True)
     return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
-                                         None, "hvd.allreduce")[0])
+                                         None, "hvd.allreduce", ready)[0])
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -168,8 +186,9 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     """As ``allreduce_async``, writing the result into ``tensor``."""
     (tensor,) = _checked([tensor], "hvd.allreduce_async_")
     op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
+    ready = _ready([tensor], process_set, "hvd.allreduce_", reducing=True)
     return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
-                                         [tensor], "hvd.allreduce_")[0])
+                                         [tensor], "hvd.allreduce_", ready)[0])
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -216,8 +235,9 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
     """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
     tensors = _checked(list(tensors), "hvd.grouped_allreduce_async")
     op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
+    ready = _ready(tensors, process_set, "hvd.grouped_allreduce", reducing=True)
     return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set, None,
-                                         "hvd.grouped_allreduce"))
+                                         "hvd.grouped_allreduce", ready))
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -226,8 +246,9 @@ def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None =
     """As ``grouped_allreduce_async``, writing each result into its tensor."""
     tensors = _checked(list(tensors), "hvd.grouped_allreduce_async_")
     op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
+    ready = _ready(tensors, process_set, "hvd.grouped_allreduce_", reducing=True)
     return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
-                                         tensors, "hvd.grouped_allreduce_"))
+                                         tensors, "hvd.grouped_allreduce_", ready))
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -268,8 +289,11 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
 
 
 # ------------------------------------------------------------------ allgather
-def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: Any) -> list[torch.Tensor]:
+def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: Any,
+                   ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     members = _members(process_set, "hvd.allgather")
+    if ready is not None:
+        return gpu.allgather(members.nccl, ready, tensors, names)
     gathered = members.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
     return [as_tensor(g, t) for g, t in zip(gathered, tensors)]
 
@@ -278,7 +302,8 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     """Start concatenating ``tensor`` over ranks along its first dimension (which may differ by rank)."""
     (tensor,) = _checked([tensor], "hvd.allgather_async")
     names = _names(name, "allgather", 1)
-    return _start(lambda: _allgather_now([tensor], names, process_set)[0])
+    ready = _ready([tensor], process_set, "hvd.allgather", reducing=False)
+    return _start(lambda: _allgather_now([tensor], names, process_set, ready)[0])
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
@@ -286,7 +311,8 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
     """Start ``allgather`` of several tensors in one call."""
     tensors = _checked(list(tensors), "hvd.grouped_allgather_async")
     names = _names(name, "allgather", len(tensors))
-    return _start(lambda: _allgather_now(tensors, names, process_set))
+    ready = _ready(tensors, process_set, "hvd.grouped_allgather", reducing=False)
+    return _start(lambda: _allgather_now(tensors, names, process_set, ready))
 
 
 def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
@@ -336,11 +362,14 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
 
 # ------------------------------------------------------------------ broadcast
 def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str, process_set: Any,
-                   output: torch.Tensor | None) -> torch.Tensor:
+                   output: torch.Tensor | None, ready: gpu.Ready | None = None) -> torch.Tensor:
     members = _members(process_set, "hvd.broadcast")
     root = _process_sets.root_of(members, root_rank)
-    (received,) = members.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
-    result = as_tensor(received, tensor)
+    if ready is not None:
+        (result,) = gpu.broadcast(members.nccl, ready, [tensor], root, [name])
+    else:
+        (received,) = members.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
+        result = as_tensor(received, tensor)
     if output is None:
         return result
     return output.copy_(result)
@@ -351,7 +380,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     """Start giving every rank ``root_rank``'s ``tensor``."""
     (tensor,) = _checked([tensor], "hvd.broadcast_async")
     names = _names(name, "broadcast", 1)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None))
+    ready = _ready([tensor], process_set, "hvd.broadcast", reducing=False)
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None, ready))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -359,7 +389,8 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     """As ``broadcast_async``, writing the result into ``tensor``."""
     (tensor,) = _checked([tensor], "hvd.broadcast_async_")
     names = _names(name, "broadcast", 1)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor))
+    ready = _ready([tensor], process_set, "hvd.broadcast_", reducing=False)
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor, ready))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -438,12 +469,22 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
 # ------------------------------------------------------------------ reducescatter
 def _reducescatter_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
-                       process_set: Any) -> list[torch.Tensor]:
+                       process_set: Any, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     members = _members(process_set, "hvd.reducescatter")
-    arrays = [host_array(t * prescale if prescale != 1.0 else t, reducing=True) for t in tensors]
-    outs = members.mpi.reducescatter(arrays, op, names)
-    results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
+    if ready is not None:  # (the prescale was applied before the event: see _scaled)
+        results = gpu.reducescatter(members.nccl, ready, tensors, op, names)
+    else:
+        arrays = [host_array(t * prescale if prescale != 1.0 else t, reducing=True) for t in tensors]
+        outs = members.mpi.reducescatter(arrays, op, names)
+        results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
     return [r * postscale if postscale != 1.0 else r for r in results]
+
+
+def _scaled(tensors: list[torch.Tensor], prescale: float) -> list[torch.Tensor]:
+    """CUDA tensors scaled before their reduction, on the caller's stream (host tensors are scaled later)."""
+    if prescale == 1.0 or not tensors or not tensors[0].is_cuda:
+        return tensors
+    return [t * prescale for t in tensors]
 
 
 def _scatter_op(op: int) -> int:
@@ -457,8 +498,9 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
     """Start reducing ``tensor`` over ranks and keeping this rank's block of its first dimension."""
     (tensor,) = _checked([tensor], "hvd.reducescatter_async")
     op, names = _scatter_op(op), _names(name, "reducescatter", 1)
+    ready = _ready(_scaled([tensor], prescale_factor), process_set, "hvd.reducescatter", reducing=True)
     return _start(lambda: _reducescatter_now([tensor], names, op, prescale_factor, postscale_factor,
-                                             process_set)[0])
+                                             process_set, ready)[0])
 
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
@@ -467,7 +509,9 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
     """Start ``reducescatter`` of several tensors."""
     tensors = _checked(list(tensors), "hvd.grouped_reducescatter_async")
     op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
-    return _start(lambda: _reducescatter_now(tensors, names, op, prescale_factor, postscale_factor, process_set))
+    ready = _ready(_scaled(tensors, prescale_factor), process_set, "hvd.grouped_reducescatter", reducing=True)
+    return _start(lambda: _reducescatter_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
+                                             ready))
 
 
 def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:

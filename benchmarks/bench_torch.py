@@ -1,0 +1,54 @@
+"""The PyTorch binding (hvd_notebook.runtime.torch), 2 CPU ranks, side by side in one run:
+
+- hvd.allreduce of a float32 torch tensor vs mpi4py's Allreduce on numpy buffers of the same size
+  (4 KiB, 1 MiB, 16 MiB): targets as for TensorFlow tensors (within 2x at 4 KiB, 1.1x from 1 MiB);
+- a training step with hvd.DistributedOptimizer vs the same step under DistributedDataParallel
+  (gloo) on the same MLP (3.2 M parameters): target within 1.1x;
+- overlap: a backward pass with a 20 ms delay per layer and 4 MiB of gradient per layer; the
+  DistributedOptimizer step against compute alone, communication alone and their sum. Target: the
+  step closer to max(compute, communication) than to their sum (at most their midpoint).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from common import Context, Report, Row, run_worker
+
+HERE = Path(__file__).resolve().parent
+LARGE_TARGET, SMALL_TARGET, DDP_TARGET = 1.1, 2.0, 1.1
+
+
+def run(ctx: Context) -> Report:
+    sys.path.insert(0, str(HERE.parent))
+    from hvd_notebook.cluster import find_mpiexec, rank_environment
+
+    res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
+    us = 1e6
+    rows = []
+    for nbytes, r in res["sizes"].items():
+        nbytes = int(nbytes)
+        label = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+        rows.append(Row(f"allreduce {label}: hvd (torch tensor) vs mpi4py Allreduce", "us", r["hvd_s"] * us,
+                        r["raw_mpi_s"] * us, LARGE_TARGET if nbytes >= 1 << 20 else SMALL_TARGET))
+    d = res["ddp"]
+    rows.append(Row(f"training step, MLP of {d['parameters'] / 1e6:.1f} M parameters: DistributedOptimizer vs "
+                    "DistributedDataParallel (gloo)", "ms", d["hvd_step_s"] * 1e3, d["ddp_step_s"] * 1e3, DDP_TARGET))
+    o = res["overlap"]
+    longer, total = max(o["compute_s"], o["communication_s"]), o["compute_s"] + o["communication_s"]
+    rows.append(Row("overlap: DistributedOptimizer step vs the midpoint of max(compute, comm) and their sum", "ms",
+                    o["step_s"] * 1e3, (longer + total) / 2 * 1e3, 1.0))
+    rows.append(Row("overlap: DistributedOptimizer step vs compute + communication one after the other", "ms",
+                    o["step_s"] * 1e3, total * 1e3))
+    hidden = (total - o["step_s"]) / min(o["compute_s"], o["communication_s"])
+    notes = [
+        f"overlap: compute alone {o['compute_s'] * 1e3:.0f} ms, communication alone "
+        f"{o['communication_s'] * 1e3:.0f} ms ({o['gradient_mib']:.0f} MiB of gradients), step "
+        f"{o['step_s'] * 1e3:.0f} ms: {hidden:.0%} of the shorter one hidden behind the longer",
+        f"torch {res['torch']}; medians, ours and the baseline interleaved, each after a barrier",
+    ]
+    if ctx.quick:
+        notes.append("--quick: few samples, figures are rough")
+    return Report(name="torch", title="the PyTorch binding, 2 CPU ranks", ours_label="hvd", baseline_label="baseline",
+                  rows=rows, notes=notes, data=res)

@@ -1,0 +1,161 @@
+"""Runs inside `mpiexec -n 2` for bench_torch.py: the PyTorch binding against raw MPI, against
+DistributedDataParallel, and its overlap of communication with backward; rank 0 writes JSON.
+
+    mpiexec -n 2 python benchmarks/mpi_torch_worker.py OUT.json [--quick]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import hvd_notebook.runtime.torch as hvd  # noqa: E402
+from hvd_notebook.engine.frameworks import init_torch_distributed  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+def timed(fn, comm) -> float:
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_pair(ours, raw, reps: int, comm) -> tuple[float, float]:
+    """Interleave the two so drift hits both alike; medians in seconds."""
+    for _ in range(max(2, reps // 10)):
+        ours(), raw()
+    a, b = [], []
+    for _ in range(reps):
+        a.append(timed(ours, comm))
+        b.append(timed(raw, comm))
+    return statistics.median(a), statistics.median(b)
+
+
+def allreduce_sizes(comm, quick: bool) -> dict:
+    out = {}
+    for nbytes in (4 << 10, 1 << 20, 16 << 20):
+        t = torch.ones(nbytes // 4)
+        send, recv = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+        reps = (20 if quick else 200) if nbytes <= 1 << 20 else (5 if quick else 30)
+        ours, raw = median_pair(lambda t=t: hvd.allreduce(t, op=hvd.Sum, name="bench"),
+                                lambda s=send, r=recv: comm.Allreduce(s, r, op=MPI.SUM), reps, comm)
+        out[str(nbytes)] = {"hvd_s": ours, "raw_mpi_s": raw}
+    return out
+
+
+def mlp(width: int, depth: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def optimizer_vs_ddp(comm, quick: bool) -> dict:
+    """The same model, data and SGD step: hvd.DistributedOptimizer against DDP (gloo)."""
+    width, depth, batch = 512, 6, 64
+    x, y = torch.randn(batch, width), torch.randint(0, 10, (batch,))
+    model_h = mlp(width, depth)
+    opt_h = hvd.DistributedOptimizer(torch.optim.SGD(model_h.parameters(), lr=0.01),
+                                     named_parameters=model_h.named_parameters())
+    model_d = torch.nn.parallel.DistributedDataParallel(mlp(width, depth))
+    opt_d = torch.optim.SGD(model_d.parameters(), lr=0.01)
+
+    def step(model, opt):
+        def run():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return run
+
+    ours, ddp = median_pair(step(model_h, opt_h), step(model_d, opt_d), 10 if quick else 60, comm)
+    params = sum(p.numel() for p in model_h.parameters())
+    return {"hvd_step_s": ours, "ddp_step_s": ddp, "parameters": params}
+
+
+class _SlowBackward(torch.autograd.Function):
+    """Identity forward; a fixed delay in backward (a layer's compute, without using a core)."""
+
+    @staticmethod
+    def forward(ctx, x, delay):
+        ctx.delay = delay
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.delay)
+        return grad, None
+
+
+class Delayed(torch.nn.Module):
+    def __init__(self, width: int, delay: float) -> None:
+        super().__init__()
+        self.linear, self.delay = torch.nn.Linear(width, width), delay
+
+    def forward(self, x):
+        return _SlowBackward.apply(self.linear(x), self.delay)
+
+
+def overlap(comm, quick: bool) -> dict:
+    """Backward with a delay per layer, each layer's gradient large: compute alone (no reduction),
+    communication alone (the gradients reduced after backward, one grouped call), and the
+    DistributedOptimizer step, whose reductions start from the hooks while backward goes on."""
+    width, depth, delay = 1024, 8, 0.02  # 8 x 4 MiB of gradients; 8 x 20 ms of backward
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[Delayed(width, delay) for _ in range(depth)])
+    x = torch.randn(4, width)
+    plain = torch.optim.SGD(model.parameters(), lr=1e-6)
+
+    def compute():
+        plain.zero_grad()
+        model(x).sum().backward()
+        plain.step()
+
+    grads = [torch.randn_like(p) for p in model.parameters()]
+
+    def communicate():
+        hvd.grouped_allreduce(grads, name="overlap.grads")
+
+    reps = 5 if quick else 20
+    compute_s, comm_s = median_pair(compute, communicate, reps, comm)
+    wrapped = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-6),
+                                       named_parameters=model.named_parameters())
+
+    def step():
+        wrapped.zero_grad()
+        model(x).sum().backward()
+        wrapped.step()
+
+    step_s, _ = median_pair(step, lambda: None, reps, comm)
+    return {"compute_s": compute_s, "communication_s": comm_s, "step_s": step_s,
+            "gradient_mib": sum(p.numel() for p in model.parameters()) * 4 / 2**20}
+
+
+def main() -> None:
+    out_path, quick = sys.argv[1], "--quick" in sys.argv
+    hvd.init()
+    comm = MPI.COMM_WORLD
+    init_torch_distributed(hvd, "127.0.0.1")  # gloo, as a --framework torch cluster's ranks have it
+    result = {"sizes": allreduce_sizes(comm, quick), "ddp": optimizer_vs_ddp(comm, quick),
+              "overlap": overlap(comm, quick), "torch": torch.__version__}
+    if hvd.rank() == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+    dist.destroy_process_group()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""PyTorch ranks (`%hvd start --framework torch`) through a real IPython shell and a real kernel:
+no TensorFlow on the ranks, horovod.torch-style training in a cell equal to one process at the whole
+batch, DistributedDataParallel on torch.distributed's default group, and the failures (an interrupt
+while a rank is blocked in a gloo allreduce, a rank killed inside DDP's backward), each proven by PID
+to leave nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import textwrap
+import time
+
+import psutil
+import pytest
+from conftest import assert_gone, figure
+from test_lifecycle import _collect, _execute, _start_kernel
+
+from hvd_notebook.kernel.session import Session
+
+START = "%hvd start -n 2 --framework torch"
+
+
+@pytest.fixture
+def session(ip):
+    s = Session.get()
+    assert s.cluster is None, "another test left a cluster running"
+    yield s
+    pids = s.cluster.pids() if s.cluster else set()
+    s.stop()
+    if pids:
+        assert_gone(pids)
+
+
+def _values(out: str, key: str) -> dict[int, str]:
+    """``[rank] KEY value`` lines of a cell's output, by rank."""
+    return {int(m.group(1)): m.group(2) for m in re.finditer(rf"^\[(\d+)\] {key} (.+)$", out, re.M)}
+
+
+def test_a_torch_cluster_has_hvd_torch_and_torch_distributed_and_no_tensorflow(session, run):
+    t0 = time.monotonic()
+    result, out = run(START)
+    assert result.success, out
+    figure(f"--framework torch: 2 ranks started in {time.monotonic() - t0:.1f} s")
+    assert "(hvd: builtin; torch 2." in out and "torch.distributed gloo)" in out, out
+    result, out = run(
+        "%%hvd --all-output\n"
+        "import os, sys, torch, torch.distributed as dist, psutil\n"
+        "print('TF', 'tensorflow' in sys.modules or 'keras' in sys.modules)\n"
+        "print('HVD', hvd.__name__, dist.get_backend(), dist.get_rank(), dist.get_world_size(), hvd.rank(),"
+        " os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], torch.get_num_threads())\n"
+        "t = torch.ones(2) * (hvd.rank() + 1)\ndist.all_reduce(t)\nprint('SUM', t.tolist())\n"
+        "print('RSS', psutil.Process().memory_info().rss >> 20)"
+    )
+    assert result.success, out
+    assert _values(out, "TF") == {0: "False", 1: "False"}, out
+    for r in (0, 1):
+        assert _values(out, "HVD")[r] == f"hvd_notebook.runtime.torch gloo {r} 2 {r} {r} 2 127.0.0.1 1", out
+        assert _values(out, "SUM")[r] == "[3.0, 3.0]"
+    figure(f"--framework torch: a rank holds {_values(out, 'RSS')[0]} MiB after its first cell")
+    assert all(r.framework.startswith("torch 2.") for r in session.cluster.ranks)
+
+
+DIGITS = textwrap.dedent("""
+    import hashlib, torch, numpy as np
+    import horovod.torch as hvd_alias
+    from sklearn.datasets import load_digits
+    assert hvd_alias.allreduce is hvd.allreduce
+    torch.manual_seed(hvd.rank())  # different initial weights: broadcast_parameters must fix them
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x / 16.0, dtype=torch.float32), torch.tensor(y)
+
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+    model = make()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    reference = make()
+    reference.load_state_dict(model.state_dict())  # one process, the whole batch, from the same start
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    batch = 32  # per rank; the reference takes 2 x 32
+    for epoch in range(2):
+        for start in range(0, 1792 - 2 * batch + 1, 2 * batch):
+            whole = slice(start, start + 2 * batch)
+            mine = slice(start + hvd.rank() * batch, start + (hvd.rank() + 1) * batch)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x[mine]), y[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            torch.nn.functional.cross_entropy(reference(x[whole]), y[whole]).backward()
+            ref_opt.step()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    ref = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    accuracy = (model(x).argmax(1) == y).float().mean().item()
+    print('DIGEST', hashlib.sha256(weights.numpy().tobytes()).hexdigest())
+    print('DIFF', float((weights - ref).abs().max()))
+    print('ACC', round(accuracy, 3))
+""")
+
+
+def test_horovod_torch_training_equals_one_process_at_twice_the_batch(session, run):
+    result, out = run(START)
+    assert result.success, out
+    result, out = run("%%hvd --all-output\n" + DIGITS)
+    assert result.success, out
+    digests = _values(out, "DIGEST")
+    assert len(digests) == 2 and digests[0] == digests[1], out  # identical weights, bit for bit
+    for r in (0, 1):
+        assert float(_values(out, "DIFF")[r]) < 1e-4, out
+        assert float(_values(out, "ACC")[r]) > 0.9, out
+
+
+DDP = textwrap.dedent("""
+    import hashlib, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    reference.load_state_dict(model.state_dict())
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for step in range(10):
+        x, y = torch.randn(16, 16, generator=g), torch.randn(16, 1, generator=g)
+        mine = slice(8 * dist.get_rank(), 8 * (dist.get_rank() + 1))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+    w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    r = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    print('DIGEST', hashlib.sha256(w.numpy().tobytes()).hexdigest())
+    print('DIFF', float((w - r).abs().max()))
+""")
+
+
+def test_ddp_in_a_cell_and_a_rank_killed_inside_its_backward(session, run):
+    result, out = run(START)
+    assert result.success, out
+    result, out = run("%%hvd --all-output\n" + DDP)
+    assert result.success, out
+    digests = _values(out, "DIGEST")
+    assert len(digests) == 2 and digests[0] == digests[1], out
+    assert all(float(d) < 1e-5 for d in _values(out, "DIFF").values()), out
+    first = session.cluster.pids()
+    t0 = time.monotonic()
+    result, out = run(  # rank 1 dies in a gradient hook, in the middle of DDP's backward; rank 0 waits in gloo
+        "%%hvd\nimport os, signal\n"
+        "def die(grad):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "if hvd.rank() == 1:\n    model[0].weight.register_hook(die)\n"
+        "x = torch.randn(8, 16)\nddp(x).sum().backward()"
+    )
+    assert not result.success and time.monotonic() - t0 < 15, out
+    figure(f"SIGKILL of a rank inside DDP's backward: the cell failed after {time.monotonic() - t0:.1f} s")
+    assert "rank(s) [1] died while running the cell (rank 1: signal Kill" in out, out
+    result, out = run("%hvd restart")
+    assert result.success, out
+    assert_gone(first)
+    result, out = run("%%hvd --all-output\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                      "dist.all_reduce(t)\nprint('SUM', t.item())")
+    assert _values(out, "SUM") == {0: "2.0", 1: "2.0"}, out
+
+
+def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
+    """JupyterLab's stop button while rank 0 waits in a gloo allreduce that rank 1 never joins."""
+    km, kc = _start_kernel()
+    try:
+        reply, out = _execute(kc, f"%load_ext hvd_notebook\n{START}\nfrom hvd_notebook.kernel.session import Session")
+        assert reply["content"]["status"] == "ok", out
+        _, out = _execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
+        old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
+        msg_id = kc.execute("%%hvd\nimport time, torch, torch.distributed as dist\nif hvd.rank() == 0:\n"
+                            "    dist.all_reduce(torch.ones(4))\nelse:\n    time.sleep(600)")
+        time.sleep(3)  # the cell is running; rank 0 is inside gloo
+        t0 = time.monotonic()
+        km.interrupt_kernel()
+        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
+            assert time.monotonic() - t0 < 15, "the ranks were not stopped within 15 s of the interrupt"
+            time.sleep(0.1)
+        reply, out = _collect(kc, msg_id)
+        back = time.monotonic() - t0
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", out
+        assert "did not respond to an interrupt" in out, out
+        figure(f"interrupt of a rank blocked in gloo: the cell returned with a fresh world in {back:.1f} s")
+        reply, out = _execute(kc, "%%hvd --all-output\nimport torch, torch.distributed as dist\n"
+                                  "t = torch.ones(1)\ndist.all_reduce(t)\nprint('fresh', t.item(), "
+                                  "hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
+        assert reply["content"]["status"] == "ok" and "[1] fresh 2.0 2.0" in out, out
+        _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
+        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        km.shutdown_kernel(now=False)
+        assert_gone(pids | old, timeout=30)
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def test_framework_torch_where_it_is_not_installed_says_what_to_do(session, run, tmp_path):
+    # a rank whose Python cannot import torch (a sitecustomize hides it) fails the start with the remedy
+    (tmp_path / "sitecustomize.py").write_text(
+        "import importlib.abc, sys\n"
+        "class Hide(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch':\n            raise ModuleNotFoundError('hidden')\n"
+        "sys.meta_path.insert(0, Hide())\n")
+    result, out = run(f"{START} --env PYTHONPATH={tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    assert not result.success
+    assert "--framework torch: torch is not installed" in out and "hvd_notebook[torch]" in out, out
+    assert session.cluster is None
+
+
+TQDM = textwrap.dedent("""
+    import torch
+    from tqdm.auto import tqdm, trange
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    model = torch.nn.Linear(8, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters())
+    for epoch in trange(2, desc='epochs', disable=hvd.rank() != 0):
+        bar = tqdm(loader, desc=f'epoch {epoch}')
+        for x, y in bar:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            bar.set_postfix(loss=loss.item())
+    print('trained')
+""")
+
+
+def test_tqdm_bars_in_a_cell_feed_the_dashboard(session, run):
+    result, out = run(START)
+    assert result.success, out
+    result, out = run("%%hvd --progress text\n" + TQDM)
+    assert result.success, out
+    assert "[0] trained" in out and "it/s" not in out and "8/8" not in out, out  # no tqdm text at all
+    lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
+    assert len(lines) == 2, out
+    for epoch, line in enumerate(lines, 1):
+        assert f"epoch {epoch}/2 | 2 ranks | " in line and "samples/s | loss " in line, out

@@ -1,0 +1,82 @@
+"""tqdm bars feed the dashboard's progress updates (engine/tqdm_bars.py), in this process: the
+publisher that an engine would use is replaced by a list, everything else is real tqdm."""
+
+from __future__ import annotations
+
+import importlib
+import io
+
+import pytest
+
+from hvd_notebook.dashboard.message import ProgressUpdate, RankState
+from hvd_notebook.engine import progress, tqdm_bars
+
+
+@pytest.fixture
+def updates(monkeypatch):
+    published: list[ProgressUpdate] = []
+
+    def publish(data):
+        published.extend(ProgressUpdate.from_dict(v) for v in data.values())
+
+    monkeypatch.setattr(progress._State, "publish", publish)
+    monkeypatch.setattr(progress._State, "enabled", True)
+    monkeypatch.setattr(progress, "_current_cell", lambda: "cell-1")
+    monkeypatch.setattr(progress.Throttle, "ready", lambda self, force=False: True)  # every update, here
+    modules = {name: importlib.import_module(name) for name in ("tqdm", "tqdm.std", "tqdm.auto")}
+    saved = {name: (m.tqdm, getattr(m, "trange", None)) for name, m in modules.items()}
+    assert tqdm_bars.install()
+    yield published
+    for name, (cls, trange) in saved.items():
+        modules[name].tqdm = cls
+        if trange is not None:
+            modules[name].trange = trange
+    progress._Custom.run = None
+
+
+class Loader(list):
+    batch_size = 8
+
+
+def test_a_bar_over_a_loader_reports_steps_samples_and_metrics_and_prints_nothing(updates, capsys):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(Loader(range(5)), desc="train")
+    for _ in bar:
+        bar.set_postfix(loss=0.5, note="text")
+    bar.close()
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""
+    last = updates[-1]
+    assert (last.step, last.steps, last.samples, last.state) == (5, 5, 40, RankState.DONE)
+    assert last.logs["loss"] == 0.5 and "note" not in last.logs
+
+
+def test_an_outer_trange_is_the_epochs_and_inner_bars_add_up_samples(updates):
+    from tqdm import tqdm, trange
+
+    for _epoch in trange(3, disable=True):  # disabled on this rank, as on every rank but 0: still reported
+        for _ in tqdm(Loader(range(4)), leave=False):
+            pass
+    epochs = {u.epoch for u in updates}
+    assert epochs == {0, 1, 2} and all(u.epochs == 3 for u in updates)
+    assert max(u.samples or 0 for u in updates) == 3 * 4 * 8
+    assert len({u.run for u in updates}) == 1  # one run on the dashboard, not one per epoch
+    assert updates[-1].state == RankState.DONE
+
+
+def test_without_a_dashboard_a_bar_is_tqdms_own(updates, monkeypatch):
+    import tqdm
+
+    monkeypatch.setattr(progress._State, "enabled", False)  # %%hvd --no-progress
+    sink = io.StringIO()
+    for _ in tqdm.tqdm(range(3), file=sink, mininterval=0):
+        pass
+    assert "3/3" in sink.getvalue() and updates == []
+
+
+def test_install_is_idempotent(updates):
+    import tqdm
+
+    cls = tqdm.tqdm
+    assert tqdm_bars.install() and tqdm.tqdm is cls and getattr(cls, "hvd_dashboard", False)
