@@ -100,10 +100,11 @@ def dashboard_class(base: type) -> type:
             super().set_postfix(ordered_dict, refresh, **kwargs)
 
         def close(self) -> None:
-            if getattr(self, "hvd_reporting", False) and self in _Open.bars:
+            # (by identity: tqdm compares bars by their screen position)
+            if getattr(self, "hvd_reporting", False) and any(b is self for b in _Open.bars):
                 if self.n != self.hvd_reported:  # (a finished run is not reported twice: it would start anew)
                     _report()
-                _Open.bars.remove(self)
+                _Open.bars[:] = [b for b in _Open.bars if b is not self]
                 if _Open.bars and self.hvd_batch_size:  # an inner bar ended: its samples stay counted
                     _Open.samples_before += int(self.n) * self.hvd_batch_size
                 elif not _Open.bars:

@@ -82,7 +82,7 @@ DIGITS = textwrap.dedent("""
     reference.load_state_dict(model.state_dict())  # one process, the whole batch, from the same start
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     batch = 32  # per rank; the reference takes 2 x 32
-    for epoch in range(2):
+    for epoch in range(5):
         for start in range(0, 1792 - 2 * batch + 1, 2 * batch):
             whole = slice(start, start + 2 * batch)
             mine = slice(start + hvd.rank() * batch, start + (hvd.rank() + 1) * batch)

@@ -53,11 +53,12 @@ def test_a_bar_over_a_loader_reports_steps_samples_and_metrics_and_prints_nothin
 
 
 def test_an_outer_trange_is_the_epochs_and_inner_bars_add_up_samples(updates):
-    from tqdm import tqdm, trange
+    from tqdm.auto import tqdm, trange
 
-    for _epoch in trange(3, disable=True):  # disabled on this rank, as on every rank but 0: still reported
-        for _ in tqdm(Loader(range(4)), leave=False):
-            pass
+    for epoch in trange(3, desc="epochs", disable=True):  # disabled as on every rank but 0: still reported
+        bar = tqdm(Loader(range(4)), desc=f"epoch {epoch}")  # (tqdm compares bars by position, not identity)
+        for _ in bar:
+            bar.set_postfix(loss=0.25)
     epochs = {u.epoch for u in updates}
     assert epochs == {0, 1, 2} and all(u.epochs == 3 for u in updates)
     assert max(u.samples or 0 for u in updates) == 3 * 4 * 8
