@@ -16,9 +16,10 @@ own error (``MismatchError``, ``ValueError``, ``StallError``) from ``synchronize
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -88,10 +89,39 @@ _handles: dict[int, _Pending] = {}
 _handle_ids = itertools.count(1)
 
 
+_here = threading.local()  # .inline: the synchronous forms run their call in the calling thread
+
+
+@contextlib.contextmanager
+def _in_this_thread() -> Iterator[None]:
+    """Calls started inside run at once in this thread (the synchronous forms: no hand-over to a worker)."""
+    before = getattr(_here, "inline", False)
+    _here.inline = True
+    try:
+        yield
+    finally:
+        _here.inline = before
+
+
 def _start(fn: Callable[[], Any]) -> int:
     handle = next(_handle_ids)
-    _handles[handle] = _workers.submit(fn)
+    if getattr(_here, "inline", False):
+        pending = _Pending()
+        try:
+            pending.result = fn()
+        except BaseException as exc:  # raised by synchronize(), as from a worker
+            pending.error = exc
+        pending.done.set()
+        _handles[handle] = pending
+    else:
+        _handles[handle] = _workers.submit(fn)
     return handle
+
+
+def _now(start: Callable[..., int], *args: Any) -> Any:
+    """The result of the asynchronous form ``start(*args)``, its call run in this thread."""
+    with _in_this_thread():
+        return synchronize(start(*args))
 
 
 def poll(handle: int) -> bool:
@@ -146,6 +176,9 @@ def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, presc
     members = _members(process_set, call)
     if ready is not None:
         results = gpu.allreduce(members.nccl, ready, tensors, op, prescale, postscale, names)
+    elif len(tensors) == 1 and (one := members.mpi.allreduce_one(host_array(tensors[0], reducing=True), op,
+                                                                  prescale, postscale, names[0])) is not None:
+        results = [as_tensor(one, tensors[0])]  # the cached single-tensor path (see mpi_backend)
     else:
         reduced = members.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
                                         names)
@@ -169,33 +202,40 @@ def _names(name: str | None, kind: str, count: int) -> list[str]:
     return [auto_name(kind) for _ in range(count)]
 
 
+def _allreduce_job(tensors: list[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
+                   postscale: float, process_set: Any, in_place: bool, call: str) -> Callable[[], list[torch.Tensor]]:
+    """An allreduce checked, named and ordered now (in the calling thread), to run now or in a worker."""
+    tensors = _checked(list(tensors), call)
+    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
+    ready = _ready(tensors, process_set, call, reducing=True)
+    return lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
+                                  tensors if in_place else None, call, ready)
+
+
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Any = global_process_set) -> int:
     """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
-    (tensor,) = _checked([tensor], "hvd.allreduce_async")
-    op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
-    ready = _ready([tensor], process_set, "hvd.allreduce", reducing=True)
-    return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
-                                         None, "hvd.allreduce", ready)[0])
+    job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False,
+                         "hvd.allreduce_async")
+    return _start(lambda: job()[0])
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: Any = global_process_set) -> int:
     """As ``allreduce_async``, writing the result into ``tensor``."""
-    (tensor,) = _checked([tensor], "hvd.allreduce_async_")
-    op, names = _reduce_op(op, average), _names(name, "allreduce", 1)
-    ready = _ready([tensor], process_set, "hvd.allreduce_", reducing=True)
-    return _start(lambda: _allreduce_now([tensor], names, op, prescale_factor, postscale_factor, process_set,
-                                         [tensor], "hvd.allreduce_", ready)[0])
+    job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
+                         "hvd.allreduce_async_")
+    return _start(lambda: job()[0])
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: Any = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks in place; returns ``tensor``."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set))
+    return _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
+                          "hvd.allreduce_")()[0]
 
 
 class _Allreduce(torch.autograd.Function):
@@ -205,7 +245,7 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: int, name: str | None, prescale: float, postscale: float,
                 process_set: Any) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return synchronize(allreduce_async(tensor, None, name, op, prescale, postscale, process_set))
+        return _allreduce_job([tensor], None, name, op, prescale, postscale, process_set, False, "hvd.allreduce")()[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -224,6 +264,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     check_tensor(tensor, "hvd.allreduce")
     op = _reduce_op(op, average)
+    if compression is Compression.none and not (tensor.requires_grad and torch.is_grad_enabled()):
+        # nothing to differentiate or compress: the call itself, without autograd's bookkeeping
+        return _allreduce_job([tensor], None, name, op, prescale_factor, postscale_factor, process_set, False,
+                              "hvd.allreduce")()[0]
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -233,30 +277,24 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = global_process_set) -> int:
     """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
-    tensors = _checked(list(tensors), "hvd.grouped_allreduce_async")
-    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
-    ready = _ready(tensors, process_set, "hvd.grouped_allreduce", reducing=True)
-    return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set, None,
-                                         "hvd.grouped_allreduce", ready))
+    return _start(_allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
+                                 "hvd.grouped_allreduce_async"))
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = global_process_set) -> int:
     """As ``grouped_allreduce_async``, writing each result into its tensor."""
-    tensors = _checked(list(tensors), "hvd.grouped_allreduce_async_")
-    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
-    ready = _ready(tensors, process_set, "hvd.grouped_allreduce_", reducing=True)
-    return _start(lambda: _allreduce_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
-                                         tensors, "hvd.grouped_allreduce_", ready))
+    return _start(_allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
+                                 "hvd.grouped_allreduce_async_"))
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: Any = global_process_set) -> list[torch.Tensor]:
     """Reduce several tensors in place; returns them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor, postscale_factor,
-                                                process_set))
+    return _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
+                          "hvd.grouped_allreduce_")()
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -264,8 +302,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, op: int, name: str | None, prescale: float, postscale: float, process_set: Any,
                 *tensors: torch.Tensor) -> Any:
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(synchronize(grouped_allreduce_async(list(tensors), None, name, op, prescale, postscale,
-                                                         process_set)))
+        return tuple(_allreduce_job(tensors, None, name, op, prescale, postscale, process_set, False,
+                                    "hvd.grouped_allreduce")())
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -327,7 +365,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> torch.Tensor:
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return synchronize(allgather_async(tensor, name, process_set))
+        return _now(allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -345,7 +383,7 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, process_set: Any, *tensors: torch.Tensor) -> Any:
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(_now(grouped_allgather_async, list(tensors), name, process_set))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -396,14 +434,14 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return _now(broadcast_async_, tensor, root_rank, name, process_set)
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: Any) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+        return _now(broadcast_async, tensor, root_rank, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -447,7 +485,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: Any) -> Any:
-        out, received = synchronize(alltoall_async(tensor, splits, name, process_set))
+        out, received = _now(alltoall_async, tensor, splits, name, process_set)
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return out, received
@@ -525,7 +563,7 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: Any, prescale: float,
                 postscale: float) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale, postscale))
+        return _now(reducescatter_async, tensor, name, op, process_set, prescale, postscale)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -547,8 +585,7 @@ class _GroupedReducescatter(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: int, process_set: Any, prescale: float, postscale: float,
                 *tensors: torch.Tensor) -> Any:
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(synchronize(grouped_reducescatter_async(list(tensors), name, op, process_set, prescale,
-                                                             postscale)))
+        return tuple(_now(grouped_reducescatter_async, list(tensors), name, op, process_set, prescale, postscale))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
