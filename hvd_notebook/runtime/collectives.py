@@ -184,6 +184,19 @@ def _gpu(world: Any) -> TensorFlowOnNccl:
     return TensorFlowOnNccl(world.nccl)
 
 
+def _is_cupy(x: Any) -> bool:
+    """A cupy array (asked without importing cupy): it stays on its GPU, through NCCL."""
+    return type(x).__module__.startswith("cupy")
+
+
+def _nccl_of(world: Any, call: str) -> Any:
+    """The NCCL backend that cupy arrays need; a clear error where the world has none."""
+    if world.nccl is None:
+        raise ValueError(f"{call} of cupy arrays needs NCCL on every rank (one NVIDIA GPU per rank, cupy installed, "
+                         "HVD_NOTEBOOK_NCCL not 0); pass numpy arrays (cupy.asnumpy) to go through the host.")
+    return world.nccl
+
+
 def _members(process_set: Any, call: str, tensor: Any = None) -> Any:
     """What a collective on ``process_set`` runs on: the world (``None``, the global set) or the set's own
     communicator and backends, alike in ``mpi``, ``nccl``, ``rank`` and ``size``. A rank outside the set gets
@@ -400,7 +413,10 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     plain = compression is Compression.none  # (the common case: no pass over the tensors for it)
     compressed, ctxs = (tensors, ()) if plain else zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
-    if _is_tf(compressed[0]):
+    if _is_cupy(compressed[0]):
+        reduced = _nccl_of(members, "hvd.grouped_allreduce").allreduce(list(compressed), op, prescale_factor,
+                                                                       postscale_factor, names)
+    elif _is_tf(compressed[0]):
         reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor,
                                         members, process_set)
     else:
@@ -569,6 +585,8 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return world.mpi.allgather(arrays, names)
 
+    if _is_cupy(tensors[0]):
+        return _nccl_of(world, "hvd.allgather").allgather(list(tensors), names)
     if not _is_tf(tensors[0]):
         return gather_np([np.asarray(t) for t in tensors])
     tf = _tf()
@@ -606,6 +624,8 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return world.mpi.broadcast(arrays, root, names)
 
+    if _is_cupy(tensor):
+        return _nccl_of(world, "hvd.broadcast").broadcast([tensor], root, names)[0]
     if not _is_tf(tensor):
         return bcast_np([np.asarray(tensor)])[0]
     tf = _tf()
@@ -769,6 +789,9 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 
     rs_np = scaled(lambda arrays: world.mpi.reducescatter(arrays, op, names))
 
+    if _is_cupy(tensors[0]):
+        return scaled(lambda arrays: _nccl_of(world, "hvd.reducescatter").reducescatter(arrays, op, names))(
+            list(tensors))
     if not _is_tf(tensors[0]):
         return rs_np([np.asarray(t) for t in tensors])
     tf = _tf()

@@ -1,7 +1,7 @@
 """Gradient compression for collectives, as ``horovod.tensorflow.Compression``.
 
 ``Compression.fp16`` sends floating tensors as float16 and restores their dtype
-afterwards; other tensors pass unchanged. Works on numpy arrays and
+afterwards; other tensors pass unchanged. Works on numpy and cupy arrays and
 TensorFlow tensors alike.
 """
 
@@ -14,10 +14,17 @@ import numpy as np
 from .bridges import is_tf as _is_tf
 
 
+def _array(x: Any) -> Any:
+    """``x`` as an array with ``dtype`` and ``astype``: numpy and cupy arrays as they are, anything else
+    through numpy."""
+    return x if hasattr(x, "dtype") and hasattr(x, "astype") else np.asarray(x)
+
+
 def _is_floating(x: Any) -> bool:
     if _is_tf(x):
         return x.dtype.is_floating
-    return np.issubdtype(np.asarray(x).dtype, np.floating) or str(np.asarray(x).dtype) == "bfloat16"
+    dtype = np.dtype(_array(x).dtype)
+    return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
 
 
 class Compressor:
@@ -55,7 +62,7 @@ class FP16Compressor(Compressor):
             import tensorflow as tf
 
             return tf.cast(tensor, tf.float16), tensor.dtype
-        arr = np.asarray(tensor)
+        arr = _array(tensor)
         return arr.astype(np.float16), arr.dtype
 
     @staticmethod
@@ -66,7 +73,7 @@ class FP16Compressor(Compressor):
             import tensorflow as tf
 
             return tf.cast(tensor, ctx)
-        return np.asarray(tensor).astype(ctx)
+        return _array(tensor).astype(ctx)
 
 
 class Compression:
