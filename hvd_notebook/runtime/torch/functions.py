@@ -18,6 +18,7 @@ import torch
 from .. import collectives as _collectives
 from .. import process_sets as _process_sets
 from ..process_sets import global_process_set
+from . import gpu
 from .tensors import as_tensor, host_array
 
 
@@ -42,12 +43,16 @@ def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: in
         return
     members = _process_sets.members(process_set, "hvd.broadcast_parameters")
     root = _process_sets.root_of(members, root_rank)
-    received = members.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+    if gpu.on_nccl(tensors, members):  # CUDA tensors stay on the GPU: NCCL's broadcast
+        results = gpu.broadcast(members.nccl, gpu.Ready(tensors, reducing=False), tensors, root, names)
+    else:
+        received = members.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+        results = [as_tensor(r, t, t.shape) for r, t in zip(received, tensors)]
     if members.rank == root:
         return
     with torch.no_grad():
-        for t, r in zip(tensors, received):
-            t.copy_(as_tensor(r, t, t.shape))
+        for t, r in zip(tensors, results):
+            t.copy_(r)
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = global_process_set) -> None:
