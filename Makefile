@@ -12,7 +12,7 @@ TORCH_CPU := torch==2.13.0
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test test-fast test-horovod horovod-suite gpu-check lab bench clean
+.PHONY: install demo test test-fast test-horovod horovod-suite gpu-check gpu-wheels lab bench clean
 
 # also links .venv/bin/horovodrun to hvd-notebook (which then answers as `hvd-notebook run`), unless
 # a real Horovod has installed its own (docs/running-scripts.md)
@@ -40,9 +40,14 @@ test: install
 test-fast: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-# on a machine with an NVIDIA GPU: the `gpu` tests under mpiexec, then the GPU timings; not part of `make test`
+# on a machine with an NVIDIA GPU: the `gpu` tests under mpiexec, a %%hvd cell on the GPU, the GPU timings;
+# not part of `make test`. On the lent GPU machine (no network) run `bash benchmarks/gpu_check.sh` with the
+# wheel folder that `make gpu-wheels` builds here carried along (benchmarks/README.md)
 gpu-check: install
 	bash benchmarks/gpu_check.sh
+
+gpu-wheels: install
+	bash scripts/gpu-wheels.sh
 
 # The horovod backend against a real Horovod 0.28.1 (built once, ~15 min, cached
 # outside the repository); not part of `make test`.

@@ -92,7 +92,7 @@ BENCHMARKS: list[Benchmark] = [
     ),
     Benchmark(
         "gpu",
-        "one GPU: hvd.allreduce vs raw NCCL, 1 MiB .. 1 GiB; DistributedOptimizer vs plain (needs a GPU)",
+        "one GPU: hvd.allreduce of a torch CUDA tensor vs raw NCCL, 1 .. 256 MiB (needs a GPU, PyTorch and cupy)",
         bench_gpu.run,
         by_default=False,
     ),
