@@ -42,6 +42,9 @@ class Slow(keras.callbacks.Callback):  # a few seconds of training, to watch
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.02)""",
     "%%hvd\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[Slow()])",
+    # a tqdm bar, as a PyTorch loop would have one: it feeds the dashboard instead of printing
+    "%%hvd\nfrom tqdm.auto import tqdm\nbar = tqdm(range(40))\nfor i in bar:\n    time.sleep(0.05)\n"
+    "    bar.set_postfix(loss=1.0 / (i + 1))",
     "%hvd stop",
 ]
 
@@ -160,10 +163,14 @@ def test_dashboard_in_jupyterlab(lab):
                     shot_taken = True
                 time.sleep(0.2)
             page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=30_000)
+            # the tqdm cell's dashboard, then its summary
+            page.wait_for_function("() => document.querySelectorAll('.hvd-summary').length >= 2", timeout=90_000,
+                                   polling=250)
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # %hvd stop ran
             page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
             percents = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
+            tqdm_summary = page.eval_on_selector_all(".hvd-summary", "els => els[1].innerText")
             outputs = page.inner_text(".jp-Notebook")
             # the frozen summary is an ordinary output: saved, and shown again after a reload
             page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
@@ -179,10 +186,12 @@ def test_dashboard_in_jupyterlab(lab):
     moving = [tuple(s["bars"]) for s in live if all(0 < b < 100 for b in s["bars"])]
     assert len(set(moving)) >= 3, f"the bars did not move during training: {[s['bars'] for s in live]}"
     assert max(s["points"] for s in live) >= 3, "the loss curve had no points"
-    assert percents == ["100", "100"], percents
+    assert percents == ["100"] * 4, percents  # two ranks' bars in each of the two summaries
+    assert re.search(r"custom \| [\d,.]+ \S+ over 2 rank\(s\)", tqdm_summary), tqdm_summary
+    assert "loss" in tqdm_summary and "it/s" not in outputs, outputs[-2000:]  # no tqdm text printed
     assert re.search(r"fit \| epoch 2/2 \| [\d,]+ samples/s over 2 rank\(s\)", outputs), outputs[-2000:]
     assert "Cluster stopped." in outputs
-    assert reloaded == ["100", "100"]
+    assert reloaded == ["100"] * 4
     saved = nbformat.read(lab["notebook"], as_version=4)
     bundles = [o.get("data", {}) for o in saved.cells[3].outputs]
     assert any("hvd-summary" in b.get("text/html", "") and "image/png" in b for b in bundles), bundles
