@@ -101,6 +101,20 @@ def test_allgather_broadcast_alltoall_reducescatter(thvd):
     thvd.barrier()
 
 
+def test_sparse_allreduce_and_scaled_integer_reducescatter(thvd):
+    n, r = thvd.size(), thvd.rank()
+    sparse = torch.sparse_coo_tensor([[r, 2]], [1.0, 2.0], (4,), check_invariants=True)
+    dense = thvd.synchronize(thvd.sparse_allreduce_async(sparse, "sparse", thvd.Sum)).to_dense()
+    expected = torch.zeros(4)
+    for k in range(n):
+        expected[k] += 1.0
+    expected[2] += 2.0 * n
+    assert dense.tolist() == expected.tolist()
+    # integers scaled as Horovod does, in float64 and truncated before the sum
+    out = thvd.reducescatter(torch.full((n, 1), 3, dtype=torch.int32), op=thvd.Sum, prescale_factor=0.5)
+    assert out.dtype == torch.int32 and out.tolist() == [[n * 1]]
+
+
 def test_gradients_flow_through_the_collectives(thvd):
     n, r = thvd.size(), thvd.rank()
     x = torch.full((3,), float(r + 1), requires_grad=True)
@@ -119,8 +133,9 @@ def test_gradients_flow_through_the_collectives(thvd):
 
 def test_errors_instead_of_hangs(thvd):
     n, r = thvd.size(), thvd.rank()
-    with pytest.raises(ValueError, match="shape|Mismatch|mismatch"):  # every rank raises, none waits
+    with pytest.raises(RuntimeError, match="does not match across ranks") as raised:  # every rank, none waits
         thvd.allreduce(torch.ones(2 + r), name="mismatched")
+    assert isinstance(raised.value, thvd.MismatchError)  # (the core's error, a RuntimeError as Horovod's)
     with pytest.raises(TypeError, match="takes torch.Tensor, not ndarray"):
         thvd.allreduce(np.ones(2))
     with pytest.raises(TypeError, match="takes torch.Tensor, not ndarray"):
@@ -134,6 +149,15 @@ def test_errors_instead_of_hangs(thvd):
         thvd.synchronize(h)
     with pytest.raises(ValueError, match="not a handle"):
         thvd.poll(12345678)
+    if r == 0:  # (rank 1 starts its own only after the barrier: rank 0's first is surely still in flight)
+        first = thvd.allreduce_async(torch.ones(2), name="twice")
+        with pytest.raises(ValueError, match="'twice' is already in flight"):  # refused at once, on this rank
+            thvd.allreduce_async(torch.ones(2), name="twice")
+    thvd.barrier()
+    if r != 0:
+        first = thvd.allreduce_async(torch.ones(2), name="twice")
+    thvd.synchronize(first)
+    thvd.synchronize(thvd.allreduce_async(torch.ones(2), name="twice"))  # free again once it finished
     torch.testing.assert_close(thvd.allreduce(torch.ones(2), op=thvd.Sum), torch.full((2,), float(n)))  # still agreed
 
 

@@ -122,6 +122,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                     process_set)
     if members.rank != root:
         optimizer.load_state_dict(_fill(structure, tensors))
+    # as Horovod, which steps an optimizer without state once on zero gradients to create it: every
+    # parameter that takes a gradient has one afterwards (zeros where it had none)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 def _collect_slots(value: Any, slots: list[_Slot]) -> None:

@@ -9,9 +9,10 @@ one fused MPI call. ``synchronize(handle)`` waits and returns the result (raisin
 ``poll(handle)`` says whether it is done. The plain forms are differentiable, with Horovod's
 gradients (an allreduce's gradient is the same allreduce of the gradient, and so on).
 
-Differences from Horovod: Adasum is refused (as on the TensorFlow side); a failed call raises its
-own error (``MismatchError``, ``ValueError``, ``StallError``) from ``synchronize`` rather than a
-``HorovodInternalError`` wrapping it.
+Errors: a mismatch across ranks, or a call every rank refuses, raises ``CollectiveMismatchError`` or
+``CollectiveRefusedError`` on every rank: the core's ``MismatchError``/``RefusedError`` (ValueError) that
+are also ``RuntimeError``, which is what Horovod's PyTorch API raises. A second asynchronous call under a
+name still in flight on this rank raises ``ValueError`` at once, as Horovod's does. Adasum is refused.
 """
 
 from __future__ import annotations
@@ -30,9 +31,43 @@ from .. import world as _world
 from ..collectives import auto_name, resolve_op
 from ..ops import Average, Sum, check_op
 from ..process_sets import global_process_set
+from ..signatures import MismatchError, RefusedError
 from . import gpu
 from .compression import Compression
 from .tensors import as_tensor, check_same_kind, check_tensor, host_array
+
+
+# ------------------------------------------------------------------ errors
+class CollectiveMismatchError(MismatchError, RuntimeError):
+    """Ranks called different collectives, or one with different arguments (a RuntimeError, as Horovod's
+    PyTorch API raises)."""
+
+
+class CollectiveRefusedError(RefusedError, RuntimeError):
+    """A rank refused its call, so every rank raises (a RuntimeError, as Horovod's PyTorch API raises)."""
+
+
+def _torch_error(exc: BaseException) -> BaseException:
+    """The core's agreement errors as the RuntimeErrors Horovod's PyTorch API raises; others as they are."""
+    if isinstance(exc, RefusedError) and not isinstance(exc, RuntimeError):
+        converted: BaseException = CollectiveRefusedError(str(exc), exc.refused_here)
+    elif isinstance(exc, MismatchError) and not isinstance(exc, RuntimeError):
+        converted = CollectiveMismatchError(str(exc))
+    else:
+        return exc
+    converted.__cause__ = None
+    return converted
+
+
+def _guarded(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` raising ``_torch_error``'s errors."""
+    def run() -> Any:
+        try:
+            return fn()
+        except (MismatchError, RefusedError) as exc:
+            raise _torch_error(exc) from None
+
+    return run
 
 
 # ------------------------------------------------------------------ handles
@@ -103,7 +138,31 @@ def _in_this_thread() -> Iterator[None]:
         _here.inline = before
 
 
-def _start(fn: Callable[[], Any]) -> int:
+_in_flight: set[str] = set()  # names of this rank's asynchronous calls not finished yet
+_in_flight_lock = threading.Lock()
+
+
+def _start(fn: Callable[[], Any], names: list[str] | tuple[str, ...] = ()) -> int:
+    """Run ``fn`` (a call), in a worker or, for the synchronous forms, here; its handle. ``names``: the
+    call's tensor names, refused while a call of this rank under one of them is in flight."""
+    fn = _guarded(fn)
+    if names:
+        with _in_flight_lock:
+            taken = [n for n in names if n in _in_flight]
+            if taken:
+                raise ValueError(f"a collective named {taken[0]!r} is already in flight on rank "
+                                 f"{_world.current().rank}: synchronize it first, or give the second call "
+                                 "another name.")
+            _in_flight.update(names)
+        call = fn
+
+        def fn() -> Any:
+            try:
+                return call()
+            finally:
+                with _in_flight_lock:
+                    _in_flight.difference_update(names)
+
     handle = next(_handle_ids)
     if getattr(_here, "inline", False):
         pending = _Pending()
@@ -208,8 +267,10 @@ def _allreduce_job(tensors: list[Any], average: bool | None, name: str | None, o
     tensors = _checked(list(tensors), call)
     op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
     ready = _ready(tensors, process_set, call, reducing=True)
-    return lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
-                                  tensors if in_place else None, call, ready)
+    job = _guarded(lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
+                                          tensors if in_place else None, call, ready))
+    job.names = names  # type: ignore[attr-defined]
+    return job
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -218,7 +279,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
     job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False,
                          "hvd.allreduce_async")
-    return _start(lambda: job()[0])
+    return _start(lambda: job()[0], job.names)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -227,7 +288,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
     """As ``allreduce_async``, writing the result into ``tensor``."""
     job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
                          "hvd.allreduce_async_")
-    return _start(lambda: job()[0])
+    return _start(lambda: job()[0], job.names)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -277,16 +338,18 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = global_process_set) -> int:
     """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
-    return _start(_allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
-                                 "hvd.grouped_allreduce_async"))
+    job = _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
+                         "hvd.grouped_allreduce_async")
+    return _start(job, job.names)
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = global_process_set) -> int:
     """As ``grouped_allreduce_async``, writing each result into its tensor."""
-    return _start(_allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
-                                 "hvd.grouped_allreduce_async_"))
+    job = _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
+                         "hvd.grouped_allreduce_async_")
+    return _start(job, job.names)
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -341,7 +404,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
     (tensor,) = _checked([tensor], "hvd.allgather_async")
     names = _names(name, "allgather", 1)
     ready = _ready([tensor], process_set, "hvd.allgather", reducing=False)
-    return _start(lambda: _allgather_now([tensor], names, process_set, ready)[0])
+    return _start(lambda: _allgather_now([tensor], names, process_set, ready)[0], names)
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
@@ -350,7 +413,7 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
     tensors = _checked(list(tensors), "hvd.grouped_allgather_async")
     names = _names(name, "allgather", len(tensors))
     ready = _ready(tensors, process_set, "hvd.grouped_allgather", reducing=False)
-    return _start(lambda: _allgather_now(tensors, names, process_set, ready))
+    return _start(lambda: _allgather_now(tensors, names, process_set, ready), names)
 
 
 def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
@@ -419,7 +482,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     (tensor,) = _checked([tensor], "hvd.broadcast_async")
     names = _names(name, "broadcast", 1)
     ready = _ready([tensor], process_set, "hvd.broadcast", reducing=False)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None, ready))
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None, ready), names)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -428,7 +491,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     (tensor,) = _checked([tensor], "hvd.broadcast_async_")
     names = _names(name, "broadcast", 1)
     ready = _ready([tensor], process_set, "hvd.broadcast_", reducing=False)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor, ready))
+    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor, ready), names)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -479,7 +542,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
     returns what arrived and how many rows came from each rank."""
     (tensor,) = _checked([tensor], "hvd.alltoall_async")
     names, split_array = _names(name, "alltoall", 1), _splits(splits)
-    return _start(lambda: _alltoall_now(tensor, split_array, names[0], process_set))
+    return _start(lambda: _alltoall_now(tensor, split_array, names[0], process_set), names)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -512,17 +575,29 @@ def _reducescatter_now(tensors: list[torch.Tensor], names: list[str], op: int, p
     if ready is not None:  # (the prescale was applied before the event: see _scaled)
         results = gpu.reducescatter(members.nccl, ready, tensors, op, names)
     else:
-        arrays = [host_array(t * prescale if prescale != 1.0 else t, reducing=True) for t in tensors]
+        arrays = [host_array(scale(t, prescale), reducing=True) for t in tensors]
         outs = members.mpi.reducescatter(arrays, op, names)
         results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
-    return [r * postscale if postscale != 1.0 else r for r in results]
+    return [scale(r, postscale) for r in results]
+
+
+def scale(t: torch.Tensor, factor: float) -> torch.Tensor:
+    """``t * factor`` in ``t``'s dtype, computed as Horovod does: integers in float64 then truncated,
+    float16 and bfloat16 in float32."""
+    if factor == 1.0:
+        return t
+    if not t.is_floating_point():
+        return (t.double() * factor).to(t.dtype)
+    if t.dtype in (torch.float16, torch.bfloat16):
+        return (t.float() * factor).to(t.dtype)
+    return t * factor
 
 
 def _scaled(tensors: list[torch.Tensor], prescale: float) -> list[torch.Tensor]:
     """CUDA tensors scaled before their reduction, on the caller's stream (host tensors are scaled later)."""
     if prescale == 1.0 or not tensors or not tensors[0].is_cuda:
         return tensors
-    return [t * prescale for t in tensors]
+    return [scale(t, prescale) for t in tensors]
 
 
 def _scatter_op(op: int) -> int:
@@ -538,7 +613,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
     op, names = _scatter_op(op), _names(name, "reducescatter", 1)
     ready = _ready(_scaled([tensor], prescale_factor), process_set, "hvd.reducescatter", reducing=True)
     return _start(lambda: _reducescatter_now([tensor], names, op, prescale_factor, postscale_factor,
-                                             process_set, ready)[0])
+                                             process_set, ready)[0], names)
 
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
@@ -549,7 +624,7 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
     op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
     ready = _ready(_scaled(tensors, prescale_factor), process_set, "hvd.grouped_reducescatter", reducing=True)
     return _start(lambda: _reducescatter_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
-                                             ready))
+                                             ready), names)
 
 
 def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
@@ -605,6 +680,28 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, 
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int, process_set: Any = global_process_set) -> int:
+    """Start reducing a sparse tensor as Horovod does: its indices and values allgathered, the sum (or
+    average) made by ``coalesce``; ``synchronize`` returns the reduced sparse tensor."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise TypeError("hvd.sparse_allreduce_async takes a sparse torch.Tensor; hvd.allreduce_async takes dense "
+                        "ones.")
+    check_op(op)
+    if op not in (Average, Sum):
+        raise NotImplementedError("sparse allreduce supports op=hvd.Average or hvd.Sum only.")
+    grad = tensor.coalesce()
+    names = [f"{name}.values", f"{name}.indices"]
+    values, indices = grad.values(), grad.indices().t().contiguous()
+
+    def run() -> torch.Tensor:
+        v, i = _allgather_now([values, indices], names, process_set)
+        size = _members(process_set, "hvd.sparse_allreduce_async").size
+        out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
+        return out / size if op == Average else out
+
+    return _start(run, names)
+
+
 # ------------------------------------------------------------------ the rest
 def join(device: int = -1) -> int:
     """Say this rank has no more data: it takes part, with zeros, in the other ranks' allreduces until
@@ -623,5 +720,6 @@ __all__ = [
     "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
-    "join", "poll", "reducescatter", "reducescatter_async", "synchronize",
+    "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "CollectiveMismatchError", "CollectiveRefusedError",
 ]

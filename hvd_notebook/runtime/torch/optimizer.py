@@ -26,7 +26,7 @@ import torch
 from .. import ops
 from ..process_sets import global_process_set
 from .compression import Compression
-from .mpi_ops import allgather_async, allreduce_async_, grouped_allreduce_async_, synchronize
+from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
 
 class _DistributedOptimizer:
@@ -37,9 +37,9 @@ class _DistributedOptimizer:
                            process_set: Any) -> None:
         self._compression, self._op, self._sparse_as_dense = compression, op, sparse_as_dense
         self._predivide, self._process_set = gradient_predivide_factor, process_set
-        self._names = _parameter_names(self, named_parameters)
+        self._parameter_names = _parameter_names(self, named_parameters)  # (Horovod's attribute name)
         self.backward_passes_per_step = backward_passes_per_step
-        self._passes_left = {p: backward_passes_per_step for p in self._names}
+        self._passes_left = {p: backward_passes_per_step for p in self._parameter_names}
         self._handles: dict[Any, tuple[int | None, Any]] = {}  # a parameter (or a group's tuple): (handle, ctx)
         self._groups = _parameter_groups(self, groups)
         self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
@@ -47,7 +47,7 @@ class _DistributedOptimizer:
         self._hooks: list[Any] = []
         members = _members(process_set)
         if members is not None and members.size > 1:
-            for p in self._names:
+            for p in self._parameter_names:
                 if p.requires_grad:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
@@ -80,11 +80,11 @@ class _DistributedOptimizer:
     def _reduce_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
             p.grad = torch.zeros_like(p)
-        name = self._names[p]
+        name = self._parameter_names[p]
         grad = p.grad
         if grad.is_sparse:
             if not self._sparse_as_dense:
-                return _sparse_allreduce_async(grad, name, self._op, self._process_set), "sparse"
+                return sparse_allreduce_async(grad, name, self._op, self._process_set), "sparse"
             grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         prescale, postscale = self._scales()
@@ -98,7 +98,7 @@ class _DistributedOptimizer:
                 p.grad = torch.zeros_like(p)
         compressed, ctxs = zip(*(self._compression.compress(p.grad) for p in group))
         prescale, postscale = self._scales()
-        handle = grouped_allreduce_async_(list(compressed), name=self._names[group[0]], op=self._op,
+        handle = grouped_allreduce_async_(list(compressed), name=self._parameter_names[group[0]], op=self._op,
                                           prescale_factor=prescale, postscale_factor=postscale,
                                           process_set=self._process_set)
         return handle, list(zip(ctxs, compressed))
@@ -111,7 +111,7 @@ class _DistributedOptimizer:
             self._synchronized = True
             return
         started = {q for key in self._handles for q in (key if isinstance(key, tuple) else (key,))}
-        for p in self._names:  # (every rank walks the parameters in the same order)
+        for p in self._parameter_names:  # (every rank walks the parameters in the same order)
             if p.requires_grad and p not in started:
                 group = self._groups.get(p)
                 if group is None:
@@ -121,7 +121,7 @@ class _DistributedOptimizer:
                     started.update(group)
         for key, (handle, ctx) in self._handles.items():
             if ctx == "sparse":
-                output = handle.result()
+                output = synchronize(handle)
                 with torch.no_grad():
                     key.grad.zero_().add_(output)
                 continue
@@ -151,8 +151,9 @@ class _DistributedOptimizer:
     def step(self, closure: Any = None) -> Any:
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() called after optimizer.synchronize() without "
-                              "optimizer.skip_synchronize(): the gradients are reduced twice.", stacklevel=2)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(): the gradients are reduced twice (use "
+                              "`with optimizer.skip_synchronize(): optimizer.step()`).", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         return super().step(closure)
@@ -177,9 +178,14 @@ class _DistributedOptimizer:
 
 
 def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
-    """The reduced gradient into ``p.grad`` (an in-place reduction already wrote it there)."""
-    if reduced is not p.grad:
-        with torch.no_grad():
+    """The reduced gradient into ``p.grad`` (an in-place reduction already wrote it there); a sparse
+    gradient reduced as dense (``sparse_as_dense``) goes back sparse."""
+    if reduced is p.grad:
+        return
+    with torch.no_grad():
+        if p.grad.is_sparse:
+            p.grad.zero_().add_(reduced.to_sparse() if not reduced.is_sparse else reduced)
+        else:
             p.grad.copy_(reduced)
 
 
@@ -191,28 +197,6 @@ def _members(process_set: Any) -> Any:
         return _process_sets.members(process_set, "hvd.DistributedOptimizer")
     except _process_sets.NotAMemberError:
         return None
-
-
-def _sparse_allreduce_async(grad: torch.Tensor, name: str, op: int, process_set: Any) -> Any:
-    """A sparse gradient as Horovod reduces it: indices and values allgathered, summed (averaged) by
-    ``coalesce``."""
-    grad = grad.coalesce()
-    values = allgather_async(grad.values(), name=f"{name}.values", process_set=process_set)
-    indices = allgather_async(grad.indices().t().contiguous(), name=f"{name}.indices", process_set=process_set)
-    return _SparseHandle(values, indices, grad.shape, op, _members(process_set).size)
-
-
-class _SparseHandle:
-    """A sparse gradient's two allgathers; ``result`` builds the reduced sparse tensor from them."""
-
-    def __init__(self, values: int, indices: int, shape: Any, op: int, size: int) -> None:
-        self.parts = (values, indices, shape, op, size)
-
-    def result(self) -> torch.Tensor:
-        values, indices, shape, op, size = self.parts
-        v, i = synchronize(values), synchronize(indices)
-        out = torch.sparse_coo_tensor(i.t(), v, shape).coalesce()
-        return out / size if op == ops.Average else out
 
 
 def _parameter_names(opt: Any, named_parameters: Any) -> dict[torch.Tensor, str]:
