@@ -19,6 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from mpi_timing import median_blocks, median_pair, timed  # noqa: E402
 
 import hvd_notebook.runtime as hvd  # noqa: E402
 from hvd_notebook.runtime import world  # noqa: E402
@@ -26,34 +27,6 @@ from hvd_notebook.runtime.signatures import allreduce_signature  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
-
-
-def timed(fn, comm) -> float:
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def median_pair(ours, raw, reps: int, comm) -> tuple[float, float]:
-    """Interleave the two so drift hits both alike; return medians in seconds."""
-    for _ in range(max(2, reps // 10)):  # warm-up
-        ours(), raw()
-    a, b = [], []
-    for _ in range(reps):
-        a.append(timed(ours, comm))
-        b.append(timed(raw, comm))
-    return statistics.median(a), statistics.median(b)
-
-
-def median_blocks(ours, raw, blocks: int, per_block: int, comm) -> tuple[float, float]:
-    """Alternate blocks of calls instead of single calls: each side then runs
-    with its own buffers in the caches, as a training step's allreduce would."""
-    a, b = [], []
-    for _ in range(blocks):
-        a += [timed(ours, comm) for _ in range(per_block)]
-        b += [timed(raw, comm) for _ in range(per_block)]
-    return statistics.median(a), statistics.median(b)
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -18,29 +17,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from mpi4py import MPI  # noqa: E402
+from mpi_timing import median_pair  # noqa: E402
 
 import hvd_notebook.runtime.torch as hvd  # noqa: E402
 from hvd_notebook.engine.frameworks import init_torch_distributed  # noqa: E402
 
 torch.set_num_threads(1)
-
-
-def timed(fn, comm) -> float:
-    comm.Barrier()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def median_pair(ours, raw, reps: int, comm) -> tuple[float, float]:
-    """Interleave the two so drift hits both alike; medians in seconds."""
-    for _ in range(max(2, reps // 10)):
-        ours(), raw()
-    a, b = [], []
-    for _ in range(reps):
-        a.append(timed(ours, comm))
-        b.append(timed(raw, comm))
-    return statistics.median(a), statistics.median(b)
 
 
 def allreduce_sizes(comm, quick: bool) -> dict:

@@ -180,19 +180,9 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
     try:
         reply, out = _execute(kc, KERNEL_CODE)
         assert reply["content"]["status"] == "ok", out
-        _, out = _execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
-        old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
-        msg_id = kc.execute("%%hvd\nfrom mpi4py import MPI\nimport time\nif hvd.rank() == 0:\n"
-                            "    MPI.COMM_WORLD.barrier()\nelse:\n    time.sleep(600)")
-        time.sleep(3)  # the cell is running; rank 0 is inside MPI
-        t0 = time.monotonic()
-        km.interrupt_kernel()
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
-            assert time.monotonic() - t0 < 10, "the ranks were not stopped within 10 s of the interrupt"
-            time.sleep(0.1)
-        stopped = time.monotonic() - t0
-        reply, out = _collect(kc, msg_id)
-        back = time.monotonic() - t0
+        old, reply, out, stopped, back = interrupt_blocked_cell(
+            km, kc, "%%hvd\nfrom mpi4py import MPI\nimport time\nif hvd.rank() == 0:\n"
+                    "    MPI.COMM_WORLD.barrier()\nelse:\n    time.sleep(600)", limit=10)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
         assert "did not respond to an interrupt" in out and "every rank's variables are lost" in out, out
         assert "re-run your set-up cells" in out
@@ -200,14 +190,37 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
                                   "print('fresh', hvd.allreduce(np.ones(1), op=hvd.Sum))")
         assert reply["content"]["status"] == "ok" and "[1] fresh [2.]" in out, out
         figure(f"interrupt: ranks stopped in {stopped:.1f} s, cell returned with a fresh world in {back:.1f} s")
-        _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
-        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        pids = cluster_pids(kc)
         km.shutdown_kernel(now=False)
         assert_gone(pids | old, timeout=30)
     finally:
         kc.stop_channels()
         if km.is_alive():
             km.shutdown_kernel(now=True)
+
+
+def interrupt_blocked_cell(km, kc, cell: str, limit: float) -> tuple[set[int], dict, str, float, float]:
+    """Run ``cell``, in which a rank blocks in a collective, and press the kernel's stop button 3 s into
+    it; require the old ranks gone within ``limit`` s. The old ranks' PIDs, the cell's reply and output,
+    and the seconds from the interrupt until the ranks were stopped and until the cell returned."""
+    _, out = _execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
+    old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
+    msg_id = kc.execute(cell)
+    time.sleep(3)  # the cell is running; the rank is inside the collective
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
+        assert time.monotonic() - t0 < limit, f"the ranks were not stopped within {limit} s of the interrupt"
+        time.sleep(0.1)
+    stopped = time.monotonic() - t0
+    reply, out = _collect(kc, msg_id)
+    return old, reply, out, stopped, time.monotonic() - t0
+
+
+def cluster_pids(kc) -> set[int]:
+    """Every process of the kernel's cluster, as the kernel knows them."""
+    _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
+    return {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
 
 
 def _start_kernel():

@@ -11,10 +11,9 @@ import re
 import textwrap
 import time
 
-import psutil
 import pytest
 from conftest import assert_gone, figure
-from test_lifecycle import _collect, _execute, _start_kernel
+from test_lifecycle import _execute, _start_kernel, cluster_pids, interrupt_blocked_cell
 
 from hvd_notebook.kernel.session import Session
 
@@ -173,18 +172,9 @@ def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
     try:
         reply, out = _execute(kc, f"%load_ext hvd_notebook\n{START}\nfrom hvd_notebook.kernel.session import Session")
         assert reply["content"]["status"] == "ok", out
-        _, out = _execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
-        old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
-        msg_id = kc.execute("%%hvd\nimport time, torch, torch.distributed as dist\nif hvd.rank() == 0:\n"
-                            "    dist.all_reduce(torch.ones(4))\nelse:\n    time.sleep(600)")
-        time.sleep(3)  # the cell is running; rank 0 is inside gloo
-        t0 = time.monotonic()
-        km.interrupt_kernel()
-        while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
-            assert time.monotonic() - t0 < 15, "the ranks were not stopped within 15 s of the interrupt"
-            time.sleep(0.1)
-        reply, out = _collect(kc, msg_id)
-        back = time.monotonic() - t0
+        old, reply, out, _, back = interrupt_blocked_cell(
+            km, kc, "%%hvd\nimport time, torch, torch.distributed as dist\nif hvd.rank() == 0:\n"
+                    "    dist.all_reduce(torch.ones(4))\nelse:\n    time.sleep(600)", limit=15)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", out
         assert "did not respond to an interrupt" in out, out
         figure(f"interrupt of a rank blocked in gloo: the cell returned with a fresh world in {back:.1f} s")
@@ -192,8 +182,7 @@ def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
                                   "t = torch.ones(1)\ndist.all_reduce(t)\nprint('fresh', t.item(), "
                                   "hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
         assert reply["content"]["status"] == "ok" and "[1] fresh 2.0 2.0" in out, out
-        _, out = _execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
-        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        pids = cluster_pids(kc)
         km.shutdown_kernel(now=False)
         assert_gone(pids | old, timeout=30)
     finally:

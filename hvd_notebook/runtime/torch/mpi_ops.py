@@ -680,9 +680,11 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, 
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int, process_set: Any = global_process_set) -> int:
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
+                           process_set: Any = global_process_set) -> Callable[[], torch.Tensor]:
     """Start reducing a sparse tensor as Horovod does: its indices and values allgathered, the sum (or
-    average) made by ``coalesce``; ``synchronize`` returns the reduced sparse tensor."""
+    average) made by ``coalesce``. Returns, as Horovod's, a function that waits and returns the reduced
+    sparse tensor."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError("hvd.sparse_allreduce_async takes a sparse torch.Tensor; hvd.allreduce_async takes dense "
                         "ones.")
@@ -699,7 +701,8 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int, process_set
         out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
         return out / size if op == Average else out
 
-    return _start(run, names)
+    handle = _start(run, names)
+    return lambda: synchronize(handle)
 
 
 # ------------------------------------------------------------------ the rest

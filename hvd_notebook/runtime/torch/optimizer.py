@@ -121,7 +121,7 @@ class _DistributedOptimizer:
                     started.update(group)
         for key, (handle, ctx) in self._handles.items():
             if ctx == "sparse":
-                output = synchronize(handle)
+                output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
                 with torch.no_grad():
                     key.grad.zero_().add_(output)
                 continue
