@@ -139,7 +139,32 @@ DDP = textwrap.dedent("""
 """)
 
 
-def test_ddp_in_a_cell_and_a_rank_killed_inside_its_backward(session, run):
+FSDP = textwrap.dedent("""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    sharded = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    reference.load_state_dict(sharded.state_dict())
+    for layer in (sharded[0], sharded[2], sharded):
+        fully_shard(layer)
+    opt = torch.optim.SGD(sharded.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    for step in range(5):
+        x, y = torch.randn(16, 16, generator=g), torch.randn(16, 1, generator=g)
+        mine = slice(8 * dist.get_rank(), 8 * (dist.get_rank() + 1))
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
+        opt.step()
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        ref_opt.step()
+    full = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    print('FSDP_DIFF', max(float((full[k] - v).abs().max()) for k, v in reference.state_dict().items()))
+""")
+
+
+def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(session, run):
     result, out = run(START)
     assert result.success, out
     result, out = run("%%hvd --all-output\n" + DDP)
@@ -147,6 +172,9 @@ def test_ddp_in_a_cell_and_a_rank_killed_inside_its_backward(session, run):
     digests = _values(out, "DIGEST")
     assert len(digests) == 2 and digests[0] == digests[1], out
     assert all(float(d) < 1e-5 for d in _values(out, "DIFF").values()), out
+    result, out = run("%%hvd --all-output\n" + FSDP)  # FSDP2's fully_shard on the same default group
+    assert result.success, out
+    assert len(_values(out, "FSDP_DIFF")) == 2 and all(float(d) < 1e-5 for d in _values(out, "FSDP_DIFF").values()), out
     first = session.cluster.pids()
     t0 = time.monotonic()
     result, out = run(  # rank 1 dies in a gradient hook, in the middle of DDP's backward; rank 0 waits in gloo

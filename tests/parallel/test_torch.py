@@ -171,13 +171,15 @@ def test_join_serves_the_other_ranks(thvd):
 
 
 def test_async_calls_ready_together_are_fused(thvd, tmp_path_factory):
-    # Horovod's fusion across calls: rank 0 starts its reductions late, so both ranks' calls wait
-    # together and are agreed, and fused, in one round
+    # Horovod's fusion across calls: a 64 MiB "gate" allreduce holds the communicator while every rank's
+    # six small calls queue behind it (each started from its own worker thread); the rounds after the
+    # gate agree them together, and they share MPI calls
     path = thvd.broadcast_object(str(tmp_path_factory.mktemp("torch-fusion") / "trace.json"), root_rank=0)
     thvd.start_timeline(path)
-    if thvd.rank() == 0:
-        time.sleep(0.5)
+    thvd.barrier()
+    gate = thvd.allreduce_async(torch.ones(16 << 20), name="gate", op=thvd.Sum)
     handles = [thvd.allreduce_async(torch.full((20000,), float(i)), name=f"layer{i}", op=thvd.Sum) for i in range(6)]
+    assert thvd.synchronize(gate)[0].item() == thvd.size()
     for i, h in enumerate(handles):
         assert thvd.synchronize(h)[0].item() == i * thvd.size()
     thvd.stop_timeline()
@@ -185,8 +187,10 @@ def test_async_calls_ready_together_are_fused(thvd, tmp_path_factory):
     if thvd.rank() == 0:
         events = json.loads(open(path).read())["traceEvents"]
         calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
-        assert any(label.endswith("fused") for label in calls), calls
-        assert len(calls) < 6
+        # fewer calls than tensors (usually the six in one: which ones share a call is whatever was
+        # queued on both ranks when a round came, Horovod's cycle-time fusion)
+        layers = [c for c in calls if c != "gate"]
+        assert any(c.endswith("fused") for c in layers) and len(layers) < 6, calls
 
 
 def test_broadcast_parameters_and_optimizer_state(thvd):

@@ -1,13 +1,15 @@
 """``horovod.torch``'s collectives on PyTorch tensors, over the runtime's framework-neutral core.
 
-Each collective is the core's (``mpi_backend``: agreement by name, fusion, timeline, stall and
-mismatch errors) on the tensor's memory read as numpy (``tensors``). The ``_async`` forms return a
-handle at once and run the call in a worker thread: the core's coordinator takes calls from any
-thread in any order and matches them by name across ranks, so reductions started from several
-threads (``DistributedOptimizer``'s gradient hooks) that are ready in the same agreement round share
-one fused MPI call. ``synchronize(handle)`` waits and returns the result (raising the call's error);
-``poll(handle)`` says whether it is done. The plain forms are differentiable, with Horovod's
-gradients (an allreduce's gradient is the same allreduce of the gradient, and so on).
+Each collective is the core's (agreement by name, fusion, timeline, stall and mismatch errors):
+``mpi_backend`` on a CPU tensor's memory read as numpy (``tensors``), ``nccl_backend`` on a CUDA
+tensor's device memory where every rank has NCCL (``gpu``). The synchronous forms run their call in
+the calling thread. The ``_async`` forms return a handle at once and run the call in a worker thread:
+the core's coordinator takes calls from any thread in any order and matches them by name across
+ranks, so reductions started from several threads (``DistributedOptimizer``'s gradient hooks) that
+are ready in the same agreement round share one fused call. ``synchronize(handle)`` waits and
+returns the result (raising the call's error); ``poll(handle)`` says whether it is done. The plain
+forms are differentiable, with Horovod's gradients (an allreduce's gradient is the same allreduce of
+the gradient, and so on).
 
 Errors: a mismatch across ranks, or a call every rank refuses, raises ``CollectiveMismatchError`` or
 ``CollectiveRefusedError`` on every rank: the core's ``MismatchError``/``RefusedError`` (ValueError) that
