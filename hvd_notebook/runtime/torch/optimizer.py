@@ -11,7 +11,9 @@ optimizer.
 
 The returned object is the user's optimizer itself under a subclass that adds this (its state,
 param groups and hyperparameters are the original's, not copies), so ``isinstance(opt, SGD)``,
-``state_dict()`` and learning-rate schedulers work as before.
+``state_dict()`` and learning-rate schedulers work as before. A parameter belongs to the newest
+``DistributedOptimizer`` made for it: making one again (a notebook cell run twice) removes the earlier
+one's hook, so no gradient is reduced twice.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from .. import ops
 from ..process_sets import global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+
+# a parameter's attribute holding the hook of the newest DistributedOptimizer that took it
+_HOOK_ATTRIBUTE = "_hvd_notebook_hook"
 
 
 class _DistributedOptimizer:
@@ -49,7 +54,12 @@ class _DistributedOptimizer:
         if members is not None and members.size > 1:
             for p in self._parameter_names:
                 if p.requires_grad:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+                    earlier = getattr(p, _HOOK_ATTRIBUTE, None)
+                    if earlier is not None:  # a DistributedOptimizer made before (a cell run again): this one
+                        earlier.remove()     # owns the parameter now, or each gradient would be reduced twice
+                    hook = p.register_post_accumulate_grad_hook(self._make_hook(p))
+                    setattr(p, _HOOK_ATTRIBUTE, hook)
+                    self._hooks.append(hook)
 
     # ------------------------------------------------------------ the hooks
     def _make_hook(self, p: torch.Tensor) -> Any:
