@@ -125,6 +125,20 @@ def cluster(ip):
 
 
 @pytest.fixture
+def session(ip):
+    """The kernel's Session with no cluster; whatever cluster the test starts is stopped and proven gone."""
+    from hvd_notebook.kernel.session import Session
+
+    s = Session.get()
+    assert s.cluster is None, "another test left a cluster running"
+    yield s
+    pids = s.cluster.pids() if s.cluster else set()
+    s.stop()
+    if pids:
+        assert_gone(pids)
+
+
+@pytest.fixture
 def run(ip, capsys):
     """Run a cell in the shell; return (ExecutionResult, stdout+stderr without colours)."""
 

@@ -12,19 +12,6 @@ import psutil
 import pytest
 from conftest import ProcessWatch, assert_gone, figure
 
-from hvd_notebook.kernel.session import Session
-
-
-@pytest.fixture
-def session(ip):
-    s = Session.get()
-    assert s.cluster is None, "another test left a cluster running"
-    yield s
-    pids = s.cluster.pids() if s.cluster else set()
-    s.stop()
-    if pids:
-        assert_gone(pids)
-
 
 def test_start_table_status_restart_stop(session, run):
     result, out = run("%hvd start -n 2 --env HVD_TEST_MARK=hello --timeout 90")

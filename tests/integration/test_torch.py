@@ -11,24 +11,10 @@ import re
 import textwrap
 import time
 
-import pytest
 from conftest import assert_gone, figure
 from test_lifecycle import _execute, _start_kernel, cluster_pids, interrupt_blocked_cell
 
-from hvd_notebook.kernel.session import Session
-
 START = "%hvd start -n 2 --framework torch"
-
-
-@pytest.fixture
-def session(ip):
-    s = Session.get()
-    assert s.cluster is None, "another test left a cluster running"
-    yield s
-    pids = s.cluster.pids() if s.cluster else set()
-    s.stop()
-    if pids:
-        assert_gone(pids)
 
 
 def _values(out: str, key: str) -> dict[int, str]:
