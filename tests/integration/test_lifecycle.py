@@ -3,10 +3,13 @@ behind; and a real Jupyter kernel that stops its cluster when it shuts down."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import textwrap
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -134,8 +137,7 @@ KERNEL_CODE = textwrap.dedent("""
 @pytest.mark.parametrize("how", ["shutdown", "exit", "sigkill"])
 def test_kernel_shutdown_stops_the_cluster(how):
     """A real ipykernel started by jupyter_client, as JupyterLab starts it."""
-    km, kc = _start_kernel()
-    try:
+    with started_kernel() as (km, kc):
         reply, out = _execute(kc, KERNEL_CODE)
         assert reply["content"]["status"] == "ok", out
         pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
@@ -154,17 +156,12 @@ def test_kernel_shutdown_stops_the_cluster(how):
         t0 = time.monotonic()
         assert_gone(pids, timeout=30)
         figure(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
-    finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
 
 
 def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
     """JupyterLab's stop button during a cell where rank 0 waits in a barrier that
     rank 1 never joins: MPI does not return on SIGINT, so the session escalates."""
-    km, kc = _start_kernel()
-    try:
+    with started_kernel() as (km, kc):
         reply, out = _execute(kc, KERNEL_CODE)
         assert reply["content"]["status"] == "ok", out
         old, reply, out, stopped, back = interrupt_blocked_cell(
@@ -180,10 +177,6 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
         pids = cluster_pids(kc)
         km.shutdown_kernel(now=False)
         assert_gone(pids | old, timeout=30)
-    finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
 
 
 def interrupt_blocked_cell(km, kc, cell: str, limit: float) -> tuple[set[int], dict, str, float, float]:
@@ -210,14 +203,20 @@ def cluster_pids(kc) -> set[int]:
     return {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
 
 
-def _start_kernel():
-    import os
-
+@contextlib.contextmanager
+def started_kernel() -> Iterator[tuple[Any, Any]]:
+    """A real ipykernel started by jupyter_client, as JupyterLab starts it: (manager, client); its channels
+    closed and the kernel shut down at the end, if the test has not."""
     from jupyter_client.manager import start_new_kernel
 
     # ipykernel's own spec runs this interpreter (sys.executable)
-    return start_new_kernel(kernel_name="python3", startup_timeout=60,
-                            env={**os.environ, "HVD_NOTEBOOK_GPUS": ""})
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env={**os.environ, "HVD_NOTEBOOK_GPUS": ""})
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
 
 
 def _execute(kc, code, wait=True):

@@ -12,7 +12,7 @@ import textwrap
 import time
 
 from conftest import assert_gone, figure
-from test_lifecycle import _execute, _start_kernel, cluster_pids, interrupt_blocked_cell
+from test_lifecycle import _execute, cluster_pids, interrupt_blocked_cell, started_kernel
 
 START = "%hvd start -n 2 --framework torch"
 
@@ -182,8 +182,7 @@ def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(session, ru
 
 def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
     """JupyterLab's stop button while rank 0 waits in a gloo allreduce that rank 1 never joins."""
-    km, kc = _start_kernel()
-    try:
+    with started_kernel() as (km, kc):
         reply, out = _execute(kc, f"%load_ext hvd_notebook\n{START}\nfrom hvd_notebook.kernel.session import Session")
         assert reply["content"]["status"] == "ok", out
         old, reply, out, _, back = interrupt_blocked_cell(
@@ -199,10 +198,6 @@ def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
         pids = cluster_pids(kc)
         km.shutdown_kernel(now=False)
         assert_gone(pids | old, timeout=30)
-    finally:
-        kc.stop_channels()
-        if km.is_alive():
-            km.shutdown_kernel(now=True)
 
 
 def test_framework_torch_where_it_is_not_installed_says_what_to_do(session, run, tmp_path):

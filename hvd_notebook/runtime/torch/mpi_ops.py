@@ -19,10 +19,9 @@ name still in flight on this rank raises ``ValueError`` at once, as Horovod's do
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -129,17 +128,6 @@ _handle_ids = itertools.count(1)
 _here = threading.local()  # .inline: the synchronous forms run their call in the calling thread
 
 
-@contextlib.contextmanager
-def _in_this_thread() -> Iterator[None]:
-    """Calls started inside run at once in this thread (the synchronous forms: no hand-over to a worker)."""
-    before = getattr(_here, "inline", False)
-    _here.inline = True
-    try:
-        yield
-    finally:
-        _here.inline = before
-
-
 _in_flight: set[str] = set()  # names of this rank's asynchronous calls not finished yet
 _in_flight_lock = threading.Lock()
 
@@ -181,8 +169,12 @@ def _start(fn: Callable[[], Any], names: list[str] | tuple[str, ...] = ()) -> in
 
 def _now(start: Callable[..., int], *args: Any) -> Any:
     """The result of the asynchronous form ``start(*args)``, its call run in this thread."""
-    with _in_this_thread():
+    before = getattr(_here, "inline", False)
+    _here.inline = True  # (_start then runs the call at once, here)
+    try:
         return synchronize(start(*args))
+    finally:
+        _here.inline = before
 
 
 def poll(handle: int) -> bool:

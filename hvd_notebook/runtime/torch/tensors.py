@@ -43,10 +43,6 @@ def as_tensor(array: np.ndarray, like: torch.Tensor, shape: Any = None) -> torch
     return out
 
 
-def is_floating(tensor: torch.Tensor) -> bool:
-    return tensor.is_floating_point()
-
-
 def check_tensor(tensor: Any, call: str) -> torch.Tensor:
     """``tensor`` itself where it is a ``torch.Tensor``; a clear error where it is not."""
     if not isinstance(tensor, torch.Tensor):
@@ -65,4 +61,4 @@ def check_same_kind(tensors: list[torch.Tensor], call: str) -> None:
                          f"{' and '.join(sorted(devices))}; group them by device.")
 
 
-__all__ = ["as_tensor", "check_same_kind", "check_tensor", "host_array", "is_floating"]
+__all__ = ["as_tensor", "check_same_kind", "check_tensor", "host_array"]
