@@ -1,8 +1,11 @@
 """``hvd-notebook``: the command line beside the magics.
 
     hvd-notebook list             this user's clusters, with the kernel that owns each
+    hvd-notebook list --all       every user's clusters and GPU leases on this node (from the
+                                  node's register: who, which GPUs, since when, idle for how long)
     hvd-notebook clean            stop this user's orphaned clusters (their kernel is gone)
     hvd-notebook clean --dry-run  only say what would be stopped
+    hvd-notebook clean --user U   (root) stop user U's orphaned clusters
     hvd-notebook install-kernel [--user | --sys-prefix | --prefix P] [--name N] [--env K=V ...]
                                   install the "Python 3 (hvd_notebook)" kernelspec
     hvd-notebook stacks [CLUSTER] [--all-threads]
@@ -22,16 +25,19 @@ never touches another user's clusters (their directories are not ours).
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
+import os
 import shlex
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cluster import stacks
+from .cluster import leases, registry, stacks
 from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
 from .cluster.reaper import reap
@@ -80,6 +86,60 @@ def find_clusters(base: Path | None = None) -> list[ClusterDir]:
         found.append(ClusterDir(workdir, owner[0] if owner else None, owner is not None and is_alive(owner),
                                 [p.pid for p in live_processes(workdir.read_pids())]))
     return found
+
+
+def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float) -> str:
+    """``list --all``: a row per cluster of the node's register, then its GPUs' leases."""
+    rows = [("user", "cluster", "kernel", "ranks", "GPUs", "since", "idle")]
+    for c in cards:
+        alive = c.kernel_alive
+        idle = "busy (a cell runs)" if c.busy and alive else "-" if not alive else _ago(now - c.last_cell)
+        rows.append((c.user, c.cluster, f"{c.kernel} ({'running' if alive else 'gone: hvd-notebook clean'})",
+                     str(c.ranks), ",".join(c.gpus) or "-", time.strftime("%m-%d %H:%M", time.localtime(c.started)),
+                     idle))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+    leased = "; ".join(f"GPU {gpu}: {text or '?'} [pid {pid}]" for gpu, (pid, text) in sorted(held.items()))
+    return (table if cards else "No clusters on this node.") + f"\nGPU leases: {leased or 'none held'}"
+
+
+def _ago(seconds: float) -> str:
+    minutes = int(max(0.0, seconds) // 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
+def user_cluster_dirs(user: str) -> list[Path]:
+    """Where ``user``'s cluster directories are: the usual one, and those their cards name."""
+    found = {Path(tempfile.gettempdir()) / f"hvd_notebook-{user}"}
+    found |= {Path(c.workdir).parent for c in registry.read_all() if c.user == user and c.workdir}
+    return sorted(p for p in found if p.is_dir())
+
+
+def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
+    """Stop the orphaned ones of ``clusters``, saying what was stopped and what was left alone."""
+    orphans = [c for c in clusters if c.orphaned]
+    if not orphans:
+        kept = len(clusters)
+        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels." if kept else ""))
+        return
+    for c in orphans:
+        if dry_run:
+            print(f"would stop {_describe(c)}")
+            continue
+        pids = sorted(c.live_pids)
+        killed = reap(c.workdir)
+        print(f"stopped {c.path.name} (kernel {c.kernel_pid or '?'} is gone): killed {killed} process(es)"
+              + (f" {pids}" if pids else "") + f", removed {c.path}")
+    for c in clusters:
+        if not c.orphaned:
+            print(f"left alone: {_describe(c)}")
+
+
+def remove_stale_cards(user: str, dry_run: bool) -> None:
+    """Remove the register's cards of ``user`` whose kernel is gone."""
+    for card in registry.read_all():
+        if card.user == user and not card.kernel_alive and not dry_run:
+            registry.remove(path=card.path)
 
 
 def _describe(c: ClusterDir) -> str:
@@ -265,9 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hvd-notebook",
                                      description="Manage this user's hvd_notebook clusters; run scripts on N ranks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="list this user's clusters and the kernels that own them")
-    clean = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
-    clean.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
+    listing = sub.add_parser("list", help="list this user's clusters and the kernels that own them")
+    listing.add_argument("--all", action="store_true", help="every user's clusters and GPU leases on this node "
+                         "(from the node's register; nobody's files are read)")
+    clean_parser = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
+    clean_parser.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
+    clean_parser.add_argument("--user", metavar="U", help="(root only) stop user U's orphaned clusters")
     stacks = sub.add_parser("stacks", help="print every rank's Python stack now, even inside an MPI call")
     stacks.add_argument("cluster", nargs="?", help="only this cluster's ranks (a name that hvd-notebook list shows)")
     stacks.add_argument("--all-threads", action="store_true", help="every thread, not only those running a cell, "
@@ -316,6 +379,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stacks":
         return print_stacks(args.cluster, args.all_threads, args.timeout)
 
+    if args.command == "list" and args.all:
+        print(format_node(registry.read_all(), leases.holders(), time.time()))
+        return 0
+    if args.command == "clean" and args.user:
+        if os.geteuid() != 0:
+            print(f"hvd-notebook clean --user {args.user}: only root may stop another user's clusters; as "
+                  "yourself, run hvd-notebook clean.", file=sys.stderr)
+            return 2
+        clean([c for base in user_cluster_dirs(args.user) for c in find_clusters(base)], args.dry_run)
+        remove_stale_cards(args.user, args.dry_run)
+        return 0
+
     clusters = find_clusters()
     if args.command == "list":
         if not clusters:
@@ -326,22 +401,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stacks.registered_pids()  # (drops the stack files of ranks that were killed)
     remove_stale_elastic_dirs()  # (and the hvd.elastic commits of kernels and jobs that were killed)
-    orphans = [c for c in clusters if c.orphaned]
-    if not orphans:
-        kept = len(clusters)
-        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels." if kept else ""))
-        return 0
-    for c in orphans:
-        if args.dry_run:
-            print(f"would stop {_describe(c)}")
-            continue
-        pids = sorted(c.live_pids)
-        killed = reap(c.workdir)
-        print(f"stopped {c.path.name} (kernel {c.kernel_pid or '?'} is gone): killed {killed} process(es)"
-              + (f" {pids}" if pids else "") + f", removed {c.path}")
-    for c in clusters:
-        if not c.orphaned:
-            print(f"left alone: {_describe(c)}")
+    clean(clusters, args.dry_run)
+    remove_stale_cards(getpass.getuser(), args.dry_run)
     return 0
 
 

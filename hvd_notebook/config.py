@@ -125,6 +125,16 @@ LEASE_DIR = EnvSetting("HVD_NOTEBOOK_LEASE_DIR", None, "folder of the GPU lease 
                        "of the node (default: $TMPDIR/hvd_notebook-gpu-leases)")
 PROGRESS = EnvSetting("HVD_NOTEBOOK_PROGRESS", DashboardMode.AUTO.value, "default dashboard mode of %%hvd cells")
 HUGEPAGES = EnvSetting("HVD_NOTEBOOK_HUGEPAGES", True, "ranks ask glibc's malloc for transparent huge pages")
+POLICY_FILE = EnvSetting("HVD_NOTEBOOK_POLICY_FILE", None, "a fair-sharing policy file read besides "
+                         "/etc/hvd_notebook/policy.toml; the tightest of each rule wins (docs/sharing.md)")
+MAX_GPUS_PER_USER = EnvSetting("HVD_NOTEBOOK_MAX_GPUS_PER_USER", None, "GPUs one user's clusters on this node may "
+                               "hold together (a policy rule: the tightest source wins)")
+MAX_CPU_RANKS_PER_USER = EnvSetting("HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER", None, "CPU ranks one user's clusters "
+                                    "on this node may run together (a policy rule)")
+MAX_LEASE_TIME = EnvSetting("HVD_NOTEBOOK_MAX_LEASE_TIME", None, "how long a cluster may run, e.g. 8h; it stops "
+                            "then, after the cell running at that moment (a policy rule)")
+IDLE_TIMEOUT = EnvSetting("HVD_NOTEBOOK_IDLE_TIMEOUT", None, "a cluster that ran no %%hvd cell for this long, "
+                          "e.g. 30m, stops and releases its GPUs (a policy rule)")
 SRUN_MPI = EnvSetting("HVD_NOTEBOOK_SRUN_MPI", "pmi2", "srun's --mpi= plugin for ranks in a Slurm allocation")
 
 # ----------------------------------------------------------------- rank side
@@ -155,7 +165,8 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
                            "flavours) gives hvd_notebook's runtime where no real Horovod is installed; off: "
                            "ModuleNotFoundError as without hvd_notebook")
 
-ENV_SETTINGS = (GPUS, LEASE_DIR, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
+ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
+                IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
                 HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY)
 

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from ..config import ClusterOptions
-from . import diagnosis, leases
+from . import diagnosis, leases, policy
 from .errors import ClusterError
 from .gpus import detect_gpus, resolve_gpus
 from .launch import EngineWorld, make_ipp_cluster
@@ -75,6 +75,10 @@ class MPICluster:
 
     def __init__(self, options: ClusterOptions) -> None:
         self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() takes the free ones
+        try:
+            self.rules = policy.load()  # the node's fair-sharing rules, read afresh at each start
+        except policy.PolicyError as exc:
+            raise ClusterError(str(exc)) from None
         if options.timeout <= 0:
             raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
         self.placement = choose_placement(options)
@@ -131,7 +135,7 @@ class MPICluster:
         cluster_id = new_cluster_id()
         if self._lease is None:  # (a restart keeps the lease, and so the GPUs, it had)
             self.gpus, self._lease = self.placement.take_gpus(self.host_gpus, self.options.n,
-                                                              f"kernel {os.getpid()}, {cluster_id}")
+                                                              f"kernel {os.getpid()}, {cluster_id}", self.rules)
         if self._lease is not None:
             self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
         try:

@@ -81,15 +81,15 @@ def _holder(fd: int) -> str:
         return "another process"
 
 
-def acquire(gpus: list[str], n: int | None, owner: str) -> Lease:
-    """Lease ``n`` of ``gpus`` (all free ones when ``n`` is None), in order.
+def acquire(gpus: list[str], n: int | None, owner: str, at_most: int | None = None) -> Lease:
+    """Lease ``n`` of ``gpus`` (all free ones, up to ``at_most``, when ``n`` is None), in order.
 
     Raises ``LeaseError`` naming who holds the busy ones when fewer than ``n``
     (or none at all) are free; nothing stays held then."""
     lease = Lease(gpus=[])
     busy: dict[str, str] = {}
     for gpu in gpus:
-        if n is not None and len(lease.gpus) == n:
+        if len(lease.gpus) == (n if n is not None else at_most):
             break
         fd = _open(gpu)
         try:
@@ -114,3 +114,32 @@ def acquire(gpus: list[str], n: int | None, owner: str) -> Lease:
         raise LeaseError(f"{asked} needs {wanted} GPU(s), but only {len(free)} of this host's {len(gpus)} "
                          f"({','.join(free) or 'none'}) are free. Held: {held}. {advice}")
     return lease
+
+
+def holders() -> dict[str, tuple[int, str]]:
+    """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, the lease file's text).
+    Read from the kernel's table of locks (/proc/locks), so it takes no lock itself."""
+    files = {}
+    for path in lease_dir().glob("gpu*.lock"):
+        try:
+            files[path.stat().st_ino] = path
+        except OSError:
+            continue
+    held = {}
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        parts = line.split()  # 1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[3] != "WRITE":
+            continue
+        try:
+            pid, inode = int(parts[4]), int(parts[5].rsplit(":", 1)[1])
+        except (ValueError, IndexError):
+            continue
+        if inode in files:
+            path = files[inode]
+            text = path.read_text(errors="replace").strip() if path.exists() else ""
+            held[path.name[len("gpu"):-len(".lock")]] = (pid, text)
+    return held

@@ -24,6 +24,7 @@ from . import hosts as hostlib
 from . import leases
 from .diagnosis import diagnose_launch, names_a_host, telling_line
 from .errors import ClusterError
+from .policy import Policy, PolicyError
 
 # MPI between ranks of one host over shared memory only: UCX (MPICH's default
 # netmod in the wheel) otherwise opens a TCP listener on the host's network
@@ -104,9 +105,11 @@ class Placement:
         """Defaults for every rank's environment, under what ``environ`` already sets."""
         return {}
 
-    def take_gpus(self, host_gpus: list[str], n: int | None, owner: str) -> tuple[list[str], leases.Lease | None]:
+    def take_gpus(self, host_gpus: list[str], n: int | None, owner: str,
+                  rules: Policy | None = None) -> tuple[list[str], leases.Lease | None]:
         """The GPU ids the ranks pin by local rank, and the lease that holds them.
-        Elsewhere than this host: the same ids on each host (leases cover this host only)."""
+        Elsewhere than this host: the same ids on each host (leases, and the node's fair-sharing
+        ``rules``, cover this host only; there the scheduler shares the nodes)."""
         return list(host_gpus), None
 
     def diagnose(self, output: str) -> list[str]:
@@ -146,13 +149,16 @@ class OneHost(Placement):
     def rank_env(self, environ: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in LOOPBACK_ENV.items() if k not in environ}
 
-    def take_gpus(self, host_gpus: list[str], n: int | None, owner: str) -> tuple[list[str], leases.Lease | None]:
-        """GPUs held by other notebooks' clusters are skipped."""
-        if not host_gpus:
-            return [], None
+    def take_gpus(self, host_gpus: list[str], n: int | None, owner: str,
+                  rules: Policy | None = None) -> tuple[list[str], leases.Lease | None]:
+        """GPUs held by other notebooks' clusters are skipped; the node's ``rules`` cap what one user's
+        clusters hold together (GPUs, or CPU ranks where the ranks have none)."""
         try:
-            lease = leases.acquire(host_gpus, n, owner)
-        except leases.LeaseError as exc:
+            room = rules.room(bool(host_gpus), n) if rules is not None else None
+            if not host_gpus:
+                return [], None
+            lease = leases.acquire(host_gpus, n, owner, at_most=room)
+        except (leases.LeaseError, PolicyError) as exc:
             raise ClusterError(str(exc)) from None
         return lease.gpus, lease
 

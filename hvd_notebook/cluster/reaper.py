@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from . import registry
 from .pids import kill_all, live_processes
 from .workdir import WorkDir
 
@@ -49,10 +50,12 @@ def watch(kernel_pid: int, workdir: WorkDir) -> None:
         kernel = psutil.Process(kernel_pid)
     except psutil.NoSuchProcess:
         reap(workdir)
+        registry.remove(kernel_pid)
         return
     while workdir.path.exists():
         if not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE:
             reap(workdir)
+            registry.remove(kernel_pid)  # (the kernel's card in the node's register)
             return
         time.sleep(POLL_S)
 

@@ -168,9 +168,10 @@ class HvdMagics(Magics):
     @line_cell_magic
     def hvd(self, line: str, cell: str | None = None) -> Any:
         try:
-            if cell is None:
-                return self._line(line)
-            return self._cell(line, cell)
+            with Session.get().in_use():  # (the node's release watch waits for the command)
+                if cell is None:
+                    return self._line(line)
+                return self._cell(line, cell)
         except _HelpShown:
             return None
 
@@ -188,6 +189,9 @@ class HvdMagics(Magics):
             options = ClusterOptions.from_arguments(args)
             ranks = session.start(options, restart=args.restart)
             print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
+            rules = session.require().rules.describe()
+            if rules:
+                print(f"This node's rules: {rules}.")
         elif args.command == "stop":
             print("Cluster stopped." if session.stop() else "No cluster was running.")
         elif args.command == "restart":

@@ -6,9 +6,12 @@ from __future__ import annotations
 import atexit
 import logging
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
@@ -18,6 +21,7 @@ from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .recovery import ElasticCommits, RecordedCell, Resumed, replay
+from .tenancy import Tenancy, released_message
 
 __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
            "Session"]
@@ -36,6 +40,9 @@ class Session:
         self.history: list[RecordedCell] = []  # what a replay runs on a new world (``replay``)
         self._engine_progress: tuple[int, bool] | None = None  # (id of the client, progress on)
         self.commits = ElasticCommits()  # rank 0's last hvd.elastic commit: a cell resumes from it
+        self.tenancy = Tenancy(self._release)  # the node's card of the cluster; stops it when its time is up
+        self.released: str | None = None  # why the node's rules stopped the cluster, for the next command
+        self._lock = threading.RLock()  # held by every command that uses the cluster (``in_use``)
         atexit.register(self.shutdown)
 
     @classmethod
@@ -60,22 +67,52 @@ class Session:
             cluster.start()
         except ClusterError as exc:
             raise HvdError(f"The cluster did not start: {exc}") from None
-        self.cluster, self.options, self.history = cluster, options, []
+        self.cluster, self.options, self.history, self.released = cluster, options, [], None
+        self._announce(cluster)
         return cluster.ranks
+
+    def _announce(self, cluster: MPICluster, restarted: bool = False) -> None:
+        """The node's card of the cluster (a restart keeps the start time its lease counts from)."""
+        self.tenancy.begin(Path(cluster.workdir).name if cluster.workdir else "", cluster.workdir, cluster.n,
+                           cluster.gpus, cluster.rules, keep_start=restarted)
+
+    @contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Hold the cluster for a command: the release watch waits until it ends."""
+        with self._lock:
+            yield
+
+    def _release(self, why: str) -> bool:
+        """The node's rules stop the cluster (from the watch's thread): False where it is in use."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            cluster = self.cluster
+            if cluster is None:
+                return True
+            gpus = list(cluster.gpus)
+            self.stop()
+            self.released = released_message(why, time.time(), gpus)
+            log.warning("hvd cluster stopped by the node's rules: %s", why)
+            return True
+        finally:
+            self._lock.release()
 
     def restart(self) -> list[RankInfo]:
         """Start again with the options of the last start (the recorded cells are kept for ``replay``)."""
         if self.options is None:
             raise HvdError("Nothing to restart: no cluster was started in this kernel. Run %hvd start.")
         history = self.history
-        if self.cluster is None:  # lost (a restart after an interrupt failed): start afresh
+        if self.cluster is None:  # lost (a restart after an interrupt failed), or released: start afresh
             ranks = self.start(self.options)
         else:
             try:
                 ranks = self.cluster.restart()  # promotes its warm standby where it has one
             except ClusterError as exc:
                 self.cluster = None
+                self.tenancy.end()
                 raise HvdError(f"The cluster did not restart: {exc}") from None
+            self._announce(self.cluster, restarted=True)
         self.history = history
         return ranks
 
@@ -93,9 +130,13 @@ class Session:
     def stop(self) -> bool:
         """Stop the cluster; False when none was running."""
         cluster, self.cluster = self.cluster, None
+        self.released = None
         if cluster is None:
             return False
-        cluster.stop()
+        try:
+            cluster.stop()
+        finally:
+            self.tenancy.end()
         return True
 
     def shutdown(self) -> None:
@@ -109,7 +150,7 @@ class Session:
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
         if self.cluster is None:
-            raise failures.no_cluster()
+            raise NoClusterError(self.released) if self.released else failures.no_cluster()
         return self.cluster
 
     # ----------------------------------------------------------------- cells
@@ -121,13 +162,34 @@ class Session:
         timeout: float | None = None,
         progress: str | None = DashboardMode.AUTO,
         record: bool = True,
-        resumed: Resumed | None = None,
     ) -> RankValue | None:
         """Run ``code`` on the ranks (all by default) at once; stream output; fail
         on the first rank that raises; return rank 0's value of the last expression.
         ``progress`` is the dashboard's mode (``config.DashboardMode``); ``record``: a cell that
-        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off); ``resumed``: this is
-        the cell again after dead ranks (``_resume``)."""
+        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off). The node's card
+        says the cluster is busy meanwhile; where its lease ran out during the cell, it stops after."""
+        with self.in_use():
+            self.require()
+            self.tenancy.cell(busy=True)
+            try:
+                return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+            finally:
+                self.tenancy.cell(busy=False)
+                why = self.tenancy.due()
+                if why is not None and self._release(why):
+                    print(f"[hvd_notebook] {self.released}", file=sys.stderr, flush=True)
+
+    def _run_cell(
+        self,
+        code: str,
+        ranks: list[int] | None,
+        output_ranks: list[int] | None,
+        timeout: float | None,
+        progress: str | None,
+        record: bool,
+        resumed: Resumed | None = None,
+    ) -> RankValue | None:
+        """``run_cell``; ``resumed``: this is the cell again after dead ranks (``_resume``)."""
         try:
             mode = resolve_mode(progress)
         except ValueError as exc:
@@ -159,14 +221,15 @@ class Session:
                                    died.died) from None
                 raise
             line = self._resume(died, len(resets) + 1, running.dashboard)
-            return self.run_cell(code, asked, output_ranks, timeout, progress, record,
-                                 Resumed(resumed.started, (*resets, line), running.dashboard))
+            return self._run_cell(code, asked, output_ranks, timeout, progress, record,
+                                  Resumed(resumed.started, (*resets, line), running.dashboard))
         except BaseException:
             self.commits.forget()  # the cell's training has ended: a later cell must not resume from it
             raise
         finally:
             if running.cluster_lost:
                 self.cluster = None
+                self.tenancy.end()
         if record:
             self.history.append(RecordedCell(code, None if ranks == all_ranks else list(ranks), timeout))
         return value

@@ -204,13 +204,15 @@ def cluster_pids(kc) -> set[int]:
 
 
 @contextlib.contextmanager
-def started_kernel() -> Iterator[tuple[Any, Any]]:
-    """A real ipykernel started by jupyter_client, as JupyterLab starts it: (manager, client); its channels
-    closed and the kernel shut down at the end, if the test has not."""
+def started_kernel(env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any]]:
+    """A real ipykernel started by jupyter_client, as JupyterLab starts it, with ``env`` added to its
+    environment (no GPUs by default): (manager, client); its channels closed and the kernel shut down at
+    the end, if the test has not."""
     from jupyter_client.manager import start_new_kernel
 
     # ipykernel's own spec runs this interpreter (sys.executable)
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, env={**os.environ, "HVD_NOTEBOOK_GPUS": ""})
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
+                              env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
     try:
         yield km, kc
     finally:

@@ -1,0 +1,160 @@
+"""The node's fair-sharing rules, set by its admin: how many GPUs and CPU ranks one
+user's clusters may hold together, how long a cluster may hold them, and after how
+long without a ``%%hvd`` cell an idle cluster is stopped.
+
+The rules come from up to three places, and the tightest of each wins, so that a
+user can make a rule stricter for themselves but never looser than the admin's:
+
+- ``/etc/hvd_notebook/policy.toml`` (``SYSTEM_FILE``; root's, the usual place);
+- the file that ``$HVD_NOTEBOOK_POLICY_FILE`` names (a kernelspec's environment);
+- the environment variables ``HVD_NOTEBOOK_MAX_GPUS_PER_USER``,
+  ``HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER``, ``HVD_NOTEBOOK_MAX_LEASE_TIME`` and
+  ``HVD_NOTEBOOK_IDLE_TIMEOUT`` (a kernelspec's ``env``).
+
+A file holds the same four rules by their short names::
+
+    max_gpus_per_user = 2
+    max_cpu_ranks_per_user = 8
+    max_lease_time = "8h"      # seconds, or a number with s, m, h or d
+    idle_timeout = "30m"
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .. import config
+from . import registry
+
+SYSTEM_FILE = Path("/etc/hvd_notebook/policy.toml")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class PolicyError(ValueError):
+    """A rule that cannot be read; says where it was and what to write instead."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The rules in force (None: no such rule); ``sources`` names where each was set."""
+
+    max_gpus_per_user: int | None = None
+    max_cpu_ranks_per_user: int | None = None
+    max_lease_time: float | None = None  # seconds a cluster may run after it started
+    idle_timeout: float | None = None  # seconds without a %%hvd cell before it is stopped
+    sources: tuple[tuple[str, str], ...] = ()  # (rule, where it was set), for messages
+
+    def source(self, rule: str) -> str:
+        """Where ``rule`` was set, for an error message."""
+        return dict(self.sources).get(rule, "the node's policy")
+
+    def describe(self) -> str:
+        """``at most 2 GPUs per user, released after 30 min idle``; empty without rules."""
+        parts = []
+        if self.max_gpus_per_user is not None:
+            parts.append(f"at most {self.max_gpus_per_user} GPU(s) per user")
+        if self.max_cpu_ranks_per_user is not None:
+            parts.append(f"at most {self.max_cpu_ranks_per_user} CPU rank(s) per user")
+        stops = ([f"after {format_duration(self.max_lease_time)}"] if self.max_lease_time is not None else []) + (
+            [f"after {format_duration(self.idle_timeout)} without a %%hvd cell"] if self.idle_timeout is not None
+            else [])
+        if stops:
+            parts.append("a cluster stops " + " or ".join(stops))
+        return ", ".join(parts)
+
+
+    def room(self, gpus: bool, asked: int | None) -> int | None:
+        """How many GPUs (``gpus``) or CPU ranks a new cluster of this kernel may take beside the
+        user's other clusters on this node (None: no cap); ``PolicyError`` naming those clusters
+        where ``asked`` (or, with None, even one) is more than that."""
+        rule = "max_gpus_per_user" if gpus else "max_cpu_ranks_per_user"
+        cap = getattr(self, rule)
+        if cap is None:
+            return None
+        others = [c for c in registry.held_by(getpass.getuser(), besides=os.getpid()) if bool(c.gpus) == gpus]
+        used = sum(len(c.gpus) if gpus else c.ranks for c in others)
+        left = max(0, cap - used)
+        if (asked or 1) <= left:
+            return left
+        what = "GPU(s)" if gpus else "CPU rank(s)"
+        held = "; ".join(f"{c.cluster} (kernel {c.kernel}): " + (f"GPU {','.join(c.gpus)}" if gpus else
+                                                                  f"{c.ranks} rank(s)") for c in others)
+        wanted = f"-n {asked}" if asked is not None else "one rank per free GPU"
+        advice = f"Start fewer ranks (-n {left}), or stop" if left else "Stop"
+        raise PolicyError(
+            f"{wanted} is more than you may have: this node allows {cap} {what} per user ({self.source(rule)}), "
+            f"and your other clusters hold {used}" + (f": {held}" if held else "") + f". {advice} one of them "
+            "(%hvd stop in its notebook; hvd-notebook list shows them all).")
+
+
+_RULES = {f.name: f for f in fields(Policy) if f.name != "sources"}
+_ENV = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
+        "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT}
+
+
+def parse_duration(value: object, where: str) -> float:
+    """Seconds from ``90``, ``"90s"``, ``"30m"``, ``"8h"`` or ``"1d"``."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value).lower())
+    if isinstance(value, bool) or not match or float(match.group(1)) <= 0:
+        raise PolicyError(f"{where}: {value!r} is not a duration; write seconds or a number with s, m, h or d, "
+                          "e.g. \"30m\".")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """``30 min``, ``8 h``, ``45 s``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def _parse(rule: str, value: object, where: str) -> float | int:
+    if rule in ("max_lease_time", "idle_timeout"):
+        return parse_duration(value, where)
+    try:
+        count = int(str(value))
+    except ValueError:
+        count = -1
+    if isinstance(value, bool) or count < 0:
+        raise PolicyError(f"{where}: {value!r} is not a whole number of 0 or more.")
+    return count
+
+
+def _read_file(path: Path) -> dict[str, object]:
+    try:
+        rules = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise PolicyError(f"The policy file {path} cannot be read ({exc.strerror}); ask the node's admin.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"The policy file {path} is not TOML: {exc}. Ask the node's admin to fix it.") from None
+    unknown = sorted(set(rules) - set(_RULES))
+    if unknown:
+        raise PolicyError(f"The policy file {path} has unknown rule(s) {', '.join(unknown)}; the rules are "
+                          f"{', '.join(_RULES)}.")
+    return rules
+
+
+def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FILE) -> Policy:
+    """The rules in force: the tightest of the system file, ``$HVD_NOTEBOOK_POLICY_FILE``'s and the
+    environment's. ``PolicyError`` for a rule that cannot be read."""
+    environ = os.environ if environ is None else environ
+    found: list[tuple[str, object, str]] = []  # (rule, value, where)
+    named = config.POLICY_FILE.text(environ)
+    for path in (system_file, Path(named) if named else None):
+        if path is not None and (path.exists() or path != system_file):
+            found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path).items()]
+    found += [(rule, environ[env.name], f"${env.name}") for rule, env in _ENV.items() if environ.get(env.name)]
+    chosen: dict[str, float | int] = {}
+    sources: dict[str, str] = {}
+    for rule, value, where in found:
+        parsed = _parse(rule, value, where)
+        if rule not in chosen or parsed < chosen[rule]:
+            chosen[rule], sources[rule] = parsed, where
+    return Policy(**chosen, sources=tuple(sorted(sources.items())))
