@@ -2,7 +2,9 @@
 ETA, loss and metric curves; text where no widget front end is there.
 
 - ``message``: the update a rank publishes (also imported by the engines)
-- ``model``: what the ranks' updates add up to (``ProgressModel``)
+- ``model``: what the ranks' updates add up to (``ProgressModel``); ``curves``:
+  each step's value from Keras' running means, and the smoothing
+- ``outputs``: each rank's stdout and stderr of the cell, for its tab
 - ``text``, ``widget``: the two views; ``summary``: the static end state
 - ``mode``: which view; ``live``: ``Dashboard``, one running cell's dashboard
 

@@ -1,16 +1,23 @@
 """The dashboard of one running ``%%hvd`` cell: reads the ranks' published
-updates, keeps the model, and draws it with the view its mode asks for."""
+updates, keeps the model, and draws it with the view its mode asks for; in
+widgets mode it also keeps each rank's output for the tabs under it."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..config import DashboardMode
+from .formatting import reset_text
 from .message import ProgressUpdate
 from .model import ProgressModel
+from .outputs import RankOutputs
+from .summary import outputs_bundle
 from .text import TextView
+
+if TYPE_CHECKING:
+    from .widget import OutputTabs
 
 RENDER_INTERVAL_S = 0.25
 
@@ -19,20 +26,39 @@ class Dashboard:
     """The dashboard of one running ``%%hvd`` cell; the session feeds it each
     rank's published data as it polls for output.
 
+    In widgets mode it also takes each rank's output (``output``): a tab per rank under the dashboard,
+    or on its own in a cell without one where a rank not in ``shown`` (the ranks whose output the cell
+    prints) wrote something or failed.
+
     >>> board = Dashboard(DashboardMode.TEXT, ranks=[0, 1])
     >>> board.poll({0: published_data_of_rank_0, 1: ...}); board.finish()
     """
 
     def __init__(self, mode: DashboardMode, ranks: list[int], display: Callable[..., Any] | None = None,
-                 write: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 write: Callable[[str], Any] | None = None, clock: Callable[[], float] = time.monotonic,
+                 shown: Iterable[int] | None = None) -> None:
         self.mode = DashboardMode(mode)
         self.model = ProgressModel(ranks, clock)
         self.clock = clock
         self.seen: dict[int, int] = {}  # rank -> the last seq read
         self._display, self._write = display, write
         self.view: TextView | None = None  # made when the first update arrives
+        # each rank's output, for the tabs (widgets mode only)
+        self.outputs = (RankOutputs(ranks, ranks[:1] if shown is None else shown)
+                        if self.mode == DashboardMode.WIDGETS else None)
+        self.tabs: OutputTabs | None = None  # the tabs shown on their own, before any progress arrived
         self.frozen = False
         self.last_render = 0.0
+
+    @property
+    def records_output(self) -> bool:
+        """Whether ``output`` keeps the ranks' output (for the tabs of widgets mode)."""
+        return self.outputs is not None and not self.frozen
+
+    def output(self, rank: int, name: str, text: str) -> None:
+        """A rank wrote ``text`` to its stream ``name`` (stdout or stderr); shown at the next ``poll``."""
+        if self.outputs is not None and not self.frozen:
+            self.outputs.write(rank, name, text)
 
     def poll(self, data_by_rank: dict[int, dict[str, Any]], force: bool = False) -> bool:
         """Feed the updates not seen yet (from each rank's published data); redraw
@@ -46,10 +72,17 @@ class Dashboard:
         if new and self.view is None:
             self.view = self._make_view()
             self.view.show()
+        elif self.view is None and self.tabs is None and self.outputs is not None and self.outputs.hidden_news:
+            self.tabs = self._make_tabs()
+            if self.tabs is not None:
+                self.tabs.show()
         now = self.clock()
-        if self.view is not None and (force or now - self.last_render >= RENDER_INTERVAL_S):
+        if force or now - self.last_render >= RENDER_INTERVAL_S:
             self.last_render = now
-            self.view.render()
+            if self.view is not None:
+                self.view.render()
+            elif self.tabs is not None:
+                self.tabs.render()
         return bool(new)
 
     def _unseen(self, rank: int, data: dict[str, Any]) -> list[ProgressUpdate]:
@@ -63,14 +96,30 @@ class Dashboard:
             from .widget import WidgetView
 
             try:
-                return WidgetView(self.model, self._display)
+                tabs = self.tabs or self._make_tabs()
+                return WidgetView(self.model, self._display, tabs, tabs.handle if tabs is not None else None)
             except ImportError:
                 pass
         return TextView(self.model, self._write)
 
-    def fail(self, rank: int, message: str) -> None:
-        """A rank's cell failed: the first line of ``message`` goes on its bar."""
-        self.model.fail(rank, message.strip().splitlines()[0] if message.strip() else "failed")
+    def _make_tabs(self) -> OutputTabs | None:
+        """The ranks' output tabs (``OutputTabs``); None outside widgets mode or without ipywidgets."""
+        if self.outputs is None:
+            return None
+        try:
+            from .widget import OutputTabs
+
+            return OutputTabs(self.outputs, self._display)
+        except ImportError:
+            return None
+
+    def fail(self, rank: int, message: str, details: str = "") -> None:
+        """A rank's cell failed: the first line of ``message`` goes on its bar, and the badge ``✗`` on its
+        tab, with ``details`` (the traceback) below its output."""
+        first = message.strip().splitlines()[0] if message.strip() else "failed"
+        self.model.fail(rank, first)
+        if self.outputs is not None and not self.frozen:
+            self.outputs.fail(rank, first, details)
 
     def reset(self, died: dict[int, str], commit: str, ranks: list[int]) -> None:
         """Ranks ``died`` (rank -> how) and a new world of ``ranks`` runs the cell again from ``commit``
@@ -78,10 +127,14 @@ class Dashboard:
         the continuation of the old ones'."""
         if self.frozen:
             return
-        self.model.reset(died, commit, ranks)
+        event = self.model.reset(died, commit, ranks)
         self.seen.clear()  # the new ranks count their updates from 0 again
+        if self.outputs is not None:
+            self.outputs.note(f"[hvd] reset {len(self.model.events)}: {reset_text(event)}")
         if self.view is not None:
             self.view.render()
+        elif self.tabs is not None:
+            self.tabs.render()
 
     def finish(self) -> None:
         """The cell ended: a last redraw, then the static summary; no more updates."""
@@ -90,4 +143,10 @@ class Dashboard:
         self.model.finish()
         if self.view is not None:
             self.view.finish()
+        elif self.tabs is not None:
+            self.tabs.finish()
+        elif self.outputs is not None and self.outputs.hidden_news:
+            from IPython.display import display  # (the cell ended before the tabs were drawn)
+
+            (self._display or display)(outputs_bundle(self.outputs), raw=True)
         self.frozen = True

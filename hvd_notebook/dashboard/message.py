@@ -32,6 +32,12 @@ class RunKind(enum.StrEnum):
         """Training runs draw metric curves over steps; evaluate/predict have one result."""
         return self in (RunKind.FIT, RunKind.CUSTOM)
 
+    @property
+    def running_means(self) -> bool:
+        """Keras' logs of a batch are means over the epoch's batches so far (reset at each epoch); a custom
+        loop's ``progress.report`` metrics and tqdm's ``set_postfix`` numbers are what the user gave."""
+        return self in (RunKind.FIT, RunKind.EVALUATE)
+
 
 class RankState(enum.StrEnum):
     """Where one rank is in a run."""

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .curves import StepValues
 from .message import ProgressUpdate, RankState, RunKind
 
 STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler
@@ -35,6 +36,7 @@ class RankProgress:
     error: str | None = None
     history: list[tuple[float, float]] = field(default_factory=list)  # (elapsed, samples or steps)
     points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (step, value)
+    recovered: dict[str, StepValues] = field(default_factory=dict)  # metric -> its per-step values (Keras fit)
     first_epoch: int | None = None  # fit's initial_epoch in the run's first update
 
     def epoch_offset(self, update: ProgressUpdate) -> int:
@@ -84,8 +86,13 @@ class RankProgress:
             del self.history[: len(self.history) // 2]
         if update.kind.has_curves:
             for name, value in self.logs.items():
-                if not name.startswith("val_"):  # validation metrics exist per epoch only: in the epoch rows
-                    self._add_point(name, value)
+                if name.startswith("val_"):  # validation metrics exist per epoch only: in the epoch rows
+                    continue
+                point: float | None = value
+                if update.kind.running_means:  # Keras' running means: the steps' own values
+                    point = self.recovered.setdefault(name, StepValues()).add(self.epoch, self.step, value)
+                if point is not None:
+                    self._add_point(name, point)
         return offset
 
     def _add_point(self, metric: str, value: float) -> None:
@@ -189,6 +196,7 @@ class ProgressModel:
             run.ranks = {r: p for r, p in run.ranks.items() if r in self.rank_ids}
             for rank_progress in run.ranks.values():
                 rank_progress.history.clear()  # the new processes' clocks start again
+                rank_progress.recovered.clear()  # ... and their running means
                 rank_progress.state, rank_progress.error = RankState.RUNNING, None
         return event
 
@@ -270,6 +278,14 @@ class ProgressModel:
         run = run or self.curve_run
         names = dict.fromkeys(name for p in (run.ranks.values() if run else ()) for name in p.points)
         return sorted(names, key=lambda n: (n != "loss", n))
+
+    def epoch_starts(self, run: Run | None = None) -> list[int]:
+        """The curves' steps where an epoch after the first began (of the latest curve run by default),
+        for the epochs some rank has reached; none where the steps per epoch are unknown."""
+        run = run or self.curve_run
+        starts = {epoch * p.steps for p in (run.ranks.values() if run else ()) if p.steps
+                  for epoch in range(1, p.epoch + 1)}
+        return sorted(starts)
 
     def curve(self, metric: str, run: Run | None = None) -> tuple[dict[int, tuple[list[int], list[float]]],
                                                                  tuple[list[int], list[float]]]:

@@ -8,9 +8,11 @@ import html
 import io
 from typing import Any
 
+from .curves import smooth
 from .formatting import event_lines, headline, rank_line
 from .message import RankState
 from .model import ProgressModel
+from .outputs import RankOutputs, output_html, outputs_text
 
 _COLOURS = {RankState.FAILED: "#d9534f", RankState.DONE: "#5cb85c"}
 _RUNNING_COLOUR = "#f0ad4e"
@@ -44,8 +46,9 @@ def _table_cell(value: Any) -> str:
 
 
 def curves_png(model: ProgressModel) -> bytes | None:
-    """The curves of every metric (mean over ranks, each rank faint) as a PNG;
-    None without curves or without matplotlib."""
+    """The curves of every metric as a PNG: the mean over ranks smoothed, unsmoothed behind it, each rank
+    faint; grey dash-dotted lines where epochs begin, dashed red ones at resets. None without curves or
+    without matplotlib."""
     metrics = model.metrics()
     if not metrics:
         return None
@@ -60,9 +63,12 @@ def curves_png(model: ProgressModel) -> bytes | None:
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
         per_rank, (mean_x, mean_y) = model.curve(metric)
+        for start in model.epoch_starts():
+            ax.axvline(start, color="#888888", linestyle="-.", linewidth=1)
         for rank, (xs, ys) in per_rank.items():
-            ax.plot(xs, ys, linewidth=0.8, alpha=0.4, label=f"rank {rank}")
-        ax.plot(mean_x, mean_y, linewidth=2, color="#1f77b4", label="mean")
+            ax.plot(xs, smooth(ys), linewidth=0.8, alpha=0.4, label=f"rank {rank}")
+        ax.plot(mean_x, mean_y, linewidth=0.8, alpha=0.3, color="#1f77b4")
+        ax.plot(mean_x, smooth(mean_y), linewidth=2, color="#1f77b4", label="mean")
         for event in model.events:
             if event.step is not None:
                 ax.axvline(event.step, color="#d9534f", linestyle="--", linewidth=1)
@@ -75,8 +81,29 @@ def curves_png(model: ProgressModel) -> bytes | None:
     return out.getvalue()
 
 
-def static_bundle(model: ProgressModel) -> dict[str, str]:
-    """The frozen dashboard as a display bundle: HTML (with the PNG inline) and text."""
+def outputs_html(outputs: RankOutputs) -> str:
+    """Each rank's output as a ``<details>`` (the first shown rank's open) titled like its tab, badge
+    included; empty where no rank wrote anything."""
+    if not outputs.anything:
+        return ""
+    parts = []
+    for rank in outputs.ranks:
+        output = outputs[rank]
+        is_open = " open" if rank == outputs.selected else ""
+        parts.append(f"<details class='hvd-rank-details' data-rank='{rank}'{is_open}>"
+                     f"<summary style='cursor:pointer'>{html.escape(output.title)}</summary>"
+                     f"{output_html(output)}</details>")
+    return f"<div class='hvd-outputs'><p style='margin:6px 0 2px'><b>output per rank</b></p>{''.join(parts)}</div>"
+
+
+def outputs_bundle(outputs: RankOutputs) -> dict[str, str]:
+    """The frozen output tabs of a cell without a dashboard, as a display bundle."""
+    return {"text/html": outputs_html(outputs), "text/plain": outputs_text(outputs)}
+
+
+def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> dict[str, str]:
+    """The frozen dashboard as a display bundle: HTML (with the PNG inline) and text; ``outputs``: the
+    ranks' output under it."""
     rows = []
     run = model.current
     for rank in model.rank_ids:
@@ -97,9 +124,12 @@ def static_bundle(model: ProgressModel) -> dict[str, str]:
     events = event_lines(model)
     text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in
                                                    sorted((run.ranks if run else {}).items())])
+    if outputs is not None and outputs_text(outputs):
+        text += "\n" + outputs_text(outputs)
     events_html = "".join(f"<p class='hvd-reset' style='color:#d9534f'>{html.escape(line)}</p>" for line in events)
     body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>{events_html}"
-            f"<table>{''.join(rows)}</table>{img}{epoch_table_html(model)}</div>")
+            f"<table>{''.join(rows)}</table>{img}{epoch_table_html(model)}"
+            f"{outputs_html(outputs) if outputs is not None else ''}</div>")
     bundle = {"text/html": body, "text/plain": text}
     if png:
         bundle["image/png"] = base64.b64encode(png).decode()

@@ -1,6 +1,7 @@
 """The live widget view (ipywidgets 8 and bqplot): a bar per rank, the headline,
-metric curves and the epoch table, updated while the cell runs; when the cell
-ends it is replaced by the static summary, which stays in the saved notebook.
+metric curves and the epoch table, and a tab per rank with its output
+(``OutputTabs``), updated while the cell runs; when the cell ends it is
+replaced by the static summary, which stays in the saved notebook.
 
 It is the text view with other drawing: only ``show``, ``render`` and
 ``finish`` differ. The widget libraries are imported when a view is made.
@@ -12,25 +13,81 @@ import html
 from collections.abc import Callable
 from typing import Any
 
+from .curves import smooth
 from .formatting import event_lines, headline, rank_line
 from .message import RankState
 from .model import ProgressModel, RankProgress
-from .summary import epoch_table_html, static_bundle
+from .outputs import RankOutputs, output_html
+from .summary import epoch_table_html, outputs_bundle, static_bundle
 from .text import TextView
 
 
-class WidgetView(TextView):
-    """The live dashboard: bars per rank, headline, curves (bqplot), epoch table.
-    Raises ImportError where ipywidgets or bqplot are missing."""
+class OutputTabs:
+    """A tab per rank with its output in the cell (``RankOutputs``), titled with its badge (``rank 1 ⚠``,
+    ``rank 1 ✗``), the first shown rank's open. Raises ImportError where ipywidgets is missing."""
 
-    def __init__(self, model: ProgressModel, display: Callable[..., Any] | None = None) -> None:
+    def __init__(self, outputs: RankOutputs, display: Callable[..., Any] | None = None) -> None:
+        import ipywidgets
+
+        self._widgets = ipywidgets
+        self._display = display
+        self.outputs = outputs
+        self.handle: Any = None  # where the tabs are shown on their own (a cell without a dashboard)
+        self.pages: dict[int, Any] = {}  # rank -> its page (HTML)
+        self.drawn: dict[int, int] = {}  # rank -> the version of its output on its page
+        self.widget = ipywidgets.Tab(layout=ipywidgets.Layout(margin="6px 0 0 0"))
+        self.widget.add_class("hvd-output-tabs")
+        self.render()
+
+    def render(self) -> None:
+        """Draw the outputs that changed since the last call."""
+        outputs = self.outputs
+        if list(self.pages) != outputs.ranks:
+            first = not self.pages
+            for rank in outputs.ranks:
+                if rank not in self.pages:
+                    self.pages[rank] = self._widgets.HTML(value="")
+                    self.pages[rank].add_class(f"hvd-rank-page-{rank}")
+            self.pages = {rank: self.pages[rank] for rank in outputs.ranks}
+            self.widget.children = list(self.pages.values())
+            if first:
+                self.widget.selected_index = outputs.ranks.index(outputs.selected)
+        changed = [rank for rank in self.pages if self.drawn.get(rank) != outputs[rank].version]
+        for rank in changed:
+            self.pages[rank].value = output_html(outputs[rank])
+            self.drawn[rank] = outputs[rank].version
+        titles = tuple(outputs[rank].title for rank in self.pages)
+        if tuple(self.widget.titles) != titles:
+            self.widget.titles = titles
+
+    def show(self) -> None:
+        """Put the tabs under the cell on their own."""
+        from IPython.display import display
+
+        self.handle = (self._display or display)(self.widget, display_id=True)
+
+    def finish(self) -> None:
+        """Freeze the tabs shown on their own into their static copy (each rank's text in a ``<details>``)."""
+        self.render()
+        if self.handle is not None:
+            self.handle.update(outputs_bundle(self.outputs), raw=True)
+
+
+class WidgetView(TextView):
+    """The live dashboard: bars per rank, headline, curves (bqplot), epoch table, and the ranks' output
+    tabs where ``tabs`` are given (a ``handle``: the display of those tabs, which the dashboard takes
+    over). Raises ImportError where ipywidgets or bqplot are missing."""
+
+    def __init__(self, model: ProgressModel, display: Callable[..., Any] | None = None,
+                 tabs: OutputTabs | None = None, handle: Any = None) -> None:
         import bqplot
         import ipywidgets
 
         super().__init__(model)
         self._widgets, self._bqplot = ipywidgets, bqplot
         self._display = display
-        self.handle: Any = None
+        self.handle: Any = handle
+        self.tabs = tabs
         self.headline = ipywidgets.HTML(value=self._headline_html())
         self.bars: dict[int, tuple[Any, Any]] = {}  # rank -> (progress bar, its text)
         self.rows = ipywidgets.VBox()
@@ -38,18 +95,23 @@ class WidgetView(TextView):
         self.each_rank.observe(lambda change: self._show_ranks(change["new"]), names="value")
         self.figures: dict[str, tuple[Any, Any, dict[int, Any]]] = {}  # metric -> (figure, mean line, rank lines)
         self.resets: dict[str, Any] = {}  # metric -> the vertical marks of the world's resets
+        self.epoch_marks: dict[str, Any] = {}  # metric -> the vertical marks where epochs begin
+        self.raw: dict[str, Any] = {}  # metric -> the mean over ranks, unsmoothed (faint)
         self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.table = ipywidgets.HTML()
         self.events = ipywidgets.HTML()  # the world's resets during the cell
         self.widget = ipywidgets.VBox([self.headline, self.events, self.rows, self.plots, self.each_rank,
-                                       self.table],
+                                       self.table] + ([tabs.widget] if tabs is not None else []),
                                       layout=ipywidgets.Layout(border="1px solid #ddd", padding="6px"))
         self.widget.add_class("hvd-dashboard")
 
     def show(self) -> None:
         from IPython.display import display
 
-        self.handle = (self._display or display)(self.widget, display_id=True)
+        if self.handle is not None:  # the tabs were shown on their own: the dashboard takes their place
+            self.handle.update(self.widget)
+        else:
+            self.handle = (self._display or display)(self.widget, display_id=True)
 
     def render(self) -> None:
         run = self.model.current
@@ -67,12 +129,14 @@ class WidgetView(TextView):
         for metric in self.model.metrics():
             self._draw_curve(metric)
         self.table.value = epoch_table_html(self.model)
+        if self.tabs is not None:
+            self.tabs.render()
 
     def finish(self) -> None:
-        """Freeze: replace the live widgets with a static summary (HTML + PNG)."""
+        """Freeze: replace the live widgets with a static summary (HTML + PNG, the ranks' output)."""
         self.render()
         if self.handle is not None:
-            self.handle.update(static_bundle(self.model), raw=True)
+            self.handle.update(static_bundle(self.model, self.tabs.outputs if self.tabs else None), raw=True)
 
     # -- pieces
     def _headline_html(self) -> str:
@@ -113,6 +177,8 @@ class WidgetView(TextView):
             x, y = bq.LinearScale(), bq.LinearScale()
             mean = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, stroke_width=2.5, colors=["#1f77b4"],
                             labels=["mean"])
+            self.raw[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, stroke_width=1, colors=["#1f77b4"],
+                                        opacities=[0.3], labels=["mean, unsmoothed"])
             fig = bq.Figure(marks=[mean], axes=[bq.Axis(scale=x, label="step", side="bottom"),
                                                 bq.Axis(scale=y, side="left", tick_format=".3g")],
                             title=metric, fig_margin={"top": 40, "bottom": 40, "left": 55, "right": 15},
@@ -121,26 +187,36 @@ class WidgetView(TextView):
             self.figures[metric] = (fig, mean, {})
             self.resets[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#d9534f"],
                                            line_style="dashed", labels=["reset"])
+            self.epoch_marks[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#999999"],
+                                                line_style="dash_dotted", stroke_width=1, labels=["epoch"])
             self.plots.children = [f for f, _, _ in self.figures.values()]
         return self.figures[metric]
 
     def _draw_curve(self, metric: str) -> None:
+        """The mean over ranks smoothed, unsmoothed (faint) behind it; each rank's smoothed line (behind the
+        checkbox); a grey dash-dotted line where each epoch begins and a dashed red one at each reset."""
         per_rank, (mean_x, mean_y) = self.model.curve(metric)
         fig, mean, lines = self._figure(metric)
-        resets = self.resets[metric]
+        raw, resets, epochs = self.raw[metric], self.resets[metric], self.epoch_marks[metric]
         steps = [e.step for e in self.model.events if e.step is not None]
+        starts = self.model.epoch_starts() if mean_y else []
         with fig.hold_sync():
-            mean.x, mean.y = mean_x, mean_y
+            raw.x, raw.y = mean_x, mean_y
+            mean.x, mean.y = mean_x, smooth(mean_y)
             for rank, (xs, ys) in per_rank.items():
                 if rank not in lines:
                     lines[rank] = self._bqplot.Lines(x=[], y=[], scales=mean.scales, stroke_width=1,
                                                      opacities=[0.5], visible=self.each_rank.value,
                                                      labels=[f"rank {rank}"])
-                lines[rank].x, lines[rank].y = xs, ys
-            if steps and mean_y:  # a vertical dashed line at each reset, across the curve's range
+                lines[rank].x, lines[rank].y = xs, smooth(ys)
+            if mean_y:  # vertical lines across the curve's range
                 low, high = min(mean_y), max(mean_y)
-                resets.x, resets.y = [[s, s] for s in steps], [[low, high] for _ in steps]
-            marks = [mean] + [lines[r] for r in sorted(lines)] + ([resets] if steps else [])
+                if steps:
+                    resets.x, resets.y = [[s, s] for s in steps], [[low, high] for _ in steps]
+                if starts:
+                    epochs.x, epochs.y = [[s, s] for s in starts], [[low, high] for _ in starts]
+            marks = (([epochs] if starts else []) + [raw, mean] + [lines[r] for r in sorted(lines)]
+                     + ([resets] if steps and mean_y else []))
             if list(fig.marks) != marks:
                 fig.marks = marks
 

@@ -5,6 +5,7 @@ of ``failures``) and how it stops ranks that are still running."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import signal
@@ -54,10 +55,11 @@ class RankValue:
 
 class OutputStream:
     """Forwards one rank's accumulated stdout or stderr, a complete line at a time,
-    each line prefixed with the rank; with ``only``, just the lines containing it."""
+    each line prefixed with the rank (unless not ``prefixed``); with ``only``, just the lines containing it."""
 
-    def __init__(self, rank: int, name: str, write: Callable[[str], Any], only: str | None = None):
-        self.prefix = f"[{rank}] "
+    def __init__(self, rank: int, name: str, write: Callable[[str], Any], only: str | None = None,
+                 prefixed: bool = True):
+        self.prefix = f"[{rank}] " if prefixed else ""
         self.name = name
         self.write = write
         self.only = only
@@ -126,7 +128,7 @@ class RunningCell:
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
         # (a cell resumed after dead ranks goes on with the dashboard of its first run)
-        self.dashboard = dashboard or (Dashboard(mode, ranks) if mode != DashboardMode.NONE else None)
+        self.dashboard = dashboard or (Dashboard(mode, ranks, shown=show) if mode != DashboardMode.NONE else None)
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
         self._stall_scanned: dict[int, int] = {}  # per rank: how much of its stderr was read for stall warnings
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
@@ -143,6 +145,11 @@ class RunningCell:
             (req, OutputStream(req.rank, "stderr", sys.stderr.write, only=WARNING_PREFIX))
             for req in self.requests if req.rank not in show
         ]
+        board = self.dashboard
+        self.copies = [  # every rank's whole output, for its tab under the dashboard (widgets mode)
+            (req, OutputStream(req.rank, name, functools.partial(board.output, req.rank, name), prefixed=False))
+            for req in self.requests for name in ("stdout", "stderr")
+        ] if board is not None and board.records_output else []
 
     def wait(self) -> RankValue | None:
         """Forward output until every rank finished (rank 0's value) or one failed (an error). After
@@ -173,11 +180,14 @@ class RunningCell:
         return None
 
     def pump(self, final: bool = False) -> None:
-        """Forward new output, rich displays and progress; ``final`` also forwards unfinished lines."""
-        if self.dashboard is not None:
-            self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)
+        """Forward new output, progress and rich displays; ``final`` also forwards unfinished lines. (The
+        lines first: what was printed before the dashboard or the output tabs appear stays above them.)"""
         for req, stream in self.streams:
             stream.update(req.metadata[stream.name] or "", final)
+        for req, copy in self.copies:
+            copy.update(req.metadata[copy.name] or "", final)
+        if self.dashboard is not None:
+            self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)
         for req in self.requests:
             if req.rank in self.show:
                 outputs = req.metadata["outputs"]
@@ -236,7 +246,7 @@ class RunningCell:
         """Raise the error of a cell that failed on the ranks ``failed``."""
         if self.dashboard is not None:
             for req in failed:
-                self.dashboard.fail(req.rank, failures.describe(req.error))
+                self.dashboard.fail(req.rank, failures.describe(req.error), _traceback_text(req.error))
         died = [req for req in failed if failures.is_engine_death(req.error)]
         if died:
             self.pump(final=True)
@@ -328,6 +338,12 @@ def _interrupts_as_a_flag() -> Iterator[threading.Event]:
         yield interrupted
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def _traceback_text(error: Any) -> str:
+    """A rank's error's traceback as one text, for its output tab."""
+    tb = getattr(error, "traceback", None) or ""
+    return tb if isinstance(tb, str) else "\n".join(tb)
 
 
 def _publish(output: dict) -> None:

@@ -1,6 +1,8 @@
 """The dashboard in a real JupyterLab in a real browser (Debian's chromium,
 driven by Playwright): it appears under the running cell, its bars move and
-reach 100 %, its curve has points, and it freezes into a static summary.
+reach 100 %, its curve has points, and it freezes into a static summary; a
+tab per rank holds that rank's output, with a badge where it wrote to stderr
+or failed, and the summary keeps their text.
 
 Screenshots go to build/test-artifacts/."""
 
@@ -41,12 +43,25 @@ model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)),
 class Slow(keras.callbacks.Callback):  # a few seconds of training, to watch
     def on_train_batch_end(self, batch, logs=None):
         time.sleep(0.02)""",
-    "%%hvd\nmodel.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[Slow()])",
+    "%%hvd\nprint(f'rank {hvd.rank()}: {len(x)} samples', flush=True)\n"
+    "model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[Slow()])",
     # a tqdm bar, as a PyTorch loop would have one: it feeds the dashboard instead of printing
     "%%hvd\nfrom tqdm.auto import tqdm\nbar = tqdm(range(40))\nfor i in bar:\n    time.sleep(0.05)\n"
     "    bar.set_postfix(loss=1.0 / (i + 1))",
+    # rank 1's output, in its tab; the cell waits until the test has read it (the file RELEASE appears)
+    """%%hvd
+import os, sys
+print(f'hello from rank {hvd.rank()}', flush=True)
+if hvd.rank() == 1:
+    print('rank 1 says: careful', file=sys.stderr, flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists(RELEASE) and time.monotonic() < deadline:
+    time.sleep(0.1)""",
+    "%%hvd\nprint(f'rank {hvd.rank()} before the error')\nif hvd.rank() == 1:\n"
+    "    raise ValueError('rank 1 gives up')",
     "%hvd stop",
 ]
+FAILING_CELL = len(CELLS) - 2  # run-all stops there; the test runs the last cell itself
 
 KERNEL_IDLE = """() => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -59,7 +74,21 @@ SAMPLE = """() => {
     .map(b => parseFloat(b.style.width || b.style.height || '0'));
   const paths = [...document.querySelectorAll('.hvd-dashboard .hvd-curve path')]
     .map(p => (p.getAttribute('d') || '').split(/[LM]/).length - 1);
-  return {bars, points: Math.max(0, ...paths), summary: !!document.querySelector('.hvd-summary')};
+  return {bars, points: Math.max(0, ...paths), summary: !!document.querySelector('.hvd-summary'),
+          tabs: !!document.querySelector('.hvd-dashboard .hvd-output-tabs')};
+}"""
+
+TAB_TITLES = """() => [...document.querySelectorAll('.hvd-output-tabs .lm-TabBar-tab')].map(t => t.innerText.trim())"""
+
+# the static copies of output tabs shown on their own (cells without a dashboard), in the notebook's order
+STANDALONE_OUTPUTS = """() => [...document.querySelectorAll('.hvd-outputs')].filter(e => !e.closest('.hvd-summary'))
+  .map(e => [...e.querySelectorAll('details')].map(d => ({
+    title: d.querySelector('summary').innerText.trim(), open: d.open, text: d.textContent})))"""
+
+RUN_LAST_CELL = """() => {
+  const notebook = window.jupyterapp.shell.currentWidget.content;
+  notebook.activeCellIndex = notebook.widgets.length - 1;
+  window.jupyterapp.commands.execute('notebook:run-cell');
 }"""
 
 
@@ -85,7 +114,9 @@ def lab(tmp_path):
     """JupyterLab on a free localhost port, in a private directory, with the test notebook."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: run `make install` (it installs Debian's chromium) as root.")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    release = tmp_path / "release"
+    cells = [c.replace("RELEASE", repr(str(release))) for c in CELLS]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     work = tmp_path / "work"  # the file browser shows this folder only, not the server's state below
     work.mkdir()
@@ -120,7 +151,7 @@ def lab(tmp_path):
     lab_process = psutil.Process(proc.pid)
     seen: set[int] = set()
     yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),
-           "log": tmp_path / "lab.log", "notebook": work / "dashboard.ipynb"}
+           "log": tmp_path / "lab.log", "notebook": work / "dashboard.ipynb", "release": release}
     seen |= _cluster_pids(lab_process)
     proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
     try:
@@ -158,7 +189,9 @@ def test_dashboard_in_jupyterlab(lab):
                 samples.append(sample)
                 if sample["summary"]:
                     break
-                if not shot_taken and any(0 < b < 100 for b in sample["bars"]) and sample["points"] > 2:
+                # (in the second epoch: the curves show where it began)
+                if not shot_taken and all(55 < b < 100 for b in sample["bars"]) and sample["points"] > 2:
+                    page.evaluate("() => document.querySelector('.hvd-dashboard').scrollIntoView({block: 'end'})")
                     page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
                     shot_taken = True
                 time.sleep(0.2)
@@ -166,7 +199,31 @@ def test_dashboard_in_jupyterlab(lab):
             # the tqdm cell's dashboard, then its summary
             page.wait_for_function("() => document.querySelectorAll('.hvd-summary').length >= 2", timeout=90_000,
                                    polling=250)
-            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # %hvd stop ran
+            # the cell that prints and waits: rank 1 wrote to stderr, so its tabs appear on their own, badged
+            page.wait_for_function(f"() => ({TAB_TITLES})().includes('rank 1 ⚠')", timeout=90_000, polling=250)
+            titles = page.evaluate(TAB_TITLES)
+            tabs = page.locator(".hvd-output-tabs")
+            tabs.scroll_into_view_if_needed()
+            rank_0_page, rank_1_page = tabs.locator(".hvd-rank-page-0"), tabs.locator(".hvd-rank-page-1")
+            page.wait_for_function("() => (document.querySelector('.hvd-output-tabs .hvd-rank-page-0') || {})"
+                                   ".innerText?.includes('hello from rank 0')", timeout=30_000, polling=250)
+            rank_1_hidden_first = not rank_1_page.is_visible() and rank_0_page.is_visible()
+            tabs.locator(".lm-TabBar-tab", has_text="rank 1").click()
+            rank_1_page.wait_for(state="visible", timeout=10_000)
+            rank_1_text = rank_1_page.inner_text()
+            rank_1_stderr = rank_1_page.locator(".hvd-stderr").inner_text()
+            page.screenshot(path=str(ARTIFACTS / "dashboard-tabs.png"), full_page=True)
+            lab["release"].touch()
+            # then the cell where rank 1 raises: its tabs' static copy, rank 1 marked failed
+            page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().length >= 2", timeout=90_000, polling=250)
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # run-all stopped at the error
+            standalone = page.evaluate(STANDALONE_OUTPUTS)
+            page.evaluate(RUN_LAST_CELL)  # %hvd stop
+            page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
+                                   ".includes('Cluster stopped.')", timeout=60_000, polling=250)
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
+            page.screenshot(path=str(ARTIFACTS / "dashboard-outputs.png"), full_page=True)
+            page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[3].scrollIntoView()")
             page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
             percents = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
@@ -178,6 +235,7 @@ def test_dashboard_in_jupyterlab(lab):
             page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=60_000)
             reloaded = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
+            reloaded_outputs = page.evaluate(STANDALONE_OUTPUTS)
         finally:
             browser.close()
 
@@ -186,6 +244,20 @@ def test_dashboard_in_jupyterlab(lab):
     moving = [tuple(s["bars"]) for s in live if all(0 < b < 100 for b in s["bars"])]
     assert len(set(moving)) >= 3, f"the bars did not move during training: {[s['bars'] for s in live]}"
     assert max(s["points"] for s in live) >= 3, "the loss curve had no points"
+    assert all(s["tabs"] for s in live), "the dashboard had no output tabs under it"
+    # a tab per rank, rank 0's open; rank 1's output (stderr marked) one click away
+    assert titles[-2:] == ["rank 0", "rank 1 ⚠"], titles
+    assert rank_1_hidden_first
+    assert "hello from rank 1" in rank_1_text and "rank 1 says: careful" in rank_1_text, rank_1_text
+    assert "hello from rank 0" not in rank_1_text and "careful" in rank_1_stderr
+    printed, failed = standalone[:2]
+    assert [(d["title"], d["open"]) for d in printed] == [("rank 0", True), ("rank 1 ⚠", False)], printed
+    assert "hello from rank 1" in printed[1]["text"] and "rank 1 says: careful" in printed[1]["text"]
+    assert [d["title"] for d in failed] == ["rank 0", "rank 1 ✗"], failed
+    assert "rank 1 before the error" in failed[1]["text"] and "ValueError: rank 1 gives up" in failed[1]["text"]
+    assert "[0] rank 0 before the error" in outputs and "[1] rank 1 before the error" not in outputs
+    assert [[d["title"] for d in cell] for cell in reloaded_outputs[:2]] == [["rank 0", "rank 1 ⚠"],
+                                                                              ["rank 0", "rank 1 ✗"]]
     assert percents == ["100"] * 4, percents  # two ranks' bars in each of the two summaries
     assert re.search(r"custom \| [\d,.]+ \S+ over 2 rank\(s\)", tqdm_summary), tqdm_summary
     assert "loss" in tqdm_summary and "it/s" not in outputs, outputs[-2000:]  # no tqdm text printed
@@ -199,3 +271,4 @@ def test_dashboard_in_jupyterlab(lab):
                                str(lab["notebook"])], capture_output=True, text=True, timeout=120)
     assert html_out.returncode == 0, html_out.stderr[-2000:]
     assert "hvd-summary" in html_out.stdout and "data:image/png;base64," in html_out.stdout
+    assert "hello from rank 1" in html_out.stdout and "rank 1 ✗" in html_out.stdout

@@ -77,6 +77,18 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
     for bar, _ in view.bars.values():
         assert bar.value == bar.max == 256 and bar.bar_style == "success"
     assert seen[-1][3] >= 5, "the loss curve has too few points"
+    # the curves plot each step's value, recovered from Keras' running means: weighted by the steps each
+    # point stands for, an epoch's points average to the epoch's loss (the last running mean)
+    run = progress.model.runs[0]
+    for rank, rank_progress in run.ranks.items():
+        points = rank_progress.points["loss"]
+        for epoch in (0, 1):
+            inside = [(s, v) for s, v in points if epoch * 128 < s <= (epoch + 1) * 128]
+            starts = [epoch * 128] + [s for s, _ in inside[:-1]]
+            mean = sum(v * (s - start) for (s, v), start in zip(inside, starts)) / 128
+            assert mean == pytest.approx(run.epoch_logs[epoch][rank]["loss"], rel=1e-4), (rank, epoch, inside)
+    assert progress.model.epoch_starts() == [128]
+    assert [list(x) for x in view.epoch_marks["loss"].x.reshape(-1, 2)] == [[128, 128]]
     assert set(view.figures) >= {"loss", "accuracy"}
     assert "done" in view.headline.value and "samples/s over 2 rank(s)" in view.headline.value
     assert "hvd-epochs" in view.table.value

@@ -1,4 +1,5 @@
-"""The dashboard's parts on their own: throttle, aggregation, text fallback, static summary."""
+"""The dashboard's parts on their own: throttle, aggregation, curves, text fallback, static summary, and
+each rank's output tabs."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ from hvd_notebook.dashboard import (
     Dashboard,
     ProgressModel,
     ProgressUpdate,
+    RunKind,
     TextView,
+    curves,
     formatting,
     resolve_mode,
     static_bundle,
 )
 from hvd_notebook.dashboard.message import KEY_PREFIX
+from hvd_notebook.dashboard.outputs import OUTPUT_TAIL_BYTES, RankOutputs, output_html
 from hvd_notebook.progress import Throttle
 
 
@@ -102,10 +106,10 @@ def test_epoch_rows_average_the_ranks_once_every_rank_finished_the_epoch():
 
 
 def test_curves_per_rank_and_their_mean():
-    board = ProgressModel([0, 1])
-    board.feed(update(0, 0, step=10, logs={"loss": 2.0}))
-    board.feed(update(0, 1, step=20, logs={"loss": 1.0}))
-    board.feed(update(1, 0, step=15, logs={"loss": 4.0}))
+    board = ProgressModel([0, 1])  # (a custom loop's metrics are plotted as reported)
+    board.feed(update(0, 0, kind="custom", step=10, logs={"loss": 2.0}))
+    board.feed(update(0, 1, kind="custom", step=20, logs={"loss": 1.0}))
+    board.feed(update(1, 0, kind="custom", step=15, logs={"loss": 4.0}))
     per_rank, (xs, ys) = board.curve("loss")
     assert per_rank[0] == ([10, 20], [2.0, 1.0]) and per_rank[1] == ([15], [4.0])
     assert xs == [15, 20] and ys == [pytest.approx(3.0), pytest.approx(2.5)]  # from step 15, where both have one
@@ -229,3 +233,270 @@ def test_a_reset_marks_the_event_and_the_new_worlds_updates_continue_the_curves(
     bundle = static_bundle(model)
     assert "reset 1 at 0:42: rank 1 died" in bundle["text/plain"]
     assert "class='hvd-reset'" in bundle["text/html"] and bundle["image/png"]
+
+
+# ------------------------------------------------------------------ curves: per-step values from running means
+def running_means(values: list[float]) -> list[float]:
+    """What Keras logs after each batch of an epoch: the mean of the epoch's batches so far."""
+    return [sum(values[:k]) / k for k in range(1, len(values) + 1)]
+
+
+EPOCHS = [[2.0, 1.0, 1.5, 0.5, 1.0, 0.25], [0.75, 0.5, 1.0, 0.25, 0.5, 0.125]]  # two epochs of 6 steps
+
+
+def test_recovered_values_are_the_steps_own_values():
+    reports = [(e, k, m) for e, values in enumerate(EPOCHS) for k, m in enumerate(running_means(values), 1)]
+    recovered = curves.recover(reports)
+    assert [(e, k) for e, k, _ in recovered] == [(e, k) for e, k, _ in reports]
+    assert [v for _, _, v in recovered] == pytest.approx([v for values in EPOCHS for v in values])
+
+
+def test_throttled_reports_give_the_mean_of_the_steps_since_the_last_one():
+    means = running_means(EPOCHS[0])
+    recovered = curves.recover([(0, k, means[k - 1]) for k in (1, 2, 5, 6)])
+    assert [k for _, k, _ in recovered] == [1, 2, 5, 6]
+    assert [v for _, _, v in recovered] == pytest.approx([2.0, 1.0, (1.5 + 0.5 + 1.0) / 3, 0.25])
+
+
+def test_the_first_report_of_an_epoch_is_its_running_mean():
+    second = running_means(EPOCHS[1])
+    reports = [(0, 6, running_means(EPOCHS[0])[-1]), (1, 0, 99.0), (1, 3, second[2]), (1, 4, second[3])]
+    recovered = curves.recover(reports)  # step 0 (the epoch's begin) carries the last epoch's means: skipped
+    assert [(e, k) for e, k, _ in recovered] == [(0, 6), (1, 3), (1, 4)]
+    assert recovered[1][2] == pytest.approx((0.75 + 0.5 + 1.0) / 3) and recovered[2][2] == pytest.approx(0.25)
+
+
+def test_a_step_reported_twice_keeps_its_value_and_steps_going_back_start_afresh():
+    values = curves.StepValues()
+    assert values.add(0, 2, 3.0) == 3.0
+    assert values.add(0, 4, 2.0) == pytest.approx(1.0)
+    assert values.add(0, 4, 2.0) == pytest.approx(1.0)  # the epoch's end after its last batch
+    assert values.add(0, 1, 5.0) == 5.0  # the epoch again from its start (a rank's run restarted)
+    values.forget()
+    assert values.add(0, 3, 4.0) == 4.0
+
+
+def keras_fit(rank: int, epochs: list[list[float]], report: tuple[int, ...] | None = None, run: str = "k",
+              first_epoch: int = 0, seq: int = 0) -> list[ProgressUpdate]:
+    """The updates one rank's ProgressCallback publishes for ``fit`` over ``epochs`` (each a list of the
+    steps' losses): each epoch's begin (step 0, the logs so far), the batch ends of the ``report`` steps
+    (all where None; the throttle lets some through) with Keras' running means, the epoch's end."""
+    out, logs = [], {}
+    steps = len(epochs[0])
+    for epoch, values in enumerate(epochs):
+        out.append(update(rank, seq + len(out), run=run, epoch=epoch, epochs=len(epochs), step=0, steps=steps,
+                          logs=dict(logs), first_epoch=first_epoch))
+        means = running_means(values)
+        for k in report or range(1, steps + 1):
+            logs = {"loss": means[k - 1]}
+            out.append(update(rank, seq + len(out), run=run, epoch=epoch, epochs=len(epochs), step=k, steps=steps,
+                              logs=logs, first_epoch=first_epoch))
+        logs = {"loss": means[-1], "val_loss": 9.0}
+        out.append(update(rank, seq + len(out), run=run, state="epoch_end", epoch=epoch, epochs=len(epochs),
+                          step=steps, steps=steps, logs=logs, first_epoch=first_epoch,
+                          epoch_logs={epoch: dict(logs, time=1.0)}))
+    return out
+
+
+def test_fit_curves_plot_each_steps_value_and_custom_loops_as_reported():
+    board = ProgressModel([0, 1])
+    for u in keras_fit(0, EPOCHS) + keras_fit(1, EPOCHS, report=(2, 5)):
+        board.feed(u)
+    per_rank, (xs, ys) = board.curve("loss")
+    assert per_rank[0][0] == list(range(1, 13))
+    assert per_rank[0][1] == pytest.approx(EPOCHS[0] + EPOCHS[1])  # no saw-tooth at step 6
+    assert per_rank[1][0] == [2, 5, 6, 8, 11, 12]
+    assert per_rank[1][1] == pytest.approx([1.5, 1.0, 0.25, 0.625, 0.5833333, 0.125])
+    assert "val_loss" not in board.metrics()
+    custom = ProgressModel([0])
+    for u in keras_fit(0, EPOCHS):
+        u.kind = RunKind.CUSTOM
+        custom.feed(u)
+    assert custom.curve("loss")[0][0][1][:3] == pytest.approx(running_means(EPOCHS[0])[:3])
+
+
+def test_epochs_begin_where_a_rank_has_reached_them():
+    board = ProgressModel([0, 1])
+    assert board.epoch_starts() == []
+    for u in keras_fit(0, EPOCHS + EPOCHS[:1]):
+        board.feed(u)
+    assert board.epoch_starts() == [6, 12]
+    board.feed(update(1, 0, kind="custom", epoch=0, steps=None, step=3, logs={"loss": 1.0}))
+    assert board.epoch_starts() == [6, 12]  # (no mark from a rank without its steps per epoch)
+
+
+def test_a_fit_resumed_after_a_reset_recovers_its_values_from_the_new_worlds_means():
+    board = Dashboard("text", [0, 1], write=lambda text: None)
+    resumed = [[0.5, 0.25, 0.75, 0.5, 0.25, 0.125]]
+    for rank in (0, 1):  # the first world: epoch 1 whole, epoch 2 up to step 4; then rank 1 dies
+        updates = keras_fit(rank, [EPOCHS[0], EPOCHS[1]], run="a")[:-3]
+        board.poll({rank: {f"{KEY_PREFIX}{u.seq}": u.to_dict() for u in updates}})
+    board.fail(1, "died")
+    board.reset({1: "signal Kill"}, "epoch=1, batch=0", [0, 1])
+    for rank in (0, 1):  # the new world: fit(initial_epoch=1) runs epoch 2 again from its start
+        updates = keras_fit(rank, resumed, run="b", first_epoch=1)
+        board.poll({rank: {f"{KEY_PREFIX}{u.seq}": u.to_dict() for u in updates}})
+    per_rank, (xs, ys) = board.model.curve("loss")
+    assert per_rank[0][0] == list(range(1, 13)) and xs == list(range(1, 13))
+    assert per_rank[0][1] == pytest.approx(EPOCHS[0] + resumed[0])  # the lost steps 7..10 redone
+    assert ys == pytest.approx(EPOCHS[0] + resumed[0])
+    assert board.model.epoch_starts() == [6]
+
+
+def test_smoothing_is_a_centred_rolling_mean_that_widens_with_the_curve():
+    assert curves.smooth([1.0, 3.0, 2.0, 6.0, 4.0], width=1) == pytest.approx([2.0, 2.0, 11 / 3, 4.0, 5.0])
+    assert curves.smooth([1.0, 3.0], width=0) == [1.0, 3.0]
+    assert curves.half_width(39) == 0 and curves.half_width(80) == 2 and curves.half_width(10**6) == 12
+    noisy = [1.0 + (0.5 if i % 2 else -0.5) for i in range(400)]  # 400 points: a half-width of 10
+    assert max(curves.smooth(noisy)[10:-10]) - min(curves.smooth(noisy)[10:-10]) < 0.05
+    assert len(curves.smooth(noisy)) == 400 and curves.smooth([]) == []
+
+
+def test_the_widget_view_draws_the_smoothed_mean_the_unsmoothed_one_and_epoch_lines():
+    pytest.importorskip("bqplot")
+    from hvd_notebook.dashboard.widget import WidgetView
+
+    board = ProgressModel([0])
+    for u in keras_fit(0, EPOCHS):
+        board.feed(u)
+    view = WidgetView(board, display=Front())
+    view.render()
+    fig, mean, _ = view.figures["loss"]
+    raw = view.raw["loss"]
+    assert list(raw.y) == pytest.approx(EPOCHS[0] + EPOCHS[1])
+    assert list(mean.y) == pytest.approx(curves.smooth(EPOCHS[0] + EPOCHS[1]))
+    assert view.epoch_marks["loss"].x.ravel().tolist() == [6, 6]  # one vertical line, at step 6
+    assert view.epoch_marks["loss"] in fig.marks and view.resets["loss"] not in fig.marks
+
+
+# ------------------------------------------------------------------ each rank's output, in tabs
+class Front:
+    """Stands in for the notebook's front end: what was displayed, and each update of a display."""
+
+    def __init__(self) -> None:
+        self.shown: list[tuple[object, bool]] = []
+        self.updates: list[tuple[object, bool]] = []
+
+    def __call__(self, obj: object, display_id: bool = False, raw: bool = False) -> Front.Handle:
+        self.shown.append((obj, raw))
+        return Front.Handle(self)
+
+    class Handle:
+        def __init__(self, front: Front) -> None:
+            self.front = front
+
+        def update(self, obj: object, raw: bool = False) -> None:
+            self.front.updates.append((obj, raw))
+
+
+def test_each_ranks_output_keeps_its_order_its_badge_and_its_failure():
+    outputs = RankOutputs([0, 1, 2], shown={0})
+    outputs.write(0, "stdout", "zero\n")
+    assert not outputs.hidden_news  # only the rank the cell prints wrote something
+    outputs.write(1, "stdout", "a <b>\n")
+    outputs.write(1, "stderr", "warned\n")
+    outputs.write(1, "stdout", "c\n")
+    assert outputs.hidden_news and outputs.selected == 0
+    assert outputs[1].chunks == [("stdout", "a <b>\n"), ("stderr", "warned\n"), ("stdout", "c\n")]
+    assert [outputs[r].title for r in outputs.ranks] == ["rank 0", "rank 1 ⚠", "rank 2"]
+    outputs.fail(2, "ValueError: x", "Traceback\nValueError: x")
+    assert outputs[2].title == "rank 2 ✗"
+    page = output_html(outputs[1])
+    assert "a &lt;b&gt;\n<span class='hvd-stderr'" in page and "warned\n</span>c\n</pre>" in page
+    assert "✗ failed: ValueError: x" in output_html(outputs[2]) and "Traceback" in output_html(outputs[2])
+    assert "(no output)" in output_html(RankOutputs([5], shown={5})[5])
+    outputs.note("[hvd] reset 1: rank 2 died")  # a reset: the failure so far becomes text
+    assert outputs[2].title == "rank 2 ⚠" and outputs[2].chunks[-1] == ("note", "[hvd] reset 1: rank 2 died\n")
+
+
+def test_a_long_output_keeps_its_last_part_with_a_note():
+    output = RankOutputs([0], shown={0})[0]
+    line = "é" * 99 + "\n"  # 199 bytes
+    for _ in range(300):
+        output.add("stdout", line)
+    assert output.kept <= OUTPUT_TAIL_BYTES and output.kept + output.dropped == 300 * 199
+    text = "".join(t for _, t in output.chunks)
+    assert text.endswith(line * 160) and text.encode() == (line * 300).encode()[-output.kept:]
+    assert "(the first 26.3 KiB are left out: the last 32.0 KiB follow)" in output_html(output)
+
+
+def test_output_tabs_are_real_widgets_with_a_tab_per_rank():
+    pytest.importorskip("ipywidgets")
+    from hvd_notebook.dashboard.widget import OutputTabs
+
+    outputs = RankOutputs([0, 1], shown={0})
+    outputs.write(1, "stdout", "hello from 1\n")
+    tabs = OutputTabs(outputs)
+    assert tabs.widget.titles == ("rank 0", "rank 1") and tabs.widget.selected_index == 0
+    assert "hello from 1" in tabs.pages[1].value and "(no output)" in tabs.pages[0].value
+    outputs.fail(1, "RuntimeError: boom", "Traceback ...")
+    tabs.render()
+    assert tabs.widget.titles == ("rank 0", "rank 1 ✗") and "RuntimeError: boom" in tabs.pages[1].value
+
+
+def test_tabs_appear_on_their_own_for_a_hidden_ranks_output_and_freeze_into_details():
+    front = Front()
+    board = Dashboard("widgets", [0, 1], display=front, shown={0})
+    board.output(0, "stdout", "rank 0 only\n")
+    board.poll({0: {}, 1: {}})
+    assert front.shown == []  # the cell prints rank 0's output itself: no tabs
+    board.output(1, "stdout", "<rank 1>\n")
+    board.poll({0: {}, 1: {}})
+    ((tabs, _),) = front.shown
+    assert tabs.titles == ("rank 0", "rank 1")
+    board.fail(1, "ValueError: bad\nmore", "Traceback\nValueError: bad")
+    board.finish()
+    ((bundle, raw),) = front.updates
+    assert raw and "output per rank" in bundle["text/plain"] and "rank 1 ✗" in bundle["text/plain"]
+    page = bundle["text/html"]
+    assert "<details class='hvd-rank-details' data-rank='0' open><summary style='cursor:pointer'>rank 0</summary>" \
+        in page
+    assert "data-rank='1'><summary style='cursor:pointer'>rank 1 ✗</summary>" in page
+    assert "&lt;rank 1&gt;" in page and "<rank 1>" not in page and "ValueError: bad" in page
+    board.output(1, "stdout", "late\n")  # frozen: nothing more
+    assert "late" not in "".join(t for _, t in board.outputs[1].chunks)
+
+
+def test_the_dashboard_takes_the_place_of_the_tabs_and_keeps_them_under_it():
+    front = Front()
+    board = Dashboard("widgets", [0, 1], display=front, shown={0})
+    board.output(1, "stderr", "early\n")
+    board.poll({0: {}, 1: {}})
+    ((tabs, _),) = front.shown
+    data = {r: {f"{KEY_PREFIX}{u.seq}": u.to_dict() for u in keras_fit(r, EPOCHS)} for r in (0, 1)}
+    board.poll(data, force=True)
+    assert len(front.shown) == 1 and front.updates[0][0] is board.view.widget  # in the same place
+    assert board.view.widget.children[-1] is tabs and tabs.titles == ("rank 0", "rank 1 ⚠")
+    board.finish()
+    bundle, raw = front.updates[-1]
+    assert raw and "hvd-summary" in bundle["text/html"] and "hvd-outputs" in bundle["text/html"]
+    assert bundle["text/html"].index("hvd-epochs") < bundle["text/html"].index("hvd-outputs")
+
+
+def test_a_dashboard_shows_its_tabs_and_text_mode_keeps_no_output():
+    front = Front()
+    board = Dashboard("widgets", [0, 1], display=front, shown={0})
+    board.poll({0: {f"{KEY_PREFIX}0": update(0, 0, step=1).to_dict()}})
+    ((widget, _),) = front.shown
+    assert widget is board.view.widget and "hvd-output-tabs" in widget.children[-1]._dom_classes
+    board.finish()
+    assert "hvd-outputs" not in front.updates[-1][0]["text/html"]  # no rank wrote anything
+    text = Dashboard("text", [0, 1], write=lambda line: None)
+    text.output(1, "stdout", "x\n")
+    assert text.outputs is None and not text.records_output
+
+
+def test_after_a_reset_the_resumed_cells_output_goes_on_in_the_same_tabs():
+    front = Front()
+    board = Dashboard("widgets", [0, 1], display=front, shown={0})
+    board.output(1, "stdout", "first world\n")
+    board.poll({0: {}, 1: {}})
+    board.fail(1, "the process died")
+    board.reset({1: "signal Kill"}, "epoch=2", [0, 1])
+    ((tabs, _),) = front.shown
+    assert tabs.titles == ("rank 0", "rank 1 ⚠")  # the death is part of its text now; the rank runs again
+    board.output(1, "stdout", "second world\n")
+    board.poll({0: {}, 1: {}}, force=True)
+    text = board.tabs.pages[1].value
+    assert text.index("first world") < text.index("failed: the process died") \
+        < text.index("[hvd] reset 1: rank 1 died (signal Kill)") < text.index("second world")

@@ -197,3 +197,30 @@ def test_failure_texts():
     assert str(died).startswith("rank(s) [1] died while running the cell (rank 1: exit code 7; out of memory is "
                                 "a common cause). An MPI world cannot go on without a rank, so rank(s) [0] were "
                                 "ended too: run %hvd restart")
+
+
+def test_in_widgets_mode_every_ranks_whole_output_reaches_its_tab(capsys):
+    pytest.importorskip("ipywidgets")
+    parts = [part("hello\n"), part("from rank 1\n")]
+    parts[1].metadata["stderr"] = "\x1b[31mcareful\n"
+    parts[1].set_exception(RemoteError("ValueError", "bad shard"))
+    parts[1].exception().traceback = "\x1b[0;31mValueError\x1b[0m: bad shard"
+    running = RunningCell(FakeCluster(parts), "code", [0, 1], show={0}, timeout=None, mode=DashboardMode.WIDGETS)
+    with pytest.raises(failures.RankError):
+        running.wait()
+    outputs = running.dashboard.outputs
+    assert outputs[0].chunks == [("stdout", "hello\n")]
+    assert outputs[1].chunks == [("stdout", "from rank 1\n"), ("stderr", "careful\n")]  # (no colour codes)
+    assert outputs[1].title == "rank 1 ✗" and outputs[1].details == "ValueError: bad shard"
+    assert running.dashboard.tabs is not None and running.dashboard.frozen
+    out = capsys.readouterr().out
+    assert "[0] hello\n" in out and "[1]" not in out  # the cell's own output is as before: rank 0's lines
+
+
+def test_outside_widgets_mode_no_output_is_kept_for_tabs():
+    parts = [part("hello\n"), part("from rank 1\n")]
+    for future in parts:
+        future.set_result(None)
+    running = RunningCell(FakeCluster(parts), "code", [0, 1], show={0}, timeout=None, mode=DashboardMode.TEXT)
+    running.wait()
+    assert running.copies == [] and running.dashboard.outputs is None
