@@ -21,6 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml setup.py Makefile
 	@bash scripts/ensure-python.sh $(VENV)
 	@bash scripts/ensure-chromium.sh
+	@bash scripts/ensure-proxy.sh $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ "$(TF_EXTRA)" = cpu ]; then $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),torch,mpich,test,lab]"
