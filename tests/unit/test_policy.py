@@ -44,6 +44,15 @@ def test_a_bad_policy_file_says_where_and_what_to_write(tmp_path, text, complain
     assert complaint in str(caught.value)
 
 
+def test_the_shipped_example_policy_reads():
+    from pathlib import Path
+
+    shipped = Path(__file__).resolve().parents[2] / "deploy" / "jupyterhub" / "policy.toml"
+    rules = policy.load({}, shipped)
+    assert (rules.max_gpus_per_user, rules.max_cpu_ranks_per_user) == (2, 8)
+    assert (rules.max_lease_time, rules.idle_timeout) == (8 * 3600, 30 * 60)
+
+
 def test_a_named_policy_file_that_is_missing_is_an_error(tmp_path):
     with pytest.raises(policy.PolicyError, match="cannot be read"):
         policy.load({"HVD_NOTEBOOK_POLICY_FILE": str(tmp_path / "none.toml")}, tmp_path / "absent.toml")
