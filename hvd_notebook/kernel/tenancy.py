@@ -10,6 +10,7 @@ the lease time ends first (the session checks again when it ends).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +21,8 @@ import psutil
 
 from ..cluster import registry
 from ..cluster.policy import Policy, format_duration
+
+log = logging.getLogger(__name__)
 
 WATCH_PERIOD_S = 30.0  # at most; shorter for a short idle_timeout
 
@@ -55,7 +58,11 @@ class Tenancy:
         self.card = registry.Card(cluster=cluster_id, workdir=str(workdir or ""), kernel=me.pid,
                                   kernel_started=me.create_time(), ranks=ranks, gpus=list(gpus), started=started)
         self.rules = rules
-        registry.write(self.card)
+        try:
+            registry.write(self.card)
+        except OSError as exc:  # the rules still hold for this kernel; only the node cannot see the cluster
+            log.warning("hvd_notebook: the node's register %s cannot be written (%s): other notebooks' caps and "
+                        "hvd-notebook list --all will not see this cluster", registry.card_path(), exc.strerror)
         if self._thread is None and (rules.idle_timeout is not None or rules.max_lease_time is not None):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="hvd-release-watch", daemon=True)
