@@ -1,11 +1,17 @@
 """`make demo`: execute notebooks/01-quickstart.ipynb headless on 2 CPU ranks,
-save the executed copy under build/, and print what a user wants to see."""
+save the executed copy under build/, and print what a user wants to see.
+
+``--out DIR`` saves it in DIR instead; where build/ cannot be written (a clone
+that belongs to another user), it goes to $TMPDIR/hvd_notebook-demo-$USER/."""
 
 from __future__ import annotations
 
+import argparse
+import getpass
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -16,6 +22,27 @@ from nbclient.exceptions import CellExecutionError
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "notebooks" / "01-quickstart.ipynb"
 TARGET = ROOT / "build" / "01-quickstart.ipynb"
+
+
+def writable(folder: Path) -> bool:
+    """Whether ``folder`` can be written, or created in its nearest existing parent."""
+    while not folder.exists():
+        folder = folder.parent
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def target(out: str | None) -> Path:
+    """Where the executed notebook goes: ``out``, else build/, else (not writable) under $TMPDIR."""
+    if out:
+        return Path(out).resolve() / TARGET.name
+    if writable(TARGET.parent):
+        return TARGET
+    return Path(tempfile.gettempdir()) / f"hvd_notebook-demo-{getpass.getuser()}" / TARGET.name
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository where it lies inside it (build/...), else in full."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 def cell_text(cell: nbformat.NotebookNode) -> str:
@@ -29,6 +56,10 @@ def cell_text(cell: nbformat.NotebookNode) -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description="make demo: run notebooks/01-quickstart.ipynb headless "
+                                     "on 2 CPU ranks and print a summary.")
+    parser.add_argument("--out", metavar="DIR", help="folder for the executed notebook (default: build/)")
+    saved = target(parser.parse_args().out)
     os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # the demo runs on CPU ranks
     nb = nbformat.read(SOURCE, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
@@ -41,8 +72,8 @@ def main() -> int:
     except CellExecutionError as exc:
         failed = exc
     wall = time.perf_counter() - t0
-    TARGET.parent.mkdir(exist_ok=True)
-    nbformat.write(nb, TARGET)
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, saved)
 
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     table = re.search(r"Started \d+ MPI ranks[^\n]*\n((?:.+\n?)+?)(?:\n|$)", text)
@@ -57,7 +88,7 @@ def main() -> int:
     for rank, acc in sorted(accuracies):
         print(f"rank {rank}: final test accuracy {float(acc):.3f}")
     print(f"wall time: {wall:.1f} s for the whole notebook")
-    print(f"executed notebook: {TARGET.relative_to(ROOT)}")
+    print(f"executed notebook: {shown(saved)}")
     if failed is not None:
         print(f"\nThe notebook failed:\n{failed}", file=sys.stderr)
         return 1

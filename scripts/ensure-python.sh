@@ -12,7 +12,8 @@ for cand in python3.13 python3.12 python3.11 python3; do
   fi
 done
 if [ -z "$py" ]; then
-  echo "hvd_notebook needs Python 3.11 or newer; install it (apt-get install python3) and rerun." >&2
+  echo "hvd_notebook needs Python 3.11 or newer: install it as root ('sudo apt-get install python3 python3-venv')," \
+       "or put a Python >= 3.11 of your own (pyenv, conda) first on PATH; then run make install again." >&2
   exit 1
 fi
 if ! "$py" -m venv "$venv" 2>/dev/null; then
@@ -21,7 +22,8 @@ if ! "$py" -m venv "$venv" 2>/dev/null; then
     apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
     "$py" -m venv "$venv"
   else
-    echo "'$py -m venv' failed: install your distribution's venv package (python3-venv)." >&2
+    echo "'$py -m venv' failed: its venv module is missing, and installing it needs root: run" \
+         "'sudo apt-get install python3-venv' (your distribution's venv package), then make install again." >&2
     exit 1
   fi
 fi

@@ -4,9 +4,11 @@ process a test started is gone afterwards."""
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -23,14 +25,26 @@ os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GP
 os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 
 
-FIGURES = Path(__file__).resolve().parent.parent / "build" / "test-artifacts" / "figures.txt"
+ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
+
+
+def artifacts_dir() -> Path:
+    """Where tests leave what they measured or saw (figures, screenshots): build/test-artifacts/, or, where
+    the clone cannot be written (it belongs to another user, as in scripts/test-unprivileged.sh's run),
+    ``$TMPDIR/hvd_notebook-test-artifacts-$USER``."""
+    path = existing = ARTIFACTS
+    while not existing.exists():
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        path = Path(tempfile.gettempdir()) / f"hvd_notebook-test-artifacts-{getpass.getuser()}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def figure(text: str) -> None:
     """A measured figure that README.md's tables quote: appended to
     build/test-artifacts/figures.txt (and shown with pytest -s)."""
-    FIGURES.parent.mkdir(parents=True, exist_ok=True)
-    with FIGURES.open("a") as f:
+    with (artifacts_dir() / "figures.txt").open("a") as f:
         f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
     sys.__stderr__.write(f"\n[figure] {text}\n")
 

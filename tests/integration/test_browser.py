@@ -4,7 +4,8 @@ reach 100 %, its curve has points, and it freezes into a static summary; a
 tab per rank holds that rank's output, with a badge where it wrote to stderr
 or failed, and the summary keeps their text.
 
-Screenshots go to build/test-artifacts/."""
+Screenshots go to build/test-artifacts/ (conftest.artifacts_dir: under $TMPDIR where the clone is not
+writable). Chromium is the one thing only root can install: without it the test fails and says so."""
 
 from __future__ import annotations
 
@@ -21,10 +22,8 @@ from pathlib import Path
 import nbformat
 import psutil
 import pytest
-from conftest import assert_gone
+from conftest import artifacts_dir, assert_gone
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "build" / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
 
 CELLS = [
@@ -113,7 +112,8 @@ def _cluster_pids(root: psutil.Process) -> set[int]:
 def lab(tmp_path):
     """JupyterLab on a free localhost port, in a private directory, with the test notebook."""
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make install` (it installs Debian's chromium) as root.")
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium as root (`sudo apt-get install chromium`; "
+                    "`make install` does it when run as root). Nothing else of the suite needs root.")
     release = tmp_path / "release"
     cells = [c.replace("RELEASE", repr(str(release))) for c in CELLS]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
@@ -166,7 +166,7 @@ def lab(tmp_path):
 def test_dashboard_in_jupyterlab(lab):
     from playwright.sync_api import sync_playwright
 
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    artifacts = artifacts_dir()
     samples = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
@@ -179,7 +179,7 @@ def test_dashboard_in_jupyterlab(lab):
             try:
                 page.wait_for_selector(".hvd-dashboard", timeout=120_000)
             except Exception:
-                page.screenshot(path=str(ARTIFACTS / "dashboard-missing.png"), full_page=True)
+                page.screenshot(path=str(artifacts / "dashboard-missing.png"), full_page=True)
                 raise AssertionError("no dashboard appeared; lab log:\n" + lab["log"].read_text()[-3000:]) from None
             shot_taken = False
             deadline = time.monotonic() + 120
@@ -192,7 +192,7 @@ def test_dashboard_in_jupyterlab(lab):
                 # (in the second epoch: the curves show where it began)
                 if not shot_taken and all(55 < b < 100 for b in sample["bars"]) and sample["points"] > 2:
                     page.evaluate("() => document.querySelector('.hvd-dashboard').scrollIntoView({block: 'end'})")
-                    page.screenshot(path=str(ARTIFACTS / "dashboard-live.png"), full_page=True)
+                    page.screenshot(path=str(artifacts / "dashboard-live.png"), full_page=True)
                     shot_taken = True
                 time.sleep(0.2)
             page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=30_000)
@@ -212,7 +212,7 @@ def test_dashboard_in_jupyterlab(lab):
             rank_1_page.wait_for(state="visible", timeout=10_000)
             rank_1_text = rank_1_page.inner_text()
             rank_1_stderr = rank_1_page.locator(".hvd-stderr").inner_text()
-            page.screenshot(path=str(ARTIFACTS / "dashboard-tabs.png"), full_page=True)
+            page.screenshot(path=str(artifacts / "dashboard-tabs.png"), full_page=True)
             lab["release"].touch()
             # then the cell where rank 1 raises: its tabs' static copy, rank 1 marked failed
             page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().length >= 2", timeout=90_000, polling=250)
@@ -222,9 +222,9 @@ def test_dashboard_in_jupyterlab(lab):
             page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
                                    ".includes('Cluster stopped.')", timeout=60_000, polling=250)
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
-            page.screenshot(path=str(ARTIFACTS / "dashboard-outputs.png"), full_page=True)
+            page.screenshot(path=str(artifacts / "dashboard-outputs.png"), full_page=True)
             page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[3].scrollIntoView()")
-            page.screenshot(path=str(ARTIFACTS / "dashboard-final.png"), full_page=True)
+            page.screenshot(path=str(artifacts / "dashboard-final.png"), full_page=True)
             percents = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
             tqdm_summary = page.eval_on_selector_all(".hvd-summary", "els => els[1].innerText")
