@@ -7,10 +7,13 @@ from __future__ import annotations
 import getpass
 import os
 import re
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -68,6 +71,36 @@ def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail("processes left running:\n" + "\n".join(alive))
         time.sleep(0.2)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_server(url: str, proc: subprocess.Popen, log: Path, what: str, timeout: float = 60) -> None:
+    """Until ``url`` answers; ``pytest.fail`` with the end of ``log`` where ``proc`` exits or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail(f"{what} did not start:\n" + log.read_text()[-3000:])
+            time.sleep(0.3)
+
+
+@pytest.fixture
+def sleeper():
+    """A real process that does nothing for a minute (a stand-in owner, e.g. another notebook's kernel)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()
 
 
 def cluster_processes() -> set[int]:

@@ -12,17 +12,15 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import psutil
 import pytest
-from conftest import artifacts_dir, assert_gone
+from conftest import artifacts_dir, assert_gone, free_port, wait_for_server
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -91,12 +89,6 @@ RUN_LAST_CELL = """() => {
 }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cluster_pids(root: psutil.Process) -> set[int]:
     pids = set()
     for p in root.children(recursive=True):
@@ -125,7 +117,7 @@ def lab(tmp_path):
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = _free_port(), secrets.token_hex(16)
+    port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "HVD_NOTEBOOK_GPUS": "", "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
@@ -138,16 +130,7 @@ def lab(tmp_path):
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={token}", timeout=2).read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                pytest.fail("JupyterLab did not start:\n" + (tmp_path / "lab.log").read_text()[-3000:])
-            time.sleep(0.3)
+    wait_for_server(f"{url}/api/status?token={token}", proc, tmp_path / "lab.log", "JupyterLab")
     lab_process = psutil.Process(proc.pid)
     seen: set[int] = set()
     yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),

@@ -19,7 +19,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import figure
+from conftest import figure, free_port, wait_for_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -69,12 +68,6 @@ CELL_DONE = """(i) => {
 }"""
 
 CELL_TEXT = "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].outputArea.node.innerText"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _traversable(*paths: Path) -> list[tuple[Path, int]]:
@@ -135,12 +128,12 @@ def hub():
         os.system(f"chmod -R a+rX {prefix}")
         state = base / "hub"  # the hub's database and cookie secret: root's only
         state.mkdir(mode=0o700)
-        port, token, password = _free_port(), secrets.token_hex(16), secrets.token_hex(8)
+        port, token, password = free_port(), secrets.token_hex(16), secrets.token_hex(8)
         (state / "test_config.py").write_text(f"""
 load_subconfig({str(SHIPPED_CONFIG)!r})
 c.JupyterHub.bind_url = "http://127.0.0.1:{port}"
-c.JupyterHub.hub_port = {_free_port()}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{_free_port()}"
+c.JupyterHub.hub_port = {free_port()}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
 c.ConfigurableHTTPProxy.command = [{str(PROXY)!r}]
 c.JupyterHub.db_url = "sqlite:///{state}/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "{state}/cookie_secret"
@@ -159,15 +152,7 @@ c.JupyterHub.load_roles = [{{"name": "hvd-test", "services": ["hvd-test"],
                                 cwd=state, stdout=log, stderr=subprocess.STDOUT,
                                 env={**os.environ, "HVD_HUB_PYTHON": sys.executable})
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/hub/api/", timeout=2).read()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("JupyterHub did not start:\n" + (base / "hub.log").read_text()[-3000:])
-                time.sleep(0.3)
+        wait_for_server(f"{url}/hub/api/", proc, base / "hub.log", "JupyterHub")
         yield {"url": url, "token": token, "password": password, "leases": leases, "log": base / "hub.log"}
     finally:
         if proc is not None:

@@ -26,14 +26,6 @@ def tmpdir_base(monkeypatch, tmp_path):
     return workdir.clusters_dir()
 
 
-@pytest.fixture
-def sleeper():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def test_a_new_cluster_directory_is_private_and_names_its_kernel(tmpdir_base):
     assert tmpdir_base.parent == Path(tempfile.gettempdir()) and tmpdir_base.name.startswith("hvd_notebook-")
     made = WorkDir.create(workdir.new_cluster_id())

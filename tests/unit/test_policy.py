@@ -4,8 +4,6 @@ release watch's clock (kernel.tenancy.due), on real files and real processes."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -71,12 +69,9 @@ def node(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def other_kernel():
+def other_kernel(sleeper):
     """A real process standing in for another notebook kernel of this user."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
+    return sleeper
 
 
 def _card(proc, **fields):
