@@ -28,6 +28,7 @@ import argparse
 import getpass
 import json
 import os
+import pwd
 import shlex
 import shutil
 import sys
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cluster import leases, registry, stacks
+from .cluster import leases, registry, shm, stacks
 from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
 from .cluster.reaper import reap
@@ -389,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         clean([c for base in user_cluster_dirs(args.user) for c in find_clusters(base)], args.dry_run)
         remove_stale_cards(args.user, args.dry_run)
+        if not args.dry_run:
+            _say_segments(shm.remove_orphaned(uid=pwd.getpwnam(args.user).pw_uid))
         return 0
 
     clusters = find_clusters()
@@ -403,7 +406,14 @@ def main(argv: list[str] | None = None) -> int:
     remove_stale_elastic_dirs()  # (and the hvd.elastic commits of kernels and jobs that were killed)
     clean(clusters, args.dry_run)
     remove_stale_cards(getpass.getuser(), args.dry_run)
+    if not args.dry_run:
+        _say_segments(shm.remove_orphaned())
     return 0
+
+
+def _say_segments(removed: list[Path]) -> None:
+    if removed:
+        print(f"removed {len(removed)} shared-memory segment(s) that killed ranks left in {removed[0].parent}")
 
 
 if __name__ == "__main__":

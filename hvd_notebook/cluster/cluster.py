@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from ..config import ClusterOptions
-from . import diagnosis, leases, policy
+from . import diagnosis, leases, policy, shm
 from .errors import ClusterError
 from .gpus import detect_gpus, resolve_gpus
 from .launch import EngineWorld, make_ipp_cluster
@@ -411,6 +411,7 @@ class MPICluster:
         if self._lease is not None:
             self._lease.release()
             self._lease = None
+        shm.remove_orphaned()  # the killed ranks' MPICH segments (of this and earlier worlds) in /dev/shm
 
 
 def _running(pid: int) -> bool:

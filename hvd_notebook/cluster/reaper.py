@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from . import registry
+from . import registry, shm
 from .pids import kill_all, live_processes
 from .workdir import WorkDir
 
@@ -41,6 +41,7 @@ def reap(workdir: WorkDir) -> int:
     procs = live_processes(workdir.read_pids())
     kill_all(procs, grace=0.0, wait=5.0)
     workdir.remove()
+    shm.remove_orphaned()  # the killed ranks' MPICH segments in /dev/shm
     return len(procs)
 
 

@@ -28,7 +28,7 @@ import psutil
 
 from ..config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
 from ..config import ELASTIC_DIR, ClusterOptions
-from . import diagnosis
+from . import diagnosis, shm
 from . import hosts as hostlib
 from .errors import ClusterError
 from .launch import world_environment
@@ -304,6 +304,7 @@ class RunningJob:
         self._kill_group()
         code = self.process.wait()
         self.pump.join(timeout=5)
+        shm.remove_orphaned()  # (what ranks ended without MPI_Finalize left in /dev/shm)
         return code
 
     def output(self) -> str:

@@ -303,3 +303,22 @@ def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
     assert_gone(kernel.pids, timeout=10)
+
+
+def test_a_running_worlds_shared_memory_is_kept_and_a_stopped_ones_removed(session, run):
+    """The ranks' MPICH segments in /dev/shm: mapped while the world runs (removal leaves them, and the
+    ranks go on talking through them); left by the killed ranks after a stop, then removed."""
+    from hvd_notebook.cluster import shm
+
+    before = set(shm.SHM_DIR.glob(f"{shm.PREFIX}*"))
+    result, out = run("%hvd start -n 2")
+    assert result.success, out
+    world = set(shm.SHM_DIR.glob(f"{shm.PREFIX}*")) - before
+    assert world, "the ranks made no segment in /dev/shm (is MPICH's shared-memory transport in use?)"
+    assert not set(shm.remove_orphaned(min_age=0)) & world  # mapped by the live ranks
+    result, out = run("%%hvd\nimport numpy as np\nprint('sum', int(hvd.allreduce(np.ones(1000), op=hvd.Sum)[0]))")
+    assert result.success and "sum 2" in out, out
+    run("%hvd stop")
+    left = {p for p in world if p.exists()}  # (younger than MIN_AGE_S: a starting world's are kept)
+    assert set(shm.remove_orphaned(min_age=0)) >= left
+    assert not any(p.exists() for p in world)
