@@ -6,7 +6,9 @@ engines. Its parts: ``placement`` (one host, a hosts list, a Slurm allocation),
 and the ranks' environment), ``diagnosis`` (what a launcher's output says),
 ``workdir`` (the cluster directory's format), ``pids`` (the PID registry and
 killing), ``gpus`` (what the driver reports), ``leases`` (GPU leases shared by
-every user of the node), ``reaper`` (a watchdog that stops a cluster whose
+every user of the node), ``policy`` (the node's fair-sharing rules),
+``registry`` (the node's world-readable register of clusters), ``shm`` (the
+shared-memory segments killed ranks leave), ``reaper`` (a watchdog that stops a cluster whose
 kernel died) and ``rankwatch`` (a watcher that names a rank of a plain
 ``mpiexec`` run that ends without a word).
 """
