@@ -57,6 +57,7 @@ from .config import (
     int_at_least,
     seconds,
 )
+from .dashboard.formatting import text_table
 
 
 @dataclass
@@ -98,8 +99,7 @@ def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], no
         rows.append((c.user, c.cluster, f"{c.kernel} ({'running' if alive else 'gone: hvd-notebook clean'})",
                      str(c.ranks), ",".join(c.gpus) or "-", time.strftime("%m-%d %H:%M", time.localtime(c.started)),
                      idle))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows)
+    table = text_table(rows)
     leased = "; ".join(f"GPU {gpu}: {text or '?'} [pid {pid}]" for gpu, (pid, text) in sorted(held.items()))
     return (table if cards else "No clusters on this node.") + f"\nGPU leases: {leased or 'none held'}"
 

@@ -147,9 +147,9 @@ def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FI
     environ = os.environ if environ is None else environ
     found: list[tuple[str, object, str]] = []  # (rule, value, where)
     named = config.POLICY_FILE.text(environ)
-    for path in (system_file, Path(named) if named else None):
-        if path is not None and (path.exists() or path != system_file):
-            found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path).items()]
+    files = ([system_file] if system_file.exists() else []) + ([Path(named)] if named else [])  # (named: must read)
+    for path in files:
+        found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path).items()]
     found += [(rule, environ[env.name], f"${env.name}") for rule, env in _ENV.items() if environ.get(env.name)]
     chosen: dict[str, float | int] = {}
     sources: dict[str, str] = {}

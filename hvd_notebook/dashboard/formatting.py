@@ -1,10 +1,19 @@
 """How figures read on the dashboard: durations, rates, metric lists, the
-headline of a run and the line of one rank. Shared by every view."""
+headline of a run and the line of one rank. Shared by every view, and by the
+tables of ``%hvd`` and ``hvd-notebook`` (``text_table``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .message import RankState
 from .model import ProgressModel, RankProgress, ResetEvent, Run
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of cells as left-aligned columns two spaces apart (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def fmt_duration(seconds: float | None) -> str:

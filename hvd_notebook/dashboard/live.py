@@ -57,7 +57,7 @@ class Dashboard:
 
     def output(self, rank: int, name: str, text: str) -> None:
         """A rank wrote ``text`` to its stream ``name`` (stdout or stderr); shown at the next ``poll``."""
-        if self.outputs is not None and not self.frozen:
+        if self.records_output:
             self.outputs.write(rank, name, text)
 
     def poll(self, data_by_rank: dict[int, dict[str, Any]], force: bool = False) -> bool:
@@ -118,7 +118,7 @@ class Dashboard:
         tab, with ``details`` (the traceback) below its output."""
         first = message.strip().splitlines()[0] if message.strip() else "failed"
         self.model.fail(rank, first)
-        if self.outputs is not None and not self.frozen:
+        if self.records_output:
             self.outputs.fail(rank, first, details)
 
     def reset(self, died: dict[int, str], commit: str, ranks: list[int]) -> None:

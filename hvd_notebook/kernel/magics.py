@@ -12,6 +12,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..cluster import RankInfo, stacks
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, rank_list, seconds
+from ..dashboard.formatting import text_table
 from .failures import HvdError
 from .session import Session
 
@@ -131,7 +132,7 @@ def format_rank_table(ranks: Sequence[RankInfo]) -> str:
     rows = [("rank", "host") + (("address",) if spread else ()) + ("pid", "device", "threads (intra/inter)")]
     rows += [(str(r.rank), r.host) + ((r.ip,) if spread else ())
              + (str(r.pid), r.device, f"{r.intra_op_threads}/{r.inter_op_threads}") for r in ranks]
-    return _table(rows)
+    return text_table(rows)
 
 
 def format_status(rows: list[dict[str, Any]]) -> str:
@@ -141,7 +142,7 @@ def format_status(rows: list[dict[str, Any]]) -> str:
         row = (str(r["rank"]), r["state"], r["host"], str(r["pid"]), r["device"], _mib(r["rss"]))
         row += (_mib(r.get("gpu_memory")),) if gpus else ()
         table.append(row + (r["running"],))
-    return _table(table)
+    return text_table(table)
 
 
 def format_standby(state: str, n: int) -> str:
@@ -154,11 +155,6 @@ def format_standby(state: str, n: int) -> str:
 
 def _mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / 2**20:.0f} MiB"
-
-
-def _table(rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
 @magics_class

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
@@ -73,8 +72,7 @@ class Session:
 
     def _announce(self, cluster: MPICluster, restarted: bool = False) -> None:
         """The node's card of the cluster (a restart keeps the start time its lease counts from)."""
-        self.tenancy.begin(Path(cluster.workdir).name if cluster.workdir else "", cluster.workdir, cluster.n,
-                           cluster.gpus, cluster.rules, keep_start=restarted)
+        self.tenancy.begin(cluster.workdir, cluster.n, cluster.gpus, cluster.rules, keep_start=restarted)
 
     @contextmanager
     def in_use(self) -> Iterator[None]:

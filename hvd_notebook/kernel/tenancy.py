@@ -49,13 +49,13 @@ class Tenancy:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def begin(self, cluster_id: str, workdir: Path | None, ranks: int, gpus: list[str], rules: Policy,
+    def begin(self, workdir: Path | None, ranks: int, gpus: list[str], rules: Policy,
               keep_start: bool = False) -> None:
-        """A cluster started (or restarted: ``keep_start`` keeps the lease's start time): its card, and a
-        watch where the rules have a time limit."""
+        """A cluster started in ``workdir`` (or restarted: ``keep_start`` keeps the lease's start time): its
+        card, and a watch where the rules have a time limit."""
         started = self.card.started if keep_start and self.card is not None else time.time()
         me = psutil.Process()
-        self.card = registry.Card(cluster=cluster_id, workdir=str(workdir or ""), kernel=me.pid,
+        self.card = registry.Card(cluster=workdir.name if workdir else "", workdir=str(workdir or ""), kernel=me.pid,
                                   kernel_started=me.create_time(), ranks=ranks, gpus=list(gpus), started=started)
         self.rules = rules
         try:

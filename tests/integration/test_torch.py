@@ -101,23 +101,32 @@ def test_horovod_torch_training_equals_one_process_at_twice_the_batch(session, r
 DDP = textwrap.dedent("""
     import hashlib, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    reference.load_state_dict(model.state_dict())
+
+    def two_models():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        reference.load_state_dict(model.state_dict())
+        return model, reference
+
+    def train_beside_reference(model, reference, steps):
+        \"\"\"model on this rank's half of each batch, reference on the whole batch, step by step\"\"\"
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(1)
+        for step in range(steps):
+            x, y = torch.randn(16, 16, generator=g), torch.randn(16, 1, generator=g)
+            mine = slice(8 * dist.get_rank(), 8 * (dist.get_rank() + 1))
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x[mine]), y[mine]).backward()
+            opt.step()
+            ref_opt.zero_grad()
+            torch.nn.functional.mse_loss(reference(x), y).backward()
+            ref_opt.step()
+
+    model, reference = two_models()
     ddp = DDP(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(1)
-    for step in range(10):
-        x, y = torch.randn(16, 16, generator=g), torch.randn(16, 1, generator=g)
-        mine = slice(8 * dist.get_rank(), 8 * (dist.get_rank() + 1))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(ddp(x[mine]), y[mine]).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.mse_loss(reference(x), y).backward()
-        ref_opt.step()
+    train_beside_reference(ddp, reference, 10)
     w = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     r = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
     print('DIGEST', hashlib.sha256(w.numpy().tobytes()).hexdigest())
@@ -127,24 +136,10 @@ DDP = textwrap.dedent("""
 
 FSDP = textwrap.dedent("""
     from torch.distributed.fsdp import fully_shard
-    torch.manual_seed(0)
-    sharded = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
-    reference.load_state_dict(sharded.state_dict())
+    sharded, reference = two_models()
     for layer in (sharded[0], sharded[2], sharded):
         fully_shard(layer)
-    opt = torch.optim.SGD(sharded.parameters(), lr=0.05)
-    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(1)
-    for step in range(5):
-        x, y = torch.randn(16, 16, generator=g), torch.randn(16, 1, generator=g)
-        mine = slice(8 * dist.get_rank(), 8 * (dist.get_rank() + 1))
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(sharded(x[mine]), y[mine]).backward()
-        opt.step()
-        ref_opt.zero_grad()
-        torch.nn.functional.mse_loss(reference(x), y).backward()
-        ref_opt.step()
+    train_beside_reference(sharded, reference, 5)
     full = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
     print('FSDP_DIFF', max(float((full[k] - v).abs().max()) for k, v in reference.state_dict().items()))
 """)
