@@ -8,6 +8,9 @@
     hvd-notebook clean --user U   (root) stop user U's orphaned clusters
     hvd-notebook install-kernel [--user | --sys-prefix | --prefix P] [--name N] [--env K=V ...]
                                   install the "Python 3 (hvd_notebook)" kernelspec
+    hvd-notebook setup-node [--gpus 0,1,2]
+                                  (root, at install) make the node's lease folder: root's, a
+                                  lock file per GPU, and the register of clusters
     hvd-notebook stacks [CLUSTER] [--all-threads]
                                   every rank's Python stack now (this host's ranks of every
                                   cluster and hvd-notebook run job, or of CLUSTER), even in MPI
@@ -15,17 +18,17 @@
                                   launch a script on 4 ranks, as horovodrun does; installed
                                   under the name ``horovodrun`` (a link), it answers to that
 
-A cluster lives in its own directory under ``$TMPDIR/hvd_notebook-$USER/``
-(readable by its owner only), which records the kernel that started it and
-every process of the cluster with its start time; ``clean`` kills only
-processes that are still the ones recorded (a reused PID is left alone), and
-never touches another user's clusters (their directories are not ours).
+A cluster lives in its own directory in the user's private folder
+(``private.base_dir()``: owner only, checked), which records the kernel that
+started it and every process of the cluster with its start time; ``clean``
+kills only this user's processes that are still the ones recorded (a reused
+PID is left alone). ``clean --user U`` runs as U (root forks and becomes U), so
+nothing U wrote can make it act on what is not U's.
 """
 
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import pwd
@@ -38,9 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import private
 from .cluster import leases, registry, shm, stacks
 from .cluster.errors import ClusterError
 from .cluster.pids import is_alive, live_processes
+from .cluster.privileges import as_user
 from .cluster.reaper import reap
 from .cluster.run import Job, run_job
 from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_stale_elastic_dirs
@@ -91,7 +96,8 @@ def find_clusters(base: Path | None = None) -> list[ClusterDir]:
 
 
 def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float) -> str:
-    """``list --all``: a row per cluster of the node's register, then its GPUs' leases."""
+    """``list --all``: a row per cluster of the node's register, then its GPUs' leases (``held``:
+    ``leases.holders()``, who holds each as the lock table and the holder's process say)."""
     rows = [("user", "cluster", "kernel", "ranks", "GPUs", "since", "idle")]
     for c in cards:
         alive = c.kernel_alive
@@ -100,7 +106,7 @@ def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], no
                      str(c.ranks), ",".join(c.gpus) or "-", time.strftime("%m-%d %H:%M", time.localtime(c.started)),
                      idle))
     table = text_table(rows)
-    leased = "; ".join(f"GPU {gpu}: {text or '?'} [pid {pid}]" for gpu, (pid, text) in sorted(held.items()))
+    leased = "; ".join(f"GPU {gpu}: {who or f'pid {pid}'}" for gpu, (pid, who) in sorted(held.items()))
     return (table if cards else "No clusters on this node.") + f"\nGPU leases: {leased or 'none held'}"
 
 
@@ -109,11 +115,22 @@ def _ago(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-def user_cluster_dirs(user: str) -> list[Path]:
-    """Where ``user``'s cluster directories are: the usual one, and those their cards name."""
-    found = {Path(tempfile.gettempdir()) / f"hvd_notebook-{user}"}
-    found |= {Path(c.workdir).parent for c in registry.read_all() if c.user == user and c.workdir}
-    return sorted(p for p in found if p.is_dir())
+def own_cluster_dirs() -> list[Path]:
+    """Where this user's cluster directories may be: each place ``private.base_dir`` may have chosen,
+    and the folders that this user's cards name where they are such a place too (a server started with
+    another TMPDIR); only private folders of this user's (``private.check_dir``)."""
+    candidates = private.candidate_bases()
+    names = {p.name for p in candidates}
+    found = set(candidates) | {Path(c.workdir).parent for c in registry.read_all()
+                               if c.user == private.user_name() and c.workdir}
+    safe = []
+    for path in sorted(p for p in found if p.name in names):
+        try:
+            private.check_dir(path)
+        except OSError:
+            continue
+        safe.append(path)
+    return safe
 
 
 def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
@@ -347,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     kernel.add_argument("--display-name", help="name shown in the launcher (default: Python 3 (hvd_notebook))")
     kernel.add_argument("--env", action="append", default=[], metavar="K=V",
                         help="environment variable for the kernel, e.g. HVD_NOTEBOOK_GPUS=0,1 (repeatable)")
+    setup = sub.add_parser("setup-node", help="(root, at install) make the node's GPU lease folder: root's, a lock "
+                           "file per GPU and the register; one made by someone else is moved aside")
+    setup.add_argument("--gpus", metavar="0,1,...", help="the node's GPU ids (default: HVD_NOTEBOOK_GPUS, else "
+                       "those nvidia-smi lists)")
     run = sub.add_parser("run", allow_abbrev=False, help="launch a command on N ranks, as horovodrun does",
                          description="Launch a command on N ranks, as horovodrun does, placed as %hvd start places "
                          "engines.")
@@ -380,33 +401,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "stacks":
         return print_stacks(args.cluster, args.all_threads, args.timeout)
 
+    if args.command == "setup-node":
+        return leases.setup_node_command(args.gpus)
     if args.command == "list" and args.all:
-        print(format_node(registry.read_all(), leases.holders(), time.time()))
+        try:
+            print(format_node(registry.read_all(strict=True), leases.holders(), time.time()))
+        except leases.LeaseError as exc:
+            print(f"hvd-notebook list --all: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.command == "clean" and args.user:
         if os.geteuid() != 0:
             print(f"hvd-notebook clean --user {args.user}: only root may stop another user's clusters; as "
                   "yourself, run hvd-notebook clean.", file=sys.stderr)
             return 2
-        clean([c for base in user_cluster_dirs(args.user) for c in find_clusters(base)], args.dry_run)
-        remove_stale_cards(args.user, args.dry_run)
-        if not args.dry_run:
-            _say_segments(shm.remove_orphaned(uid=pwd.getpwnam(args.user).pw_uid))
-        return 0
+        try:
+            pwd.getpwnam(args.user)
+        except KeyError:
+            print(f"hvd-notebook clean --user {args.user}: no such user on this node.", file=sys.stderr)
+            return 2
+        # as that user, not as root: nothing they wrote can make root kill or remove what is not theirs
+        return as_user(args.user, lambda: clean_own(args.dry_run, own_cluster_dirs()))
 
-    clusters = find_clusters()
     if args.command == "list":
+        clusters = find_clusters()
         if not clusters:
             print(f"No clusters in {clusters_dir()}.")
         for c in clusters:
             print(_describe(c))
         return 0
+    return clean_own(args.dry_run, [clusters_dir()])
 
+
+def clean_own(dry_run: bool, bases: list[Path]) -> int:
+    """``clean``: this user's orphaned clusters in ``bases`` stopped, and what killed ranks and kernels
+    left (stack files, elastic commits, cards, shared-memory segments) removed."""
     stacks.registered_pids()  # (drops the stack files of ranks that were killed)
-    remove_stale_elastic_dirs()  # (and the hvd.elastic commits of kernels and jobs that were killed)
-    clean(clusters, args.dry_run)
-    remove_stale_cards(getpass.getuser(), args.dry_run)
-    if not args.dry_run:
+    for base in bases:
+        remove_stale_elastic_dirs(base)  # (and the hvd.elastic commits of kernels and jobs that were killed)
+    clean([c for base in bases for c in find_clusters(base)], dry_run)
+    remove_stale_cards(private.user_name(), dry_run)
+    if not dry_run:
         _say_segments(shm.remove_orphaned())
     return 0
 

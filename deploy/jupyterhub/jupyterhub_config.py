@@ -27,10 +27,16 @@ c.JupyterHub.hub_ip = "127.0.0.1"  # the hub's API: for the proxy and the single
 c.JupyterHub.authenticator_class = "pam"
 c.Authenticator.allow_all = True  # every user of the node; or list them: c.Authenticator.allowed_users = {...}
 c.Authenticator.admin_users = set(filter(None, os.environ.get("HVD_HUB_ADMINS", "").split(",")))
+# root never logs in: a server spawned as root would run every notebook, and every cluster, as root
+c.Authenticator.blocked_users = {"root"}
 
 # each user's JupyterLab runs as that user, from the shared environment
 c.JupyterHub.spawner_class = "localprocess"
-c.Spawner.cmd = [PYTHON, "-m", "jupyterhub.singleuser"]
+# Kernels talk to their server over Unix sockets beside their 0600 connection file, in the user's 0700
+# runtime folder (~/.local/share/jupyter/runtime), not over TCP on loopback, where any local user could
+# subscribe to a kernel's iopub and read every cell and output. (In cmd, not args: a site's own
+# c.Spawner.args then cannot drop it.)
+c.Spawner.cmd = [PYTHON, "-m", "jupyterhub.singleuser", "--KernelManager.transport=ipc"]
 c.Spawner.default_url = "/lab"
 c.Spawner.notebook_dir = "~"
 c.Spawner.start_timeout = 120

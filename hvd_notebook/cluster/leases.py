@@ -1,40 +1,170 @@
 """GPU leases between the notebooks of one node.
 
-Every GPU has a lock file in a directory shared by all users of the host
-(``$TMPDIR/hvd_notebook-gpu-leases``, sticky like /tmp). A cluster holds an
-exclusive ``flock`` on the file of each GPU it uses for as long as it runs; the
-kernel process holds the lock, so the operating system releases it the moment
-the cluster stops or the kernel dies, however it dies. The file's text says
-who holds it, for the error the next notebook sees.
+The node's lease folder (``lease_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
+``$TMPDIR/hvd_notebook-gpu-leases``) holds a lock file per GPU, ``gpuN.lock``. A cluster holds an
+exclusive ``flock`` on the file of each GPU it uses for as long as it runs; the kernel process holds the
+lock, so the operating system releases it the moment the cluster stops or the kernel dies, however it
+dies. Who holds a GPU is read from the kernel's table of locks (``/proc/locks``: the holder's pid; that
+process's owner, and its card in the node's register, say who and which cluster), never from a file's text.
+
+Whoever owns the folder decides who gets the GPUs, so it is used only where root owns it (made at install
+by ``hvd-notebook setup-node``: ``setup_node``) or, on a machine with one user, this user (made at their
+first lease), and where no one else may write it; any other folder is refused (``LeaseDirError``, naming
+it, its owner and the admin's command). The lock files are the folder owner's, mode 0644: a lease opens
+them read-only (``flock`` needs no write access) with ``O_NOFOLLOW | O_NONBLOCK`` and creates none it
+would not own, so neither a symbolic link, a FIFO nor ``fs.protected_regular`` can redirect, hang or
+block a lease. Beside them, the sticky ``register/`` holds the node's register of clusters (``registry``).
 """
 
 from __future__ import annotations
 
 import fcntl
-import getpass
 import os
+import re
+import stat
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from .. import config
+from ..private import UnsafePathError, describe, user_name
+
+DEFAULT_NAME = "hvd_notebook-gpu-leases"
+REGISTER = "register"  # the register's sticky subfolder (registry.py)
+LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one
+SETUP = "sudo hvd-notebook setup-node"
+_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_GPU_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # a file name's part: no '/', no '..'
 
 
 class LeaseError(RuntimeError):
-    """The GPUs asked for are held by other clusters."""
+    """The GPUs asked for are held by other clusters, or cannot be leased here."""
 
 
-def lease_dir() -> Path:
-    """The folder of the lease files, shared by every user of the host."""
-    path = Path(config.LEASE_DIR.text() or Path(tempfile.gettempdir()) / "hvd_notebook-gpu-leases")
-    if not path.exists():
-        path.mkdir(parents=True, exist_ok=True)
+class LeaseDirError(UnsafePathError, LeaseError):
+    """The node's lease folder (or its register) is not one to trust: someone else owns it, others may
+    write it, or it is not a directory."""
+
+
+def configured_dir() -> Path:
+    """Where the node's lease folder is: ``$HVD_NOTEBOOK_LEASE_DIR``, else ``$TMPDIR/hvd_notebook-gpu-leases``."""
+    return Path(config.LEASE_DIR.text() or Path(tempfile.gettempdir()) / DEFAULT_NAME)
+
+
+def _refusal(path: Path, what: str) -> str:
+    return (f"The node's GPU lease folder {path} is {what}; it must be root's (or, on a machine with one user, "
+            "yours) and writable by no one else, since whoever owns it decides who gets the GPUs, so nothing "
+            f"in it was used. The admin runs `{SETUP}`, which makes it anew (or set HVD_NOTEBOOK_LEASE_DIR "
+            "to the folder the admin made).")
+
+
+def _check_parent(path: Path) -> None:
+    """No one but root and this user can rename or replace ``path``: its parent folder is theirs, and
+    writable by no one else unless sticky (as /tmp)."""
+    try:
+        st = os.stat(path.parent)
+    except FileNotFoundError:
+        return  # (made by setup_node, or a FileNotFoundError for the folder itself follows)
+    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+        raise LeaseDirError(_refusal(path, f"in {path.parent}, which is {describe(st)}, so others could "
+                                     "replace it"))
+
+
+def _open_dir(path: Path, owners: tuple[int, ...], refuse=_refusal, sticky: bool = False) -> tuple[int, os.stat_result]:
+    """A descriptor of the directory ``path`` (not a link) and its stat, where one of ``owners`` owns it
+    and no one else may write it (or, with ``sticky``, only with the sticky bit: no one removes another's
+    files); ``LeaseDirError`` (``refuse(path, what)``) else, ``FileNotFoundError`` where it does not exist."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError:  # ELOOP (a symbolic link) or ENOTDIR
         try:
-            path.chmod(0o1777)  # every user may create lock files; only their owners may remove them
-        except PermissionError:
-            pass
-    return path
+            what = describe(os.lstat(path))
+        except OSError:
+            what = "gone"
+        raise LeaseDirError(refuse(path, what)) from None
+    st = os.fstat(fd)
+    if st.st_uid not in owners or st.st_mode & 0o022 and not (sticky and st.st_mode & stat.S_ISVTX):
+        os.close(fd)
+        raise LeaseDirError(refuse(path, describe(st)))
+    return fd, st
+
+
+def _make_dir(path: Path, mode: int, dir_fd: int | None = None) -> None:
+    """``path`` made with ``mode`` whatever the umask (made already, by whoever, is fine: it is checked next)."""
+    try:
+        os.mkdir(path, 0o700, dir_fd=dir_fd)
+    except FileExistsError:
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FLAGS, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
+    """The lease folder, a descriptor of it and its stat, checked; made (this user's, 0755) where absent and
+    ``create``, else None where absent."""
+    path = configured_dir()
+    _check_parent(path)
+    try:
+        fd, st = _open_dir(path, (0, os.geteuid()))
+    except FileNotFoundError:
+        if not create:
+            return None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _make_dir(path, 0o755)  # a machine with one user: theirs (root's is setup_node's)
+        except OSError as exc:
+            raise LeaseDirError(f"The node's GPU lease folder {path} does not exist and cannot be made "
+                                f"({exc.strerror}): the admin runs `{SETUP}`, which makes it.") from None
+        fd, st = _open_dir(path, (0, os.geteuid()))
+    return path, fd, st
+
+
+def lease_dir(create: bool = True) -> Path:
+    """The node's lease folder, checked (``LeaseDirError`` where it is not root's or this user's, or others
+    may write it); made, this user's, where it does not exist and ``create``."""
+    opened = _opened_folder(create)
+    if opened is None:
+        return configured_dir()
+    os.close(opened[1])
+    return opened[0]
+
+
+def register_dir(create: bool = True) -> Path:
+    """The register's folder inside the lease folder (sticky: every user writes their own cards), checked:
+    the folder owner's, and writable by others only with the sticky bit. Made where absent and ``create``
+    by the folder's owner; others get ``LeaseDirError`` then, as they do for a bad one."""
+    opened = _opened_folder(create)
+    if opened is None:
+        return configured_dir() / REGISTER
+    path, fd, st = opened
+    register = path / REGISTER
+    try:
+        try:
+            os.close(_open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
+        except FileNotFoundError:
+            if not create:
+                return register
+            if st.st_uid != os.geteuid():
+                raise LeaseDirError(_register_refusal(register, "missing")) from None
+            _make_dir(REGISTER, 0o1777, dir_fd=fd)
+            os.close(_open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
+    finally:
+        os.close(fd)
+    return register
+
+
+def _register_refusal(path: Path, what: str) -> str:
+    return (f"The node's register {path} is {what}; it must be a sticky folder (1777) of the lease folder's "
+            f"owner, so nothing in it was used. The admin runs `{SETUP}`, which makes it.")
 
 
 @dataclass
@@ -43,6 +173,7 @@ class Lease:
 
     gpus: list[str]
     fds: list[int] = field(default_factory=list)
+    owner: str = ""  # what holds it, in this process's words (others read who from /proc/locks)
 
     def drop(self, gpus: list[str]) -> None:
         """Free these of the lease's GPUs (gone from the host), keep the others."""
@@ -62,84 +193,278 @@ class Lease:
         self.fds = []
 
 
-def _open(gpu: str) -> int:
-    path = lease_dir() / f"gpu{gpu}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+def _lock_name(gpu: str) -> str:
+    if not _GPU_ID.fullmatch(gpu):
+        raise LeaseError(f"{gpu!r} is not a GPU id (give ids such as 0,1 in --gpus or HVD_NOTEBOOK_GPUS).")
+    return f"gpu{gpu}.lock"
+
+
+def _create_lock(name: str, dir_fd: int) -> int:
+    """A new lock file ``name`` of this user's (0644) in the folder ``dir_fd``, opened read-only; one made
+    meanwhile by another process of theirs is opened instead."""
     try:
-        if os.fstat(fd).st_uid == os.getuid():
-            os.fchmod(fd, 0o666)  # the umask may have narrowed it: other users must be able to lock it too
-    except OSError:
-        pass
+        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o644, dir_fd=dir_fd)
+    except FileExistsError:
+        return os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)
+    os.fchmod(fd, 0o644)
     return fd
 
 
-def _holder(fd: int) -> str:
+def _open_lock(folder: Path, dir_fd: int, owner: int, gpu: str) -> int:
+    """GPU ``gpu``'s lock file, opened read-only without following a link or waiting on a FIFO: a regular
+    file of the folder's owner of at most ``LOCK_MAX_BYTES``; made where absent when this user owns the
+    folder. ``LeaseError`` else, saying what the admin does."""
+    name = _lock_name(gpu)
     try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        return os.read(fd, 512).decode(errors="replace").strip() or "another process"
-    except OSError:
-        return "another process"
+        fd = os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if owner != os.geteuid():
+            raise LeaseError(f"GPU {gpu} has no lock file ({folder / name}) in the node's lease folder, which is "
+                             f"{user_name(owner)}'s: the admin runs `{SETUP} --gpus ...` naming every GPU "
+                             "of the node.") from None
+        fd = _create_lock(name, dir_fd)
+    except OSError as exc:
+        try:
+            what = describe(os.lstat(name, dir_fd=dir_fd))
+        except OSError:
+            what = exc.strerror
+        raise LeaseError(f"{folder / name} is not a lock file ({what}; a symbolic link is not followed): "
+                         f"the admin runs `{SETUP}`, which makes it anew.") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_size > LOCK_MAX_BYTES:
+        os.close(fd)
+        raise LeaseError(f"{folder / name} is {describe(st)}, {st.st_size} bytes, not a lock file of "
+                         f"{user_name(owner)}'s: it was not used. The admin runs `{SETUP}`, which makes it anew.")
+    return fd
 
 
 def acquire(gpus: list[str], n: int | None, owner: str, at_most: int | None = None) -> Lease:
-    """Lease ``n`` of ``gpus`` (all free ones, up to ``at_most``, when ``n`` is None), in order.
+    """Lease ``n`` of ``gpus`` (all free ones, up to ``at_most``, when ``n`` is None), in order; ``owner``
+    names the lease in this process (``Lease.owner``).
 
-    Raises ``LeaseError`` naming who holds the busy ones when fewer than ``n``
-    (or none at all) are free; nothing stays held then."""
-    lease = Lease(gpus=[])
-    busy: dict[str, str] = {}
-    for gpu in gpus:
-        if len(lease.gpus) == (n if n is not None else at_most):
-            break
-        fd = _open(gpu)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            busy[gpu] = _holder(fd)
-            os.close(fd)
-            continue
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{getpass.getuser()} ({owner}, since {time.strftime('%H:%M:%S')})".encode(), 0)
-        lease.fds.append(fd)
-        lease.gpus.append(gpu)
+    Raises ``LeaseError`` naming who holds the busy ones when fewer than ``n`` (or none at all) are free,
+    or where the lease folder or a lock file is not to be trusted; nothing stays held then."""
+    folder, dir_fd, folder_st = _opened_folder(create=True)
+    lease = Lease(gpus=[], owner=owner)
+    busy: dict[str, tuple[int, int]] = {}  # GPU -> its lock file's device and inode
+    try:
+        for gpu in gpus:
+            if len(lease.gpus) == (n if n is not None else at_most):
+                break
+            fd = _open_lock(folder, dir_fd, folder_st.st_uid, gpu)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                st = os.fstat(fd)
+                busy[gpu] = (st.st_dev, st.st_ino)
+                os.close(fd)
+                continue
+            lease.fds.append(fd)
+            lease.gpus.append(gpu)
+    except BaseException:
+        lease.release()
+        raise
+    finally:
+        os.close(dir_fd)
     wanted = n if n is not None else max(1, len(lease.gpus))
     if len(lease.gpus) < wanted:
         lease.release()
-        held = "; ".join(f"GPU {g} by {who}" for g, who in busy.items())
-        free = [g for g in gpus if g not in busy]
-        asked = f"-n {n}" if n is not None else "one rank per free GPU"
-        advice = (f"Start fewer ranks (-n {len(free)}), or wait" if free else "Wait") + (
-            " until they are released (when those clusters stop or their kernels exit), "
-            "or use --gpus none to run on CPUs.")
-        raise LeaseError(f"{asked} needs {wanted} GPU(s), but only {len(free)} of this host's {len(gpus)} "
-                         f"({','.join(free) or 'none'}) are free. Held: {held}. {advice}")
+        raise LeaseError(_busy_message(gpus, n, wanted, busy))
     return lease
 
 
-def holders() -> dict[str, tuple[int, str]]:
-    """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, the lease file's text).
-    Read from the kernel's table of locks (/proc/locks), so it takes no lock itself."""
-    files = {}
-    for path in lease_dir().glob("gpu*.lock"):
-        try:
-            files[path.stat().st_ino] = path
-        except OSError:
-            continue
-    held = {}
+def _busy_message(gpus: list[str], n: int | None, wanted: int, busy: dict[str, tuple[int, int]]) -> str:
+    pids = _lock_holders()
+    cards = _cards()
+    held = "; ".join(f"GPU {g} by {_describe_holder(_pid_of(pids, *key), cards)}" for g, key in busy.items())
+    free = [g for g in gpus if g not in busy]
+    asked = f"-n {n}" if n is not None else "one rank per free GPU"
+    advice = (f"Start fewer ranks (-n {len(free)}), or wait" if free else "Wait") + (
+        " until they are released (when those clusters stop or their kernels exit), "
+        "or use --gpus none to run on CPUs.")
+    return (f"{asked} needs {wanted} GPU(s), but only {len(free)} of this host's {len(gpus)} "
+            f"({','.join(free) or 'none'}) are free. Held: {held}. {advice}")
+
+
+def _lock_holders() -> dict[tuple[int, int, int], int]:
+    """(device major, minor, inode) -> pid, of every ``flock`` held for writing on the host (/proc/locks,
+    readable by all)."""
     try:
-        lines = Path("/proc/locks").read_text().splitlines()
+        with open("/proc/locks", "rb") as f:
+            lines = f.read(1 << 24).decode(errors="replace").splitlines()
     except OSError:
         return {}
+    found = {}
     for line in lines:
-        parts = line.split()  # 1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234567 0 EOF
+        parts = line.split()  # 1: FLOCK  ADVISORY  WRITE 4242 fe:01:1234567 0 EOF  (waiters: "1: -> FLOCK ...")
         if len(parts) < 6 or parts[1] != "FLOCK" or parts[3] != "WRITE":
             continue
         try:
-            pid, inode = int(parts[4]), int(parts[5].rsplit(":", 1)[1])
-        except (ValueError, IndexError):
+            major, minor, inode = parts[5].split(":")
+            found[(int(major, 16), int(minor, 16), int(inode))] = int(parts[4])
+        except ValueError:
             continue
-        if inode in files:
-            path = files[inode]
-            text = path.read_text(errors="replace").strip() if path.exists() else ""
-            held[path.name[len("gpu"):-len(".lock")]] = (pid, text)
-    return held
+    return found
+
+
+def _pid_of(pids: dict[tuple[int, int, int], int], dev: int | None, inode: int) -> int | None:
+    """The pid holding the lock on ``inode`` (of device ``dev`` where known: some file systems show
+    another device in /proc/locks than in stat, so the inode alone decides when the device is not found)."""
+    if dev is not None and (os.major(dev), os.minor(dev), inode) in pids:
+        return pids[(os.major(dev), os.minor(dev), inode)]
+    return next((pid for (_, _, ino), pid in pids.items() if ino == inode), None)
+
+
+def _cards() -> list:
+    """The register's cards (the holders' clusters), or none where it cannot be read."""
+    from . import registry  # (registry reads its folder through this module)
+
+    try:
+        return registry.read_all()
+    except (OSError, LeaseError):
+        return []
+
+
+def _describe_holder(pid: int | None, cards: list) -> str:
+    """``alice (kernel 4242, hvd-4242-1234567, since 10:02:11)`` from the holder's process and its card
+    (a card of that process's owner: one cannot claim another's lease); ``alice (pid 4242)`` without one."""
+    try:
+        who = user_name(psutil.Process(pid).uids().real) if pid else None
+    except (psutil.Error, ValueError):
+        who = None
+    if who is None:
+        return "another process" + (f" (pid {pid})" if pid else "")
+    card = next((c for c in cards if c.kernel == pid and c.user == who), None)
+    if card is None:
+        return f"{who} (pid {pid})"
+    return f"{who} (kernel {pid}, {card.cluster}, since {time.strftime('%H:%M:%S', time.localtime(card.started))})"
+
+
+def holders() -> dict[str, tuple[int, str]]:
+    """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, who it is). Read from the
+    kernel's table of locks (/proc/locks), so it takes no lock itself; nothing where the lease folder does
+    not exist."""
+    opened = _opened_folder(create=False)
+    if opened is None:
+        return {}
+    _, dir_fd, folder_st = opened
+    try:
+        files = {}  # GPU -> (device, inode) of its lock file
+        for name in os.listdir(dir_fd):
+            match = re.fullmatch(r"gpu(.+)\.lock", name)
+            if match:
+                try:
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_uid == folder_st.st_uid:
+                    files[match.group(1)] = (st.st_dev, st.st_ino)
+    finally:
+        os.close(dir_fd)
+    pids = _lock_holders()
+    held = {gpu: pid for gpu, (dev, ino) in files.items() if (pid := _pid_of(pids, dev, ino)) is not None}
+    cards = _cards() if held else []
+    return {gpu: (pid, _describe_holder(pid, cards)) for gpu, pid in held.items()}
+
+
+# ------------------------------------------------------------------ setup-node (root, at install)
+def setup_node(gpus: list[str], path: Path | None = None) -> list[str]:
+    """Make the node's lease folder (``path``, else the configured one) as leases need it: this user's
+    (root's, at install) and 0755, a 0644 lock file of theirs per GPU of ``gpus``, and the sticky
+    ``register/``. A folder that was not so (another user's, one others may write, a link) is moved
+    aside, and a lock file that was not so replaced: lines saying what was done."""
+    path = path or configured_dir()
+    _check_parent(path)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    said = _own_folder(path)
+    fd, _ = _open_dir(path, (os.geteuid(),))
+    try:
+        for gpu in gpus:
+            said += _own_lock(path, fd, _lock_name(gpu))
+        said += _own_register(path, fd)
+    finally:
+        os.close(fd)
+    return said
+
+
+def _aside(name: str) -> str:
+    return f"{name}.moved-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def _own_folder(path: Path) -> list[str]:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    said = []
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            if stat.S_IMODE(st.st_mode) != 0o755:
+                os.chmod(path, 0o755)  # (a directory of ours, reached without a link)
+                said.append(f"{path}: mode 0755 (was {stat.S_IMODE(st.st_mode):04o})")
+            return said
+        aside = path.with_name(_aside(path.name))
+        os.rename(path, aside)  # (a link is renamed, not followed)
+        said.append(f"moved {path} aside to {aside}: it was {describe(st)}, a folder no lease may trust "
+                    "(remove it when no cluster of the old folder runs)")
+    _make_dir(path, 0o755)
+    return said + [f"made {path} ({user_name()}'s, mode 0755)"]
+
+
+def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    said = []
+    if st is not None:
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size <= LOCK_MAX_BYTES:
+            fd = os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)  # (kept: a cluster may hold it now)
+            os.fchmod(fd, 0o644)
+            os.close(fd)
+            return [f"{path / name}: kept"]
+        os.unlink(name, dir_fd=dir_fd)
+        said.append(f"removed {path / name}: it was {describe(st)}, not a lock file of {user_name()}'s")
+    os.close(_create_lock(name, dir_fd))
+    return said + [f"made {path / name} (mode 0644)"]
+
+
+def _own_register(path: Path, dir_fd: int) -> list[str]:
+    try:
+        st = os.stat(REGISTER, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    said = []
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            os.chmod(path / REGISTER, 0o1777)
+            return [f"{path / REGISTER}: kept, mode 1777"]
+        os.rename(REGISTER, _aside(REGISTER), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        said.append(f"moved {path / REGISTER} aside: it was {describe(st)}")
+    _make_dir(REGISTER, 0o1777, dir_fd=dir_fd)
+    return said + [f"made {path / REGISTER} (the register of clusters, mode 1777)"]
+
+
+def setup_node_command(gpus: str | None) -> int:
+    """``hvd-notebook setup-node [--gpus 0,1]``: as root, make the node's lease folder for ``gpus`` (else
+    the GPUs found: ``HVD_NOTEBOOK_GPUS``, else nvidia-smi's), saying what was done; the exit status."""
+    from .gpus import detect_gpus
+
+    if os.geteuid() != 0:
+        print(f"hvd-notebook setup-node: only root makes the node's lease folder ({configured_dir()}), which "
+              f"decides who gets the GPUs: run `{SETUP}`. On a machine with one user nothing is needed: the "
+              "first %hvd start makes it, yours.", file=sys.stderr)
+        return 2
+    ids = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else detect_gpus()
+    try:
+        said = setup_node(ids)
+    except (OSError, LeaseError) as exc:
+        print(f"hvd-notebook setup-node: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(said))
+    folder = configured_dir()
+    print(f"The node's lease folder {folder} is ready for GPU(s) {','.join(ids) or 'none'}"
+          + ("" if ids else " (none found: give them with --gpus 0,1,...)")
+          + (f". Give every kernel HVD_NOTEBOOK_LEASE_DIR={folder} (install-kernel --env)."
+             if config.LEASE_DIR.text() else "."))
+    return 0

@@ -3,11 +3,14 @@
 A PID alone is not a process: once it has exited, the operating system may
 give its PID to an unrelated process. Every process is therefore remembered
 with its creation time, and only a process whose PID and creation time both
-match is ever signalled.
+match, and whose real user is this process's, is ever signalled: a start time is
+readable by anyone, so a record someone else wrote could otherwise name any
+process of the node.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Iterable
@@ -18,11 +21,11 @@ from .workdir import Record, WorkDir
 
 
 def same_process(record: Record) -> psutil.Process | None:
-    """The process ``record`` names, if it still exists and is that process."""
+    """The process ``record`` names, if it still exists, is that process, and runs as this user."""
     pid, created = record
     try:
         proc = psutil.Process(pid)
-        return proc if abs(proc.create_time() - created) < 0.01 else None
+        return proc if abs(proc.create_time() - created) < 0.01 and proc.uids().real == os.getuid() else None
     except psutil.Error:
         return None
 

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import psutil
 
+from .. import private
 from ..engine.stacks import SIGNAL, remove_files, stacks_dir
 
 
 def _who(folder: Path, pid: int) -> str | None:
-    """"rank R of N" of a registered process that still runs; None (its files removed) where it ended."""
+    """"rank R of N" of a registered process of this user that still runs; None (its files removed)
+    where it ended."""
     try:
-        who, created = (folder / f"{pid}.who").read_text().split("\n")
-        if abs(psutil.Process(pid).create_time() - float(created)) < 0.01:
+        who, created = private.read_text(folder / f"{pid}.who", max_bytes=256).split("\n")
+        proc = psutil.Process(pid)
+        if abs(proc.create_time() - float(created)) < 0.01 and proc.uids().real == os.getuid():
             return who
     except (OSError, ValueError, psutil.Error):
         pass
@@ -28,7 +31,8 @@ def _who(folder: Path, pid: int) -> str | None:
 def registered_pids() -> list[int]:
     """Every live process of this user on this host that answers with its stacks."""
     folder = stacks_dir()
-    return sorted(pid for pid in (int(w.stem) for w in folder.glob("*.who")) if _who(folder, pid) is not None)
+    return sorted(pid for pid in (int(w.stem) for w in folder.glob("*.who") if w.stem.isdigit())
+                  if _who(folder, pid) is not None)
 
 
 def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]:
@@ -41,10 +45,10 @@ def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]
         if who is None:
             continue
         whos[pid] = who
-        path.write_text("")
         try:
+            _empty(path)
             os.kill(pid, SIGNAL)
-        except (ProcessLookupError, PermissionError):
+        except (OSError, ProcessLookupError, PermissionError):
             continue
         asked[pid] = path
     deadline = time.monotonic() + timeout
@@ -55,7 +59,23 @@ def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]
         if all(n > 0 and n == sizes[pid] for pid, n in now.items()):  # every answer written, and done
             break
         sizes = now
-    return {pid: (whos[pid], path.read_text()) for pid, path in asked.items()}
+    return {pid: (whos[pid], _read(path)) for pid, path in asked.items()}
+
+
+def _read(path: Path) -> str:
+    try:
+        return private.read_text(path)
+    except OSError:
+        return ""
+
+
+def _empty(path: Path) -> None:
+    """Empty a rank's stack file in place (the rank holds it open), never through a link."""
+    fd = private.open_regular(path, mode=os.O_WRONLY)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
 
 
 _THREAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+", re.MULTILINE)

@@ -1,7 +1,7 @@
 """The on-disk format of a cluster's directory, read and written only here.
 
-Each running cluster has a folder ``$TMPDIR/hvd_notebook-$USER/CLUSTER_ID/``
-(readable by its owner only) holding:
+Each running cluster has a folder ``CLUSTER_ID/`` in the user's private folder
+(``private.base_dir()``: owner only, verified before every use) holding:
 
 - ``owner``: ``"pid create_time"`` of the kernel that started the cluster;
 - ``pids``: one ``"pid create_time"`` line per process of the cluster, so that a
@@ -14,15 +14,15 @@ The cluster writes it, the reaper and ``hvd-notebook list/clean`` read it.
 
 from __future__ import annotations
 
-import getpass
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+from .. import private
 
 OWNER_FILE = "owner"
 PID_FILE = "pids"
@@ -34,10 +34,8 @@ Record = tuple[int, float]  # (pid, create_time): one process, whatever later re
 
 
 def clusters_dir() -> Path:
-    """Per-user folder holding each running cluster's directory."""
-    base = Path(tempfile.gettempdir()) / f"hvd_notebook-{getpass.getuser()}"
-    base.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return base
+    """Per-user folder holding each running cluster's directory (owner only, checked)."""
+    return private.base_dir()
 
 
 def new_cluster_id() -> str:
@@ -70,6 +68,7 @@ class WorkDir:
         """Make the directory (owner only) and record this process as the owning kernel."""
         path = clusters_dir() / cluster_id
         path.mkdir(mode=0o700)
+        private.check_dir(path)
         workdir = cls(path)
         me = psutil.Process()
         workdir._write(OWNER_FILE, format_record((me.pid, me.create_time())))
@@ -83,7 +82,7 @@ class WorkDir:
     def owner(self) -> Record | None:
         """The kernel that started the cluster, as recorded."""
         try:
-            return parse_record((self.path / OWNER_FILE).read_text())
+            return parse_record(private.read_text(self.path / OWNER_FILE))
         except OSError:
             return None
 
@@ -94,7 +93,7 @@ class WorkDir:
     def read_pids(self) -> list[Record]:
         """The processes the PID file lists (whether or not they still run)."""
         try:
-            lines = (self.path / PID_FILE).read_text().split("\n")
+            lines = private.read_text(self.path / PID_FILE).split("\n")
         except OSError:
             return []
         return [r for r in map(parse_record, lines) if r is not None]
@@ -114,30 +113,43 @@ class WorkDir:
     def make_private(self) -> None:
         """The profile (its connection files hold the key that signs every message): owner only."""
         for path in self.profile.rglob("*"):
-            path.chmod(0o700 if path.is_dir() else 0o600)
+            if not path.is_symlink():
+                path.chmod(0o700 if path.is_dir() else 0o600)
 
     def remove(self) -> None:
         """Remove the directory and everything in it."""
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _write(self, name: str, text: str) -> None:
-        tmp = self.path / f"{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(self.path / name)
+        private.write_text(self.path / name, text)
 
 
 def find_workdirs(base: Path | None = None) -> list[WorkDir]:
-    """Every cluster directory of this user, by name."""
+    """Every cluster directory of this user in ``base`` (the private folder by default), by name: real
+    directories this user owns with no access for others (nothing reached through a link)."""
     base = base or clusters_dir()
     # (beside them: the ranks' stack files, and the hvd.elastic commits of sessions and jobs)
-    return [WorkDir(p) for p in sorted(base.iterdir()) if p.is_dir() and p.name.startswith(CLUSTER_PREFIX)]
+    return [WorkDir(base / name) for name in _private_subdirs(base, CLUSTER_PREFIX)]
+
+
+def _private_subdirs(base: Path, prefix: str) -> list[str]:
+    names = []
+    for entry in sorted(os.scandir(base), key=lambda e: e.name):
+        if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
+            try:
+                private.check_dir(Path(entry.path))
+            except OSError:
+                continue
+            names.append(entry.name)
+    return names
 
 
 def remove_stale_elastic_dirs(base: Path | None = None) -> list[Path]:
     """The ``elastic-PID-*`` folders (hvd.elastic commits of a session or a job) whose process is
     gone, removed; those removed."""
     removed = []
-    for path in (base or clusters_dir()).glob("elastic-*-*"):
+    base = base or clusters_dir()
+    for path in (base / name for name in _private_subdirs(base, "elastic-")):
         pid = path.name.split("-")[1]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)

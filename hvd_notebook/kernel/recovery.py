@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import private
 from ..cluster.workdir import clusters_dir
 from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
 from .failures import HvdError
@@ -81,7 +82,10 @@ class ElasticCommits:
 
     def summary(self) -> str:
         """The last commit in a few words (its values, when)."""
-        return (self.path / ELASTIC_COMMIT_SUMMARY).read_text().strip() if self.path is not None else ""
+        try:
+            return private.read_text(self.path / ELASTIC_COMMIT_SUMMARY).strip() if self.path is not None else ""
+        except OSError:
+            return ""
 
     def forget(self) -> None:
         """Drop the last commit: its cell has ended, and no later cell may resume from it."""

@@ -16,6 +16,7 @@ from typing import Any
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
 from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
+from ..private import UnsafePathError
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
@@ -64,7 +65,7 @@ class Session:
         try:
             cluster = MPICluster(replace(options, env=(*options.env, self.commits.environment())))
             cluster.start()
-        except ClusterError as exc:
+        except (ClusterError, UnsafePathError) as exc:  # (no private folder could be had)
             raise HvdError(f"The cluster did not start: {exc}") from None
         self.cluster, self.options, self.history, self.released = cluster, options, [], None
         self._announce(cluster)

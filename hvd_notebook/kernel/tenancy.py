@@ -62,7 +62,7 @@ class Tenancy:
             registry.write(self.card)
         except OSError as exc:  # the rules still hold for this kernel; only the node cannot see the cluster
             log.warning("hvd_notebook: the node's register %s cannot be written (%s): other notebooks' caps and "
-                        "hvd-notebook list --all will not see this cluster", registry.card_path(), exc.strerror)
+                        "hvd-notebook list --all will not see this cluster", registry.card_path(), exc.strerror or exc)
         if self._thread is None and (rules.idle_timeout is not None or rules.max_lease_time is not None):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="hvd-release-watch", daemon=True)

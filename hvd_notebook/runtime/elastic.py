@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from .. import config, private
 from . import basics
 from . import world as _world
 from .bridges import tf as _tf
@@ -339,8 +339,14 @@ class _Spill:
         self.resumed = False
 
     def path(self) -> Path | None:
+        """The commit file, in the folder ``HVD_NOTEBOOK_ELASTIC_DIR`` names, where that folder is this
+        user's own with no access for others (``private.check_dir``; a commit is unpickled when resumed,
+        so a folder someone else could write is refused)."""
         folder = config.ELASTIC_DIR.text()
-        return Path(folder) / self.FILE if folder else None
+        if not folder:
+            return None
+        private.check_dir(Path(folder))
+        return Path(folder) / self.FILE
 
     def write(self, spilled: dict[str, Any]) -> None:
         path = self.path()
@@ -353,14 +359,14 @@ class _Spill:
         def write() -> None:
             # tensors read in place (np.asarray: no copy); a commit's tensors never change
             data = {k: [np.asarray(x) for x in v] if k == "variables" else v for k, v in spilled.items()}
-            partial = path.with_suffix(".partial")
-            with open(partial, "wb") as f:
+            partial = path.with_name(f".{self.FILE}.{os.getpid()}.partial")
+            with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
                 pickle.dump(data, f, protocol=5)
             os.replace(partial, path)
             values = ", ".join(f"{k}={v!r}" for k, v in data.get("values", {}).items()
                                if isinstance(v, (int, float, str)) and len(repr(v)) <= 40)
-            (path.parent / config.ELASTIC_COMMIT_SUMMARY).write_text(
-                f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}")
+            private.write_text(path.parent / config.ELASTIC_COMMIT_SUMMARY,
+                               f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}")
 
         self.thread = threading.Thread(target=write, name="hvd-elastic-commit", daemon=False)
         self.thread.start()
@@ -381,7 +387,8 @@ class _Spill:
         if self.resumed or path is None or not path.exists():
             return None
         self.resumed = True
-        with open(path, "rb") as f:
+        # (a regular file of this user's, never through a link: what is unpickled runs as this user)
+        with os.fdopen(private.open_regular(path, max_bytes=private.UNLIMITED), "rb") as f:
             return pickle.load(f)
 
 

@@ -3,8 +3,9 @@ deploy/jupyterhub/jupyterhub_config.py, two real Unix users created for the test
 spawner, and a node of three GPUs listed in the kernelspec (HVD_NOTEBOOK_GPUS=0,1,2; no GPU here, the
 ranks run on the CPU). Logged in through the hub's login page in Debian's chromium (Playwright), each
 user runs cells in their own JupyterLab: alice trains on two GPUs; bob is refused two and gets the one
-free GPU; bob's own shell (a Jupyter terminal) can neither list, read nor signal alice's cluster; the
-admin's `hvd-notebook list --all` shows both; alice's idle cluster is released, her next cell says why,
+free GPU; bob's own shell (a Jupyter terminal) can neither list, read nor signal alice's cluster, nor
+reach her kernels' channels (Unix sockets in her 0700 runtime folder, not TCP ports); root cannot log
+in; the admin's `hvd-notebook list --all` shows both; alice's idle cluster is released, her next cell says why,
 and bob then takes two GPUs.
 
 The login is JupyterHub's SharedPasswordAuthenticator with a test password instead of PAM (the shipped file's
@@ -115,9 +116,10 @@ def hub():
                                          "language": "python"}
             nbformat.write(nb, home / "hub.ipynb")
             shutil.chown(home / "hub.ipynb", user, user)
-        leases = base / "leases"
-        leases.mkdir()
-        leases.chmod(0o1777)
+        leases = base / "leases"  # root's, made as docs/jupyterhub.md's admin makes it
+        made = subprocess.run([sys.executable, "-m", "hvd_notebook.cli", "setup-node", "--gpus", "0,1,2"],
+                              capture_output=True, text=True, env={**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(leases)})
+        assert made.returncode == 0 and "is ready for GPU(s) 0,1,2" in made.stdout, made.stdout + made.stderr
         policy = base / "policy.toml"  # root's, as /etc/hvd_notebook/policy.toml would be
         policy.write_text(f'max_gpus_per_user = 2\nidle_timeout = "{IDLE}s"\n')
         prefix = base / "prefix"
@@ -140,7 +142,7 @@ c.JupyterHub.cookie_secret_file = "{state}/cookie_secret"
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allow_all = False
-c.Authenticator.allowed_users = {set(USERS)!r}
+c.Authenticator.allowed_users = {set(USERS) | {"root"}!r}  # root too: the shipped blocked_users must refuse it
 c.Spawner.environment = {{"JUPYTER_PATH": "{prefix}/share/jupyter"}}
 c.Spawner.args = ["--LabApp.expose_app_in_browser=True"]  # the test drives JupyterLab through window.jupyterapp
 c.JupyterHub.services = [{{"name": "hvd-test", "api_token": {token!r}}}]
@@ -201,6 +203,19 @@ def _login(browser, hub, user: str):
     return page
 
 
+def _login_refused(browser, hub, user: str) -> bool:
+    """Does the hub's login page refuse ``user`` with the right password?"""
+    page = browser.new_context().new_page()
+    page.goto(f"{hub['url']}/hub/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", hub["password"])
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_load_state()
+    refused = "/hub/login" in page.url and f"/user/{user}" not in page.url
+    page.context.close()
+    return refused
+
+
 def _run(page, i: int, timeout: float = 180) -> str:
     """Run cell ``i`` of the open notebook; its output's text."""
     page.evaluate(RUN_CELL, i)
@@ -248,6 +263,7 @@ def test_two_users_share_a_gpu_node_through_a_real_jupyterhub(hub):
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
         try:
+            assert _login_refused(browser, hub, "root")  # (allowed in the test's config, blocked in the shipped one)
             a = _login(browser, hub, alice)
             started = _run(a, 0)
             assert "Started 2 MPI ranks" in started and "GPU 0" in started and "GPU 1" in started, started
@@ -274,12 +290,17 @@ def test_two_users_share_a_gpu_node_through_a_real_jupyterhub(hub):
 
             # bob's own shell: alice's cluster folder is not his to list or read, her ranks not his to signal
             rank = _processes_of(alice, "ipyparallel")[0]
+            # and the notebook kernels' own channels are Unix sockets in each user's 0700 runtime folder
+            runtime = ".local/share/jupyter/runtime"
             shell = _terminal(hub, bob, f"whoami; ls /tmp/hvd_notebook-{alice}; echo ls=$?; "
                                         f"cat /tmp/hvd_notebook-{alice}/*/owner; echo cat=$?; "
-                                        f"kill -TERM {rank}; echo kill=$?")
+                                        f"kill -TERM {rank}; echo kill=$?; "
+                                        f"ls {pwd.getpwnam(alice).pw_dir}/{runtime}; echo runtime=$?; "
+                                        f"grep -ho '\"transport\": \"[a-z]*\"' ~/{runtime}/kernel-*.json")
             figure(f"bob's terminal:\n{shell.strip()}")
             assert bob in shell.splitlines() and "Permission denied" in shell, shell
-            assert "ls=2" in shell and "cat=1" in shell and "kill=1" in shell, shell
+            assert "ls=2" in shell and "cat=1" in shell and "kill=1" in shell and "runtime=2" in shell, shell
+            assert '"transport": "ipc"' in shell and '"transport": "tcp"' not in shell, shell
             assert rank in _processes_of(alice, "ipyparallel")
 
             # alice's cluster ran no cell for IDLE s: released, and her next cell says so

@@ -63,7 +63,8 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
         assert "No clusters on this node." in _list_all(env)
         reply, out = _execute(b, "%hvd start -n 2")  # the cap counts running clusters only
         assert reply["content"]["status"] == "ok", out
-        assert json.loads(next((tmp_path / "node").glob("cluster-*.json")).read_text())["gpus"] == ["0", "1"]
+        card = next((tmp_path / "node" / "register").glob("cluster-*.json"))  # (the register: node/register/)
+        assert json.loads(card.read_text())["gpus"] == ["0", "1"]
 
 
 def test_an_idle_cluster_is_released_says_why_and_restart_brings_it_back(tmp_path):
@@ -92,4 +93,4 @@ def test_an_idle_cluster_is_released_says_why_and_restart_brings_it_back(tmp_pat
         assert reply["content"]["status"] == "ok" and "slept" in out, out
         assert "it had run for 30 s, the longest this node allows ($HVD_NOTEBOOK_MAX_LEASE_TIME)" in out, out
         assert_gone(pids)
-        assert not list((tmp_path / "node").glob("cluster-*.json"))  # the card went with the cluster
+        assert not list((tmp_path / "node" / "register").glob("cluster-*.json"))  # the card went with the cluster

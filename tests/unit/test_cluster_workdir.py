@@ -4,6 +4,9 @@ launcher wrapper. Processes here are `sleep`s started by the tests themselves.""
 
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,6 +108,31 @@ def test_clean_stops_only_clusters_whose_kernel_is_gone(tmpdir_base, sleeper, ca
     assert sleeper.wait(5) is not None and not orphan.path.exists() and mine.path.exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's clean --user: needs root")
+def test_root_cleans_a_users_clusters_as_that_user(sleeper, monkeypatch, capfd):
+    """What a user wrote cannot make root's clean act for them: a PID file of user nobody's naming a
+    root process (its start time is readable by anyone) kills nothing; nobody's folder goes."""
+    nobody = pwd.getpwnam("nobody")
+    shared = Path(tempfile.mkdtemp(prefix="hvd-test-tmp-", dir="/tmp"))  # as /tmp: sticky, open to all
+    shared.chmod(0o1777)
+    try:
+        monkeypatch.setattr(tempfile, "tempdir", str(shared))
+        planted = shared / "hvd_notebook-nobody" / "hvd-1-1"
+        planted.mkdir(mode=0o700, parents=True)
+        planted.parent.chmod(0o700)
+        (planted / "owner").write_text("1 1.0")  # pid 1, started at another time: a kernel that is gone
+        (planted / "pids").write_text(f"{sleeper.pid} {psutil.Process(sleeper.pid).create_time()}")
+        for path in (planted.parent, planted, planted / "owner", planted / "pids"):
+            os.chown(path, nobody.pw_uid, nobody.pw_gid)
+        assert cli.main(["clean", "--user", "nobody"]) == 0
+        out = capfd.readouterr().out
+        assert "stopped hvd-1-1 (kernel 1 is gone): killed 0 process(es)" in out, out
+        assert sleeper.poll() is None and not planted.exists()
+    finally:
+        monkeypatch.undo()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
 def test_rank_environment_asks_for_huge_pages_unless_told_not_to():
     assert rank_environment({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {
@@ -139,7 +167,11 @@ def test_only_cluster_directories_are_clusters_and_stale_elastic_folders_go(tmp_
     ended = subprocess.Popen(["true"])  # a process that has ended: its PID names no process
     ended.wait()
     for name in ("hvd-1-2", "stacks", f"elastic-{os.getpid()}-abc", f"elastic-{ended.pid}-def"):
-        (tmp_path / name).mkdir()
+        (tmp_path / name).mkdir(mode=0o700)
+    # not ours to act on: a folder others may enter, a link to a folder, a link's stale elastic twin
+    (tmp_path / "hvd-1-3").mkdir(mode=0o755)
+    (tmp_path / "hvd-1-4").symlink_to(tmp_path / "hvd-1-2")
+    (tmp_path / f"elastic-{ended.pid}-ghi").symlink_to(tmp_path / "stacks")
     assert [w.path.name for w in workdir.find_workdirs(tmp_path)] == ["hvd-1-2"]
     assert workdir.remove_stale_elastic_dirs(tmp_path) == [tmp_path / f"elastic-{ended.pid}-def"]
-    assert (tmp_path / f"elastic-{os.getpid()}-abc").exists()
+    assert (tmp_path / f"elastic-{os.getpid()}-abc").exists() and (tmp_path / "stacks").is_dir()

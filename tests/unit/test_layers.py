@@ -303,12 +303,13 @@ def process_violations(package_dir: Path, allowed: str) -> list[str]:
 # one way: kernel -> cluster / engine -> runtime, and progress engine -> (IOPub) -> dashboard
 MAY_IMPORT = {
     "config": set(),
+    "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
     "keras_patches": set(),  # every global change to Keras, with undo; imported by the layers that patch
-    "runtime": {"runtime", "config", "keras_patches"},
-    "cluster": {"cluster", "engine", "config"},  # engine: the bootstrap function it runs on new engines
+    "runtime": {"runtime", "config", "private", "keras_patches"},
+    "cluster": {"cluster", "engine", "config", "private"},  # engine: the bootstrap function it runs on new engines
     "dashboard": {"dashboard", "config"},
-    "engine": {"engine", "runtime", "config", "keras_patches"},
-    "kernel": {"kernel", "cluster", "engine", "dashboard", "config"},
+    "engine": {"engine", "runtime", "config", "private", "keras_patches"},
+    "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private"},
 }
 # the engine <-> kernel update message is defined once, beside its reader, and written by the engine
 # and a rank starts its watcher (a process: the cluster's business) from hvd.init()
