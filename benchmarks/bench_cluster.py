@@ -21,6 +21,12 @@ hits both alike. Start figures are medians over rounds; cell samples are pooled
 over rounds. TensorFlow's files are read once before timing so that the first
 start does not pay a cold disk cache that later ones don't.
 
+3. What CurveZMQ costs (every cluster encrypts since issue 27): ``%hvd start``
+   and an empty round trip (``apply_sync`` of a no-op on all engines, median of
+   ``APPLY_REPS``) with CurveZMQ, against the same cluster with it off
+   (``launch.CONTROLLER_ARGS`` emptied, in rounds of their own). Target: within
+   1.1x.
+
 Diagnostic rows (no target) split the figures: how long until the engines had
 registered versus how long the TensorFlow import/bootstrap took, the stop
 time, and the empty-cell round trip without the IPython magic layer
@@ -57,6 +63,8 @@ from common import (
 N_RANKS = 2
 START_TARGET = 1.2
 CELL_TARGET = 1.5
+CURVE_TARGET = 1.1
+APPLY_REPS = 50  # no-op apply_sync round trips per round, with and without CurveZMQ
 # IPython refuses a cell magic whose body is empty ('' -> UsageError) when a line
 # magic of the same name exists, as for both %hvd and %px; a `pass` body is the
 # closest runnable "empty" cell, the same on both sides.
@@ -64,6 +72,13 @@ NOOP = "pass"
 HVD_CELL = f"%%hvd\n{NOOP}\n"
 PX_CELL = f"%%px\n{NOOP}\n"
 STOP_CHECK_S = 15.0  # how long stopped processes get to exit before they count as leaked
+
+
+def _noop() -> None:
+    """The body of an empty round trip, sent as a notebook's function is (by its code)."""
+
+
+_noop.__module__ = "__main__"  # ipyparallel re-imports a function's module on the engines, unless it is __main__
 
 
 class _Phases:
@@ -92,6 +107,18 @@ class _Phases:
 
     def __exit__(self, *exc: Any) -> None:
         self._cls._bootstrap = self._orig  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _without_curve() -> Any:
+    """Clusters started inside start their controller without CurveZMQ (the baseline of what it costs)."""
+    from hvd_notebook.cluster import launch
+
+    saved, launch.CONTROLLER_ARGS = launch.CONTROLLER_ARGS, []
+    try:
+        yield
+    finally:
+        launch.CONTROLLER_ARGS = saved
 
 
 def _quiet() -> contextlib.ExitStack:
@@ -164,7 +191,8 @@ def run(ctx: Context) -> Report:
     ip = ipython_shell()
     session = Session.get()
 
-    hvd = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct")}
+    hvd = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct", "apply")}
+    plain = {k: Samples() for k in ("start", "apply")}  # hvd_notebook without CurveZMQ
     ipp_s = {k: Samples() for k in ("start", "registered", "import_tf", "stop", "cell", "cell_direct")}
     leaks = _Leaks()
     ipp_cluster: Any = None
@@ -183,6 +211,9 @@ def run(ctx: Context) -> Report:
 
         _time_loop(lambda: _check(ip.run_cell(HVD_CELL)), warmup_per_round, reps_per_round, hvd["cell"])
         _time_loop(lambda: session.run_cell(NOOP), 5, diag_reps, hvd["cell_direct"])
+        assert session.cluster.client.curve_serverkey, "a cluster without CurveZMQ"
+        view = session.cluster.client[:]
+        _time_loop(lambda: view.apply_sync(_noop), 5, APPLY_REPS, hvd["apply"])
 
         pids.update(descendants())
         with _quiet():
@@ -192,6 +223,23 @@ def run(ctx: Context) -> Report:
         leaks.check(f"%hvd stop, round {i + 1}", pids)
         print(f"   round {i + 1}: hvd start {total:.2f} s, %%hvd median so far "
               f"{hvd['cell'].median * 1e3:.1f} ms", flush=True)
+
+    def plain_round(i: int) -> None:
+        """%hvd start and no-op round trips with CurveZMQ off: what encryption costs, against hvd_round."""
+        with _without_curve(), _quiet():
+            t0 = time.perf_counter()
+            ip.run_line_magic("hvd", f"start -n {N_RANKS}")
+            plain["start"].add(time.perf_counter() - t0)
+        assert not session.cluster.client.curve_serverkey, "CurveZMQ still on in the baseline"
+        pids = descendants()
+        view = session.cluster.client[:]
+        _time_loop(lambda: view.apply_sync(_noop), 5, APPLY_REPS, plain["apply"])
+        pids.update(descendants())
+        with _quiet():
+            ip.run_line_magic("hvd", "stop")
+        leaks.check(f"%hvd stop without CurveZMQ, round {i + 1}", pids)
+        print(f"   round {i + 1}: hvd start without CurveZMQ {plain['start'].values[-1]:.2f} s, apply median so "
+              f"far {plain['apply'].median * 1e3:.2f} ms (with: {hvd['apply'].median * 1e3:.2f} ms)", flush=True)
 
     def ipp_round(i: int) -> None:
         nonlocal ipp_cluster, ipp_client, ipp_workdir
@@ -251,6 +299,8 @@ def run(ctx: Context) -> Report:
         for i in range(rounds):
             hvd_round(i)
             ipp_round(i)
+            if not ctx.quick:  # (the smoke run leaves out the price of CurveZMQ)
+                plain_round(i)
     finally:
         with _quiet(), contextlib.suppress(Exception):
             session.stop()
@@ -271,8 +321,15 @@ def run(ctx: Context) -> Report:
         Row("  no magic: run_cell vs execute (diag.)", "ms",
             hvd["cell_direct"].median * ms, ipp_s["cell_direct"].median * ms),
     ]
+    if not ctx.quick:
+        rows += [
+            Row("CurveZMQ: %hvd start to ready, with vs without, median", "s", hvd["start"].median,
+                plain["start"].median, CURVE_TARGET),
+            Row(f"CurveZMQ: apply_sync no-op on all engines, with vs without, median of {APPLY_REPS}/round", "ms",
+                hvd["apply"].median * ms, plain["apply"].median * ms, CURVE_TARGET),
+        ]
     notes = [
-        f"{rounds} alternating rounds (hvd, ipp, ...); start = median of {rounds}; "
+        f"{rounds} alternating rounds (hvd, ipp, hvd without CurveZMQ, ...); start = median of {rounds}; "
         f"cells: {hvd['cell'].summary()['n']} timed per side after {warmup_per_round} warm-up per round",
         f"hvd start min-max {hvd['start'].summary()['min']:.2f}-{hvd['start'].summary()['max']:.2f} s; "
         f"ipp start min-max {ipp_s['start'].summary()['min']:.2f}-{ipp_s['start'].summary()['max']:.2f} s",
@@ -312,6 +369,7 @@ def run(ctx: Context) -> Report:
             "seconds": {
                 "hvd_notebook": {k: v.summary() for k, v in hvd.items()},
                 "ipyparallel": {k: v.summary() for k, v in ipp_s.items()},
+                "hvd_notebook_without_curve": {k: v.summary() for k, v in plain.items()},
             },
             "leaks": leaks.found,
             "measure_s": round(time.perf_counter() - t_begin, 2),

@@ -247,8 +247,8 @@ class ClusterOptions:
                              "horovod.torch's (auto: TensorFlow where it is installed, else PyTorch); a torch "
                              "cluster never imports TensorFlow", default=Framework.AUTO.value,
                              choices=choices(Framework))
-    secure: bool = _option(("--secure",), "encrypt and authenticate the cluster's traffic with CurveZMQ "
-                           "(ipyparallel's enable_curve; always on when ranks run on other hosts)",
+    secure: bool = _option(("--secure",), "accepted for compatibility: every cluster encrypts its traffic with "
+                           "CurveZMQ (ipyparallel's enable_curve) now, on one host too",
                            default=False, action="store_true")
     hosts: str | None = _option(("-H", "--hosts"), "run the ranks on these hosts through mpiexec, e.g. "
                                 "-H node1:4,node2:4 (-n defaults to the slots)", metavar="HOST:SLOTS,...")

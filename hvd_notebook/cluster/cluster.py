@@ -36,6 +36,7 @@ from .workdir import WorkDir, new_cluster_id
 log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 0.5  # between SIGTERM and SIGKILL when stopping: nothing of a stopped cluster is kept
+SHM_CHECK_S = 0.25  # between looks at the shared memory of a world that is starting
 
 
 @dataclass
@@ -151,6 +152,7 @@ class MPICluster:
         """Make the cluster directory, start the reaper, the controller and the world of engines
         (without waiting for them); the directory."""
         controller_ip = self.placement.controller_ip()
+        self.placement.check_room(self.n)  # (ranks without room in /dev/shm die of SIGBUS)
         workdir = WorkDir.create(cluster_id)
         self.workdir, self._pids.workdir = workdir.path, workdir
         self.ipp_cluster = make_ipp_cluster(self.placement, cluster_id, workdir.profile, self.n, controller_ip)
@@ -195,10 +197,13 @@ class MPICluster:
     def _wait_for_engines(self, deadline: float, cancelled: threading.Event | None = None) -> list[int]:
         """Engine ids of the whole world once every rank has registered; a ClusterError
         saying why as soon as the launcher has exited, or at the deadline."""
-        world = self._world
+        world, shm_checked = self._world, 0.0
         while len(registered := set(self.client.ids)) < self.n:
             if cancelled is not None and cancelled.is_set():
                 raise ClusterError("the standby was cancelled")
+            if time.monotonic() - shm_checked > SHM_CHECK_S:  # a rank on a planted segment never registers
+                self._check_shm()
+                shm_checked = time.monotonic()
             code = world.exit_code()
             if code is not None:
                 output = world.output()
@@ -253,6 +258,14 @@ class MPICluster:
             raise ClusterError(diagnosis.not_one_world(self.n, sizes, self.mpiexec))
         self.ranks = sorted(map(RankInfo.from_bootstrap, engine_ids, results), key=lambda r: r.rank)
         self._pids.add(*(r.pid for r in self.ranks if r.here))  # a pid on another host is not ours to kill
+        self._check_shm()  # before any cell runs
+
+    def _check_shm(self) -> None:
+        """``shm.ShmError`` where a process of the world here has another user's shared memory (or memory
+        others may read) open or mapped."""
+        world = self._world
+        shm.check_world(world.pid if world is not None else None, (r.pid for r in self.ranks if r.here),
+                        gforker=self.placement.gforker, n=self.n)
 
     # ----------------------------------------------------------------- state
     def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
@@ -400,6 +413,8 @@ class MPICluster:
                 log.debug("ipyparallel's stop failed", exc_info=True)
             self.ipp_cluster = None
         self._pids.clear()
+        if self._world is not None and self.placement.gforker:
+            shm.remove_world(self._world.pid, self.n)  # its ranks are gone: their segments now, not in a minute
         self._world, self.ranks = None, []
         if self.workdir is not None:
             WorkDir(self.workdir).remove()

@@ -1,12 +1,15 @@
 """What a launch's output says: why it failed, which host broke, how each rank ended.
 
 Everything here reads text that ``mpiexec`` (MPICH's hydra or gforker, Open
-MPI) or ``srun`` printed, and writes the sentences the notebook user sees.
+MPI) or ``srun`` printed, and writes the sentences the notebook user sees (a rank
+killed by SIGBUS also gets ``/dev/shm``'s free space, read then).
 """
 
 from __future__ import annotations
 
 import re
+
+from . import shm
 
 # MPICH's words when MPI_Init fails on a rank (MPI_Init_thread is what mpi4py calls)
 _MPI_INIT_FAILED = re.compile(r"Fatal error in (internal_Init_thread|P?MPI_Init)")
@@ -36,11 +39,16 @@ def diagnose_launch(output: str) -> list[str]:
     """Sentences naming the host and the cause, read from what ``mpiexec`` or
     ``srun`` printed when a launch failed (empty when nothing is recognised)."""
     found: list[str] = []
+    refused = shm.refused_by_guard(output)
+    if refused:
+        found.append(refused)
     for pattern, message in _FAILURES:
         for m in re.finditer(pattern, output):
             text = message.format(*(g.strip().rstrip(".") for g in m.groups()))
             if text not in found:
                 found.append(text)
+    if any(how == "signal Bus" for how in _raw_exit_reports(output).values()):
+        found.append(f"a rank died of SIGBUS: {shm.space_note()}")
     return found
 
 
@@ -74,7 +82,21 @@ def tail(text: str, lines: int = 20) -> str:
 def exit_reports(output: str) -> dict[int, str]:
     """How each rank ended, where the launcher said so (gforker's ``-exitinfo``,
     srun's task errors, MPICH's MPI_Abort line): rank -> "exit code 7", "signal Kill" or
-    "MPI_Abort with code 3"."""
+    "MPI_Abort with code 3". A rank killed by SIGBUS gets the likely cause, a full ``/dev/shm``,
+    and its free space now: "signal Bus; a full /dev/shm is a likely cause (0.4 MiB free of 64.0 MiB)"."""
+    reports = _raw_exit_reports(output)
+    if "signal Bus" in reports.values():
+        note = shm.space_note()
+        reports = {rank: f"{how}; {note}" if how == "signal Bus" else how for rank, how in reports.items()}
+    return reports
+
+
+def signal_name(how: str) -> str | None:
+    """The signal's name in an ``exit_reports`` entry ("signal Bus; a full ..." -> "Bus"); None for an exit."""
+    return how.removeprefix("signal ").split(";")[0] if how.startswith("signal ") else None
+
+
+def _raw_exit_reports(output: str) -> dict[int, str]:
     reports: dict[int, str] = {}
     for line in output.splitlines():
         m = _GFORKER_EXIT.match(line)

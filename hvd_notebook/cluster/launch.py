@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config
+from . import shm
 from .placement import Placement
 
 # an idle engine whose controller is gone exits by itself after this many missed
@@ -24,6 +25,11 @@ from .placement import Placement
 ENGINE_HEARTBEAT_MISSES = 7
 
 HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+# Every controller encrypts with CurveZMQ: on one host too, where any local user may connect to its
+# loopback ports and its IOPub and notification sockets publish every cell's source and output to
+# any subscriber (``--secure`` asks for nothing more). Only the benchmark's baseline empties it.
+CONTROLLER_ARGS = ["--IPController.enable_curve=True"]
 
 
 def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -53,23 +59,21 @@ def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    options = placement.options
     cfg = Config()
-    cfg.MPILauncher.mpi_cmd = [placement.command]
+    cfg.MPILauncher.mpi_cmd = [*placement.launcher_prefix(), placement.command]
     cfg.MPILauncher.mpi_args = placement.launcher_args()
     cfg.MPIEngineSetLauncher.environment = world_environment(placement)
     cfg.MPIEngineSetLauncher.engine_args = [f"--IPEngine.max_heartbeat_misses={ENGINE_HEARTBEAT_MISSES}"]
-    beyond_loopback = controller_ip != "127.0.0.1"
+    placement.configure_engines(cfg)  # (across hosts: the key in a 0600 file on each host, not in the environment)
     return ipp.Cluster(
-        engines="mpi",
+        engines=placement.engine_launcher,
         n=n,
         cluster_id=cluster_id,
         profile_dir=str(profile_dir),
         shutdown_atexit=False,  # the session's own atexit stops it, leftovers included
         log_level=logging.ERROR,
-        # one host: nothing of the controller listens beyond loopback; several: CurveZMQ always
-        controller_ip=controller_ip,
-        controller_args=["--IPController.enable_curve=True"] if options.secure or beyond_loopback else [],
+        controller_ip=controller_ip,  # one host: nothing of the controller listens beyond loopback
+        controller_args=list(CONTROLLER_ARGS),
         config=cfg,
     )
 
@@ -87,8 +91,9 @@ class EngineWorld:
 
     @property
     def command(self) -> str:
-        """The launcher's command line, as a shell would read it."""
-        return shlex.join(self._launcher.args)
+        """The launcher's command line, as a shell would read it (without ``shmguard`` before it)."""
+        args, guard = list(self._launcher.args), shm.guard_command()
+        return shlex.join(args[len(guard):] if args[:len(guard)] == guard else args)
 
     def exit_code(self) -> Any:
         """None while the launcher runs, else its exit code (ipyparallel says "unknown"

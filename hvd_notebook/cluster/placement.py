@@ -17,19 +17,21 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from ..config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions, Launcher
 from . import hosts as hostlib
-from . import leases
+from . import keycopy, leases, shm
 from .diagnosis import diagnose_launch, names_a_host, telling_line
 from .errors import ClusterError
 from .policy import Policy, PolicyError
 
 # MPI between ranks of one host over shared memory only: UCX (MPICH's default
 # netmod in the wheel) otherwise opens a TCP listener on the host's network
-# interface. The user's own --env or environment wins.
-LOOPBACK_ENV = {"UCX_TLS": "self,sm"}
+# interface. Not UCX's "sm" alias: it includes the SysV transport, whose segments
+# are mode 0660 (readable by the user's group). The user's own --env or environment wins.
+LOOPBACK_ENV = {"UCX_TLS": "self,posix,cma"}
 
 GFORKER = "mpiexec.gforker"
 
@@ -92,11 +94,24 @@ class Placement:
         """The address the controller listens on."""
         raise NotImplementedError
 
+    @property
+    def gforker(self) -> bool:
+        """Is the launcher MPICH's gforker (whose worlds' shared-memory names follow from its pid)?"""
+        return self.command.endswith(GFORKER)
+
+    def launcher_prefix(self) -> list[str]:
+        """What goes before the launcher on its command line: for gforker, ``shmguard``, which refuses
+        a world whose shared-memory names another user holds, then becomes the launcher."""
+        return shm.guard_command() if self.gforker else []
+
     def launcher_args(self) -> list[str]:
         """The launcher's own options: what puts the ranks in place, then the user's."""
         # gforker reports each rank's exit code or signal when the world ends
-        exitinfo = ["-exitinfo"] if self.command.endswith(GFORKER) else []
+        exitinfo = ["-exitinfo"] if self.gforker else []
         return [*exitinfo, *self._placement_args(), *self.options.mpi_args]
+
+    def check_room(self, n: int) -> None:
+        """A ClusterError where this host cannot hold the shared memory of the ranks placed on it."""
 
     def _placement_args(self) -> list[str]:
         return []
@@ -115,6 +130,14 @@ class Placement:
     def diagnose(self, output: str) -> list[str]:
         """Sentences saying why a launch that printed ``output`` failed."""
         return diagnose_launch(output)
+
+    @property
+    def engine_launcher(self) -> Any:
+        """ipyparallel's engine launcher for this placement (its name, or the class)."""
+        return "mpi"
+
+    def configure_engines(self, cfg: Any) -> None:
+        """Settle, in ipyparallel's ``cfg``, how the engines get the cluster's connection file."""
 
 
 class OneHost(Placement):
@@ -145,6 +168,9 @@ class OneHost(Placement):
 
     def controller_ip(self) -> str:
         return self.options.ip or "127.0.0.1"
+
+    def check_room(self, n: int) -> None:
+        shm.check_space(n)
 
     def rank_env(self, environ: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in LOOPBACK_ENV.items() if k not in environ}
@@ -201,6 +227,19 @@ class HostList(Placement):
 
     def _placement_args(self) -> list[str]:
         return [self._hosts_option(), ",".join(f"{h.name}:{h.slots}" for h in self.hosts)]
+
+    @property
+    def engine_launcher(self) -> Any:
+        return keycopy.engine_launcher_class()
+
+    def configure_engines(self, cfg: Any) -> None:
+        """The engines read the connection file (``--file``), copied first to each other host over the
+        launcher's own remote shell into the user's private folder there (``keycopy``): never in the
+        launcher's environment, which hydra sends to its proxies over a TCP port anyone may connect to."""
+        cfg.Cluster.send_engines_connection_env = False
+        cfg.KeyFileMPIEngineSetLauncher.remote_hosts = keycopy.other_hosts([h.name for h in self.hosts])
+        cfg.KeyFileMPIEngineSetLauncher.remote_shell = keycopy.remote_shell(
+            self.options.mpi_args, {**os.environ, **dict(self.options.env)}, is_open_mpi(self.command))
 
     def diagnose(self, output: str) -> list[str]:
         found = diagnose_launch(output)

@@ -8,7 +8,9 @@ process beside each rank, reading a pipe that only the rank holds open. When
 the pipe closes without the rank's goodbye (written by ``hvd.shutdown()`` and at
 any normal interpreter exit), the watcher says which rank ended, and how where
 the kernel still tells. Only the first rank of a job to end on a host is named:
-the others were ended by mpiexec (their watchers find the name taken). Ranks
+the others were ended by mpiexec (their watchers find the claim taken: a file
+made with ``O_EXCL`` in the user's private folder, which no other user can make
+first to silence the reports, as they could bind an abstract socket's name). Ranks
 started by ``%hvd start`` or ``hvd-notebook run`` need none: their launcher
 reports how each rank ended.
 
@@ -23,9 +25,13 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from .. import private
 
 GOODBYE = b"bye\n"
 CLAIM_HOLD_S = 3.0  # how long the first watcher of a job holds its claim: long enough for mpiexec to end the rest
+CLAIM_STALE_S = 60.0  # a claim this old was left by a watcher that was killed while it held it
 
 
 class RankWatch:
@@ -79,6 +85,40 @@ def message(rank: int, size: int, pid: int, ended: str) -> str:
             "mpiexec now ends the other ranks.")
 
 
+def claim(job: str, folder: Path | None = None) -> Path | None:
+    """Claim the report of ``job``'s first ended rank on this host: the claim file made, or None where
+    another watcher of the job holds it. The file is made with ``O_EXCL`` in the user's private
+    ``rankwatch`` folder (``folder``), so only this user's watchers can take it; one left by a killed
+    watcher goes stale after ``CLAIM_STALE_S``. Where no private folder can be had, every watcher
+    reports (a report twice rather than none)."""
+    try:
+        path = (folder or private.subdir("rankwatch")) / f"ended-{job.replace('/', '_')}"
+    except OSError:
+        return Path(os.devnull)
+    for _ in range(2):
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            return path
+        except FileExistsError:
+            if not _stale(path):
+                return None
+            path.unlink(missing_ok=True)
+    return None
+
+
+def _stale(path: Path) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > CLAIM_STALE_S
+    except FileNotFoundError:
+        return True  # (its holder just removed it)
+
+
+def release(path: Path) -> None:
+    """Give the claim up (its holder, after ``CLAIM_HOLD_S``)."""
+    if path != Path(os.devnull):
+        path.unlink(missing_ok=True)
+
+
 def main(argv: list[str]) -> int:
     job, (rank, size, pid) = argv[0], (int(a) for a in argv[1:])
     said = b""
@@ -90,14 +130,15 @@ def main(argv: list[str]) -> int:
     if said.endswith(GOODBYE):
         return 0
     ended = how_it_ended(pid)
-    claim = socket.socket(socket.AF_UNIX)  # an abstract socket's name: freed with this process
-    try:
-        claim.bind(f"\0hvd_notebook-rank-ended-{job}")
-    except OSError:
+    held = claim(job)
+    if held is None:
         return 0  # another rank of the job ended first here: that one is named
-    print(message(rank, size, pid, ended), file=sys.stderr, flush=True)
-    os.close(sys.stderr.fileno())  # (mpiexec may wait for every copy of its ranks' output pipes)
-    time.sleep(CLAIM_HOLD_S)
+    try:
+        print(message(rank, size, pid, ended), file=sys.stderr, flush=True)
+        os.close(sys.stderr.fileno())  # (mpiexec may wait for every copy of its ranks' output pipes)
+        time.sleep(CLAIM_HOLD_S)
+    finally:
+        release(held)
     return 0
 
 

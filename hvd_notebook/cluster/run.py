@@ -119,8 +119,8 @@ def forwarded_variables(placement: Placement, names: list[str]) -> list[str]:
 
 def launch_argv(placement: Placement, n: int, env: dict[str, str], command: tuple[str, ...]) -> list[str]:
     """The launcher's command line, in the order ipyparallel gives it for ``%hvd start``."""
-    return [placement.command, "-n", str(n), *placement.launcher_args(), *forwarded_variables(placement, list(env)),
-            *fail_fast(command)]
+    return [*placement.launcher_prefix(), placement.command, "-n", str(n), *placement.launcher_args(),
+            *forwarded_variables(placement, list(env)), *fail_fast(command)]
 
 
 def check_hosts(placement: Placement, timeout: float) -> None:
@@ -149,7 +149,7 @@ def rank_status(how: str) -> int | None:
     m = re.fullmatch(r"(?:exit code|MPI_Abort with code) (-?\d+)", how)
     if m:
         return int(m.group(1)) & 0xFF
-    number = _SIGNALS.get(how.removeprefix("signal "))
+    number = _SIGNALS.get(diagnosis.signal_name(how) or "")
     return 128 + number if number else None
 
 
@@ -261,6 +261,12 @@ class RunningJob:
                                         stderr=subprocess.PIPE, start_new_session=True)
         self.pump = StderrPump(self.process.stderr, sys.stderr.buffer)  # type: ignore[arg-type]
         self.pump.start()
+        self.shm_watch = shm.StartWatch.for_launch(self.process.pid, argv, self._refuse)
+
+    def _refuse(self, message: str) -> None:
+        """A rank has another user's shared memory (``shm.StartWatch``): say so, and end the world."""
+        print(f"hvd-notebook run: {message}", file=sys.stderr, flush=True)
+        self._kill_group()
 
     def wait(self) -> int:
         """Wait for the launcher to exit; end whatever it left behind; its exit code."""
@@ -302,8 +308,10 @@ class RunningJob:
 
     def _finish(self) -> int:
         self._kill_group()
+        self.shm_watch.stop()
         code = self.process.wait()
         self.pump.join(timeout=5)
+        self.shm_watch.remove_world()
         shm.remove_orphaned()  # (what ranks ended without MPI_Finalize left in /dev/shm)
         return code
 
@@ -320,6 +328,7 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
     if n is None:
         raise ClusterError("give the number of ranks with -np, e.g. -np 2")
+    placement.check_room(n)
     check_hosts(placement, job.options.timeout)
     env = world_environment(placement)
     return placement, launch_argv(placement, n, env, job.command), env

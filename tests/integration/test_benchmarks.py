@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(600)  # (every benchmark once: ~4-5 min on a slow 2-core VM)
 def test_quick_benchmark_run_writes_figures():
     proc = subprocess.run([sys.executable, "benchmarks/run.py", "--quick"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

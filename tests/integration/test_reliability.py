@@ -15,6 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -181,7 +182,37 @@ def _forged_client(cluster, tmp_path, **changes):
     return ipp.Client(connection_info=str(forged), timeout=5)
 
 
-def test_only_loopback_private_files_and_signed_messages(tmp_path):
+def _eavesdrop(info: dict, channels: tuple[str, ...] = ("iopub", "notification")) -> tuple[Any, list]:
+    """ZMQ SUB sockets subscribed to everything on the controller's ``channels`` (its PUB sockets on
+    loopback), as any local user can connect them without the connection file's keys."""
+    import zmq
+
+    context = zmq.Context()
+    subs = []
+    for channel in channels:
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"{info['interface']}:{info[channel]}")
+        subs.append(sub)
+    return context, subs
+
+
+def _heard(subs: list, seconds: float) -> list[bytes]:
+    import zmq
+
+    poller = zmq.Poller()
+    for sub in subs:
+        poller.register(sub, zmq.POLLIN)
+    frames: list[bytes] = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        for sub, _ in poller.poll(left * 1000):
+            frames += sub.recv_multipart()
+    return frames
+
+
+def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
     from hvd_notebook.cluster import ClusterOptions, MPICluster
 
     cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
@@ -196,16 +227,35 @@ def test_only_loopback_private_files_and_signed_messages(tmp_path):
         files = [p for p in (cluster.workdir / "profile").rglob("*") if p.is_file()]
         assert any(p.name.endswith("-client.json") for p in files)
         assert {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}, files
+        (client_file,) = (cluster.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
+        info = json.loads(client_file.read_text())
+        assert info.get("curve_serverkey"), "no CurveZMQ server key: a default cluster is not encrypted"
 
-        # the right key runs code; the wrong key is not even answered
+        # a local user without the connection file's keys hears nothing of a cell, not even its source
+        context, subs = _eavesdrop(info)
+        try:
+            time.sleep(1)  # (long enough for a subscription to reach a publisher that would take it)
+            secret = f"secret-{os.getpid()}-{time.time_ns()}"
+            ar = cluster.client[:].execute(f"print({secret!r})", block=False)
+            ar.get(timeout=60)
+            assert all(secret in out for out in ar.stdout), ar.stdout  # the owner's client heard it: it was said
+            heard = _heard(subs, 2.0)
+        finally:
+            context.destroy(linger=0)
+        assert not any(secret.encode() in frame for frame in heard) and heard == [], heard[:4]
+
+        # the right keys run code; without the server's key, or with another, nothing is answered or run
         marker = tmp_path / "ran"
         assert sorted(cluster.client[:].apply_sync(os.getpid)) == sorted(r.pid for r in cluster.ranks)
         honest = _forged_client(cluster, tmp_path)  # the same file unchanged connects: the check can fail
         assert sorted(honest.ids) == sorted(cluster.engine_ids())
         honest.close()
-        with pytest.raises(TimeoutError):
-            client = _forged_client(cluster, tmp_path, key="0" * 36)
-            client[:].apply_sync(open, str(marker), "w")
+        import zmq
+
+        for changes in ({"curve_serverkey": None}, {"curve_serverkey": zmq.curve_keypair()[0].decode()}):
+            with pytest.raises(TimeoutError):
+                client = _forged_client(cluster, tmp_path, **changes)
+                client[:].apply_sync(open, str(marker), "w")
         time.sleep(1)
         assert not marker.exists()
     finally:

@@ -6,13 +6,17 @@ to leave nothing behind."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import textwrap
 import time
 
+import psutil
 from conftest import assert_gone, figure
 from test_lifecycle import _execute, cluster_pids, interrupt_blocked_cell, started_kernel
+
+from hvd_notebook import private
 
 START = "%hvd start -n 2 --framework torch"
 
@@ -20,6 +24,27 @@ START = "%hvd start -n 2 --framework torch"
 def _values(out: str, key: str) -> dict[int, str]:
     """``[rank] KEY value`` lines of a cell's output, by rank."""
     return {int(m.group(1)): m.group(2) for m in re.finditer(rf"^\[(\d+)\] {key} (.+)$", out, re.M)}
+
+
+def _is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a dual-stack socket's view of loopback
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def sockets_beyond_loopback(pids: set[int]) -> list[str]:
+    """Each TCP or UDP socket (IPv4 or IPv6) of these processes that is bound to an address other than
+    loopback, listening or not (a socket not bound yet has port 0 and is left out)."""
+    found = []
+    for pid in sorted(pids):
+        try:
+            process = psutil.Process(pid)
+            sockets, name = process.net_connections(kind="inet"), process.name()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        found += [f"{name} (pid {pid}): {c.type.name} {c.laddr.ip}:{c.laddr.port} {c.status}"
+                  for c in sockets if c.laddr and c.laddr.port and not _is_loopback(c.laddr.ip)]
+    return found
 
 
 def test_a_torch_cluster_has_hvd_torch_and_torch_distributed_and_no_tensorflow(session, run):
@@ -33,14 +58,16 @@ def test_a_torch_cluster_has_hvd_torch_and_torch_distributed_and_no_tensorflow(s
         "import os, sys, torch, torch.distributed as dist, psutil\n"
         "print('TF', 'tensorflow' in sys.modules or 'keras' in sys.modules)\n"
         "print('HVD', hvd.__name__, dist.get_backend(), dist.get_rank(), dist.get_world_size(), hvd.rank(),"
-        " os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], torch.get_num_threads())\n"
+        " os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], torch.get_num_threads(),"
+        " os.environ.get('MASTER_PORT'), os.environ['GLOO_SOCKET_IFNAME'], os.environ['NCCL_SOCKET_IFNAME'])\n"
         "t = torch.ones(2) * (hvd.rank() + 1)\ndist.all_reduce(t)\nprint('SUM', t.tolist())\n"
         "print('RSS', psutil.Process().memory_info().rss >> 20)"
     )
     assert result.success, out
     assert _values(out, "TF") == {0: "False", 1: "False"}, out
     for r in (0, 1):
-        assert _values(out, "HVD")[r] == f"hvd_notebook.runtime.torch gloo {r} 2 {r} {r} 2 127.0.0.1 1", out
+        # one host: the rendezvous is a file in the private folder (no port), gloo and NCCL on loopback
+        assert _values(out, "HVD")[r] == f"hvd_notebook.runtime.torch gloo {r} 2 {r} {r} 2 127.0.0.1 1 None lo lo", out
         assert _values(out, "SUM")[r] == "[3.0, 3.0]"
     figure(f"--framework torch: a rank holds {_values(out, 'RSS')[0]} MiB after its first cell")
     assert all(r.framework.startswith("torch 2.") for r in session.cluster.ranks)
@@ -153,6 +180,9 @@ def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(session, ru
     digests = _values(out, "DIGEST")
     assert len(digests) == 2 and digests[0] == digests[1], out
     assert all(float(d) < 1e-5 for d in _values(out, "DIFF").values()), out
+    # after the rendezvous and a DDP step: no process of the cluster (controller, launcher, ranks, ...)
+    # has a socket beyond loopback, TCP or UDP; torch's TCPStore alone would listen on every interface
+    assert sockets_beyond_loopback(session.cluster.pids()) == [], out
     result, out = run("%%hvd --all-output\n" + FSDP)  # FSDP2's fully_shard on the same default group
     assert result.success, out
     assert len(_values(out, "FSDP_DIFF")) == 2 and all(float(d) < 1e-5 for d in _values(out, "FSDP_DIFF").values()), out
@@ -173,6 +203,9 @@ def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(session, ru
     result, out = run("%%hvd --all-output\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                       "dist.all_reduce(t)\nprint('SUM', t.item())")
     assert _values(out, "SUM") == {0: "2.0", 1: "2.0"}, out
+    # the killed world's rendezvous file is gone (the new rank 0 removed it); the live world's is private
+    stores = {p.name: int(p.name.split("-")[1]) for p in private.subdir("torch").glob("store-*")}
+    assert stores and all(psutil.pid_exists(pid) for pid in stores.values()), stores
 
 
 def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():

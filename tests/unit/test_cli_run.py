@@ -134,10 +134,14 @@ def test_the_launcher_line_on_one_host(tmp_path, monkeypatch):
     (tmp_path / "x.py").write_text("")
     job = runmod.Job((sys.executable, "x.py"), ClusterOptions(n=2, env=(("HOROVOD_TIMELINE", "t.json"),)))
     placement, argv, env = runmod.prepare(job)
-    assert argv[1:3] == ["-n", "2"] and argv[-4:] == [sys.executable, "-m", runmod.SCRIPT_MAIN, "x.py"]
-    assert env["HOROVOD_TIMELINE"] == "t.json" and env["UCX_TLS"] == "self,sm"  # MPI over shared memory only
+    guard = placement.launcher_prefix()  # gforker starts through shmguard, which then becomes it
+    launcher = argv[len(guard):]
+    assert argv[:len(guard)] == guard and launcher[0] == placement.command
+    assert launcher[1:3] == ["-n", "2"] and argv[-4:] == [sys.executable, "-m", runmod.SCRIPT_MAIN, "x.py"]
+    assert env["HOROVOD_TIMELINE"] == "t.json" and env["UCX_TLS"] == "self,posix,cma"  # MPI over shared memory only
     if placement.command.endswith("mpiexec.gforker"):
         assert "-exitinfo" in argv  # gforker says how each rank ended
+        assert guard and guard[-1].endswith("shmguard.py")
 
 
 def test_hosts_both_ways_is_refused():

@@ -68,7 +68,7 @@ def test_one_host_prefers_gforker_and_asks_it_for_exit_info(tmp_path):
 
 def test_one_host_keeps_mpi_on_shared_memory_unless_told_otherwise(no_slurm):
     chosen = OneHost(ClusterOptions())
-    assert chosen.rank_env({}) == {"UCX_TLS": "self,sm"}
+    assert chosen.rank_env({}) == {"UCX_TLS": "self,posix,cma"}
     assert chosen.rank_env({"UCX_TLS": "tcp"}) == {}
     assert HostList(ClusterOptions(hosts="localhost:2")).rank_env({}) == {}
 

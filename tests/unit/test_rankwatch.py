@@ -1,0 +1,52 @@
+"""The rank watcher's claim (``cluster.rankwatch``): only the first watcher of a job to find its rank
+ended reports it, and no other user can take the claim first to silence the reports."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from hvd_notebook.cluster import rankwatch
+
+
+def test_the_first_claim_of_a_job_wins_until_released(tmp_path):
+    held = rankwatch.claim("host-1", tmp_path)
+    assert held is not None and held.parent == tmp_path
+    assert rankwatch.claim("host-1", tmp_path) is None  # the job's other watchers stay silent
+    assert rankwatch.claim("host-2", tmp_path) is not None  # another job is another claim
+    rankwatch.release(held)
+    assert rankwatch.claim("host-1", tmp_path) is not None
+
+
+def test_a_claim_left_by_a_killed_watcher_goes_stale(tmp_path):
+    held = rankwatch.claim("host-1", tmp_path)
+    old = time.time() - rankwatch.CLAIM_STALE_S - 1
+    os.utime(held, (old, old))
+    assert rankwatch.claim("host-1", tmp_path) == held
+
+
+def test_the_claim_lives_in_the_private_folder(monkeypatch, tmp_path):
+    base = tmp_path / "base"
+    base.mkdir(mode=0o700)
+    monkeypatch.setattr(rankwatch.private, "base_dir", lambda: base)
+    held = rankwatch.claim("host-1")
+    assert held.parent == base / "rankwatch" and (base / "rankwatch").stat().st_mode & 0o777 == 0o700
+
+
+def test_a_name_bound_first_by_someone_else_does_not_silence_the_report():
+    """The old claim, an abstract socket named after the job, could be bound first by any local user."""
+    job = f"{socket.gethostname()}-{os.getpid()}-test"
+    squatter = socket.socket(socket.AF_UNIX)
+    squatter.bind(f"\0hvd_notebook-rank-ended-{job}")
+    try:
+        watcher = subprocess.Popen([sys.executable, "-m", "hvd_notebook.cluster.rankwatch", job, "1", "2", "999999"],
+                                   stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        watcher.stdin.close()  # the rank's end of the pipe closes without a goodbye
+        said = watcher.stderr.read()
+        assert watcher.wait(timeout=rankwatch.CLAIM_HOLD_S + 30) == 0
+    finally:
+        squatter.close()
+    assert "[hvd_notebook] rank 1 of 2 (pid 999999" in said and "ended without a word" in said, said
