@@ -216,6 +216,8 @@ def test_dashboard_in_jupyterlab(lab):
             page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
             page.reload()
             page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=60_000)
+            # (the outputs of later cells may render after the first summary's image)
+            page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().length >= 2", timeout=60_000, polling=250)
             reloaded = page.eval_on_selector_all(".hvd-summary .hvd-static-bar",
                                                  "els => els.map(e => e.dataset.percent)")
             reloaded_outputs = page.evaluate(STANDALONE_OUTPUTS)
