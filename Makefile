@@ -12,7 +12,7 @@ TORCH_CPU := torch==2.13.0
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
-.PHONY: install demo test test-fast test-horovod horovod-suite gpu-check gpu-wheels lab bench clean
+.PHONY: install demo test test-fast coverage test-horovod horovod-suite gpu-check gpu-wheels lab bench clean
 
 # also links .venv/bin/horovodrun to hvd-notebook (which then answers as `hvd-notebook run`), unless
 # a real Horovod has installed its own (docs/running-scripts.md)
@@ -46,6 +46,17 @@ test: install
 # the unit tier: no MPI, no engines; well under a minute
 test-fast: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# line coverage of hvd_notebook over the suite's root run (make test's pytest run, not the unprivileged part):
+# the kernel, the engines, the mpiexec ranks and every other Python process the tests start are measured
+# (coverage.py's subprocess patch, pyproject.toml [tool.coverage]); the total, then build/coverage/index.html
+COVERAGE_DIR := $(CURDIR)/build/coverage
+coverage: install
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR) && chmod 1777 $(COVERAGE_DIR)
+	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest $(PYTEST_ARGS) || true
+	cd $(COVERAGE_DIR) && $(CURDIR)/$(PY) -m coverage combine -q --keep . && \
+		$(CURDIR)/$(PY) -m coverage html -q -d . --rcfile=$(CURDIR)/pyproject.toml && \
+		$(CURDIR)/$(PY) -m coverage report --rcfile=$(CURDIR)/pyproject.toml --format=total | sed 's/^/line coverage of hvd_notebook: /;s/$$/%/'
 
 # on a machine with an NVIDIA GPU: the `gpu` tests under mpiexec, a %%hvd cell on the GPU, the GPU timings;
 # not part of `make test`. On the lent GPU machine (no network) run `bash benchmarks/gpu_check.sh` with the

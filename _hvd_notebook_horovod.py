@@ -3,9 +3,10 @@ Horovod is installed.
 
 ``hvd_notebook-horovod.pth`` in site-packages imports this module at interpreter start and calls
 ``install()``, which appends ``HorovodAliasFinder`` to ``sys.meta_path`` (the way setuptools' editable
-installs and ``distutils-precedence.pth`` work). The finder answers only for the few ``horovod`` names of
-``ALIASES``, only when no other finder finds a real ``horovod``, and only while ``HVD_NOTEBOOK_HOROVOD_ALIAS``
-is on. Nothing else is imported until a ``horovod`` module is: interpreter start stays as cheap as it was.
+installs and ``distutils-precedence.pth`` work). The finder answers only for the ``horovod`` names
+that map, by ``PREFIXES``, to a module of the runtime, only when no other finder finds a real ``horovod``,
+and only while ``HVD_NOTEBOOK_HOROVOD_ALIAS`` is on. Nothing else is imported until a ``horovod`` module
+is: interpreter start stays as cheap as it was.
 
 Each alias is a thin module that forwards every attribute to its runtime module, so
 ``horovod.tensorflow.allreduce is hvd_notebook.runtime.allreduce``. This module lives outside the
@@ -16,32 +17,31 @@ from __future__ import annotations
 
 import sys
 
-# alias -> the runtime module it forwards to (None: an empty package)
-ALIASES = {
+# Horovod's package -> the runtime's package that stands for it; a module below one of them maps to the same
+# path below the other (``horovod.torch.optimizer`` -> ``hvd_notebook.runtime.torch.optimizer``). The longest
+# prefix wins; None: an empty package.
+PREFIXES = {
     "horovod": None,
-    "horovod.tensorflow": "hvd_notebook.runtime",
-    "horovod.tensorflow.util": "hvd_notebook.runtime.basics",  # _executing_eagerly, which Horovod's tests import
-    "horovod.tensorflow.compression": "hvd_notebook.runtime.compression",
+    "horovod.common": "hvd_notebook.runtime.core",
+    "horovod.tensorflow": "hvd_notebook.runtime.tensorflow",
     "horovod.tensorflow.keras": "hvd_notebook.runtime.keras",
-    "horovod.tensorflow.keras.callbacks": "hvd_notebook.runtime.callbacks",
     "horovod.keras": "hvd_notebook.runtime.keras",
-    "horovod.keras.callbacks": "hvd_notebook.runtime.callbacks",
-    "horovod.tensorflow.elastic": "hvd_notebook.runtime.elastic",
-    "horovod.tensorflow.keras.elastic": "hvd_notebook.runtime.elastic",
-    "horovod.keras.elastic": "hvd_notebook.runtime.elastic",
-    "horovod.common": None,
-    "horovod.common.elastic": "hvd_notebook.runtime.elastic",  # State, ObjectState
-    "horovod.common.exceptions": "hvd_notebook.runtime.elastic",  # HorovodInternalError, HostsUpdatedInterrupt
     "horovod.torch": "hvd_notebook.runtime.torch",
-    "horovod.torch.mpi_ops": "hvd_notebook.runtime.torch",  # Horovod's mpi_ops holds the queries too
-    "horovod.torch.compression": "hvd_notebook.runtime.torch.compression",
-    "horovod.torch.functions": "hvd_notebook.runtime.torch.functions",
-    "horovod.torch.optimizer": "hvd_notebook.runtime.torch.optimizer",
-    "horovod.torch.sync_batch_norm": "hvd_notebook.runtime.torch.sync_batch_norm",
 }
-PACKAGES = frozenset({"horovod", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras", "horovod.common",
-                      "horovod.torch"})
 MARKER = "__hvd_notebook_alias__"  # set on every alias module: the runtime module it stands for
+
+
+def target_of(fullname: str) -> tuple[bool, str | None]:
+    """(Is ``fullname`` one of ours, the runtime module it stands for): by the longest prefix of ``PREFIXES``."""
+    parts = fullname.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in PREFIXES:
+            base = PREFIXES[prefix]
+            if base is None:
+                return (n == len(parts), None)  # below an empty package: nothing
+            return True, ".".join([base, *parts[n:]])
+    return False, None
 
 
 def alias_enabled() -> bool:
@@ -54,11 +54,12 @@ def alias_enabled() -> bool:
 
 
 class HorovodAliasFinder:
-    """A meta-path finder and loader for the alias modules of ``ALIASES``."""
+    """A meta-path finder and loader for the alias modules of ``PREFIXES``."""
 
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> object:
         """A spec for an alias name when no real Horovod is installed and the alias is on; else None."""
-        if fullname not in ALIASES or not alias_enabled():
+        ours, target = target_of(fullname)
+        if not ours or not alias_enabled():
             return None
         if fullname == "horovod":
             if self._real_horovod():
@@ -67,7 +68,17 @@ class HorovodAliasFinder:
             return None
         from importlib.machinery import ModuleSpec
 
-        return ModuleSpec(fullname, self, is_package=fullname in PACKAGES)
+        if target is None:
+            return ModuleSpec(fullname, self, is_package=True)
+        from importlib.util import find_spec
+
+        try:
+            spec = find_spec(target)
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None:  # a Horovod module the runtime has no counterpart of: not found, as usual
+            return None
+        return ModuleSpec(fullname, self, is_package=spec.submodule_search_locations is not None)
 
     def _real_horovod(self) -> bool:
         """Does any other finder (sys.path's first) find a ``horovod`` package?"""
@@ -83,7 +94,7 @@ class HorovodAliasFinder:
 
     def exec_module(self, module: object) -> None:
         """Point the alias at its runtime module (imported now, so that its import errors show here)."""
-        target_name = ALIASES[module.__name__]
+        target_name = target_of(module.__name__)[1]
         setattr(module, MARKER, target_name or "")
         if target_name is None:
             module.__doc__ = "hvd_notebook's stand-in for Horovod (no real horovod is installed here)."

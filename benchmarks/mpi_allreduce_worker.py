@@ -23,7 +23,7 @@ from mpi_timing import median_blocks, median_pair, timed  # noqa: E402
 
 import hvd_notebook.runtime as hvd  # noqa: E402
 from hvd_notebook.runtime import world  # noqa: E402
-from hvd_notebook.runtime.signatures import allreduce_signature  # noqa: E402
+from hvd_notebook.runtime.core.signatures import allreduce_signature  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)

@@ -86,8 +86,7 @@ def main() -> None:
 
 
 def hvd_world_nccl() -> Any:
-    from hvd_notebook.runtime import world
-
+    from hvd_notebook.runtime.core import world
     return world.current().nccl
 
 

@@ -1,12 +1,14 @@
 """Every global change hvd_notebook makes to Keras, in one place, with ``undo``.
 
-Two patches, each applied at most once per process:
+Three patches, each applied at most once per process:
 
 - ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
   ``ProgressCallback`` (``patch_progress``, from ``engine.progress``);
 - ``compile`` switches XLA off where ``jit_compile="auto"`` would compile a
   ``DistributedOptimizer``'s host-side reduction (``patch_compile``, from the
-  runtime's ``DistributedOptimizer``).
+  runtime's ``DistributedOptimizer``);
+- ``BatchNormalization`` takes Horovod's ``fused=False`` (``patch_fused_batch_norm``, from the TensorFlow
+  binding's ``hvd.init()``), which Keras 3 dropped.
 
 ``patched()`` lists what is patched now; ``undo()`` puts the originals back.
 This module imports nothing of the package and imports Keras only when a patch
@@ -111,3 +113,23 @@ def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return compile
+
+
+def patch_fused_batch_norm() -> None:
+    """Keras 3's ``BatchNormalization`` has no ``fused`` argument (Keras 2's took ``fused=False`` for its
+    unfused kernel, the only one a synchronised batch norm can follow, and Horovod's code passes it). Accept
+    ``fused=False`` and ``None`` (Keras 3 has only that kernel) and refuse ``fused=True`` saying so."""
+    import keras
+
+    patch(keras.layers.BatchNormalization, "__init__", _without_fused)
+
+
+def _without_fused(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, fused: bool | None = None, **kwargs: Any) -> None:
+        if fused:
+            raise ValueError(f"{type(self).__name__}(fused=True): Keras 3 has no fused batch normalization; "
+                             "pass fused=False or leave fused out.")
+        original(self, *args, **kwargs)
+
+    return __init__

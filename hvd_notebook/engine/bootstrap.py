@@ -92,7 +92,7 @@ def _prepare(gpus: list[str], backend: str, framework: str) -> tuple[Any, str, i
     """The slow part of a bootstrap, which holds nothing: the framework chosen, the backend imported,
     the device pinned (no GPU context yet: no op has run), the framework's threads sized. The backend,
     its label, the local rank and size, the device's label, the framework."""
-    from ..runtime.topology import local_rank_before_init
+    from ..runtime.core.topology import local_rank_before_init
 
     chosen = frameworks.resolve(framework)
     # the device is pinned before the framework is imported, and before hvd.init() creates the NCCL

@@ -63,7 +63,7 @@ def _end_now(code: int) -> None:
 
 def main() -> None:
     """Run the script; a failure ends this process at once with the failure's code."""
-    from ..runtime import topology
+    from ..runtime.core import topology
 
     rank, size = topology.initialize_mpi()  # before the script: a failed MPI_Init has then run none of its code
     from . import stacks

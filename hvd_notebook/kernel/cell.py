@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often a running cell's output is forwarded (results wake the loop at once)
 LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes exist
-# the stall inspector's warning (runtime/negotiation.py): "... rank(s) [1, 3] have not arrived"
+# the stall inspector's warning (runtime/core/negotiation.py): "... rank(s) [1, 3] have not arrived"
 _STALL_WARNING = re.compile(r"stall: rank \d+ has waited .*?rank\(s\) \[([\d, ]*)\] have not arrived")
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended

@@ -148,8 +148,7 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
     # numpy_function callbacks would pay AutoGraph's dispatch on every call of every step
     import inspect
 
-    from hvd_notebook.runtime import world
-
+    from hvd_notebook.runtime.core import world
     rt = world.current().mpi
     frames: list[str] = []
     for method in ("allreduce_one", "allreduce_fused", "allgather"):
@@ -178,7 +177,7 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
 
 
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
-    from hvd_notebook.runtime.mpi_backend import MpiBackend
+    from hvd_notebook.runtime.core.mpi_backend import MpiBackend
 
     arrays = [np.ones(256, np.float32), np.ones(3, np.float64), np.ones(256, np.float32), np.ones(256, np.float32)]
     assert MpiBackend.fusion_plan(arrays) == [[0, 2, 3], [1]]
@@ -376,8 +375,7 @@ def test_agreement_road(hvd):
     # both ranks share this host: shared memory, unless HVD_NOTEBOOK_SHM_AGREEMENT=0 asks for the collective
     import os
 
-    from hvd_notebook.runtime import world
-
+    from hvd_notebook.runtime.core import world
     board = world.current().negotiator.board
     assert (board is not None) == (os.environ.get("HVD_NOTEBOOK_SHM_AGREEMENT", "1") != "0")
 

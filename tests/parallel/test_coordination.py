@@ -53,6 +53,30 @@ def test_named_collectives_from_threads_in_opposite_orders(hvd, tf):
         np.testing.assert_allclose(results[name], expected)
 
 
+def test_nameless_calls_in_flight_together_never_share_a_name(hvd):
+    """A grouped call of nameless tensors takes one automatic name per tensor; a nameless call made while it
+    waits gets a name of its own, not the group's second one. (Two dtypes: the group is two fused calls, each
+    matched by the name of its first tensor, so a second holder of that name would be matched with it.)"""
+    r = hvd.rank()
+    grouped = {}
+
+    def group():
+        grouped["out"] = hvd.grouped_allreduce([np.full(2, r + 1.0, np.float32), np.full(3, r + 1.0, np.float64)],
+                                               op=hvd.Sum)
+
+    if r == 1:
+        time.sleep(1.0)  # rank 0's two calls wait for this rank together, by their names
+    thread = threading.Thread(target=group)
+    thread.start()
+    time.sleep(0.3)  # (the group has taken its names)
+    single = hvd.allreduce(np.full(4, r + 1.0), op=hvd.Sum)
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the grouped call never finished"
+    total = sum(k + 1.0 for k in range(hvd.size()))
+    assert [a.tolist() for a in grouped["out"]] == [[total] * 2, [total] * 3]
+    assert single.tolist() == [total] * 4
+
+
 def test_a_mismatch_between_threads_fails_only_that_name(hvd):
     r = hvd.rank()
 

@@ -22,8 +22,8 @@ def test_the_import_lines_give_the_runtime(hvd, horovod):
     import horovod.tensorflow.keras as hvdk
     import horovod.tensorflow.keras.callbacks as callbacks
 
-    import hvd_notebook.runtime.callbacks as runtime_callbacks
     import hvd_notebook.runtime.keras as runtime_keras
+    import hvd_notebook.runtime.keras.callbacks as runtime_callbacks
 
     assert horovod.allreduce is hvd.allreduce and horovod.rank is hvd.rank
     assert hvdk.allreduce is runtime_keras.allreduce and hvd_keras.broadcast is runtime_keras.broadcast

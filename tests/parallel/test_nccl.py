@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from hvd_notebook import config
-from hvd_notebook.runtime import nccl_backend
+from hvd_notebook.runtime.core import nccl_backend
 
 gpu = pytest.mark.gpu
 

@@ -191,8 +191,7 @@ def test_tf1_optimizer_and_hook_with_a_set(hvd, sets, tf):
 
 def test_a_set_of_two_ranks_beside_the_world(hvd, sets, tf):
     # (a 2-rank set other than the world needs 3 ranks; its table entry is made here directly)
-    from hvd_notebook.runtime import process_sets
-
+    from hvd_notebook.runtime.core import process_sets
     table = process_sets.table()
     pair = hvd.ProcessSet([0, 1])
     (pair.process_set_id,) = table.register([(0, 1)])
@@ -218,8 +217,7 @@ def test_a_set_of_two_ranks_beside_the_world(hvd, sets, tf):
 
 
 def test_add_and_remove(hvd, sets, tf):
-    from hvd_notebook.runtime import process_sets
-
+    from hvd_notebook.runtime.core import process_sets
     process_sets.table().dynamic = False
     with pytest.raises(ValueError, match="HOROVOD_DYNAMIC_PROCESS_SETS=1"):
         hvd.add_process_set([0])

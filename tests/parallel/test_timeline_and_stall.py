@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hvd_notebook.runtime import world
+from hvd_notebook.runtime.core import world
 
 
 def test_timeline_records_phases_of_every_rank(hvd, tmp_path_factory):
@@ -25,7 +25,7 @@ def test_timeline_records_phases_of_every_rank(hvd, tmp_path_factory):
         return
     trace = json.loads(open(path).read())
     events = trace["traceEvents"]
-    # a small allreduce of ranks on one host is summed in shared memory (runtime/shared_memory.py)
+    # a small allreduce of ranks on one host is summed in shared memory (runtime/core/shared_memory.py)
     data_phase = "SHM_ALLREDUCE" if world.current().negotiator.board is not None else "MPI_ALLREDUCE"
     tracks = {e["args"]["name"] for e in events if e["name"] == "process_name"}
     assert tracks == {f"rank {r}" for r in range(hvd.size())}
@@ -64,8 +64,7 @@ def test_timeline_marks_cycles_when_asked(hvd, tmp_path_factory):
 
 
 def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
-    from hvd_notebook.runtime import world
-
+    from hvd_notebook.runtime.core import world
     negotiator = world.current().negotiator
     monkeypatch.setattr(negotiator.stall, "check_s", 1.0)
     if hvd.rank() == 1:
@@ -100,7 +99,6 @@ def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
 
 
 def hvd_negotiator():
-    from hvd_notebook.runtime import world
-
+    from hvd_notebook.runtime.core import world
     return world.current().negotiator
 

@@ -169,7 +169,7 @@ def test_without_nccl_nothing_of_cuda_is_touched(hvd):
     import sys
 
     import hvd_notebook.runtime.torch as thvd
-    from hvd_notebook.runtime import world
+    from hvd_notebook.runtime.core import world
     from hvd_notebook.runtime.torch import gpu as torch_gpu
 
     if hvd.nccl_enabled():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hvd_notebook.runtime.collectives import _scale
+from hvd_notebook.runtime.core.rules import scale as _scale
 
 FACTOR = 0.3719  # not exact in float16
 

@@ -39,16 +39,36 @@ def finder(monkeypatch, clean_horovod):
     return own
 
 
-@pytest.mark.parametrize("name", sorted(alias.ALIASES))
+# the Horovod modules that Horovod's own tests and users' code import (True: a package)
+HOROVOD_MODULES = {
+    "horovod": True, "horovod.common": True, "horovod.common.elastic": False, "horovod.common.exceptions": False,
+    "horovod.tensorflow": True, "horovod.tensorflow.util": False, "horovod.tensorflow.compression": False,
+    "horovod.tensorflow.mpi_ops": False, "horovod.tensorflow.elastic": False, "horovod.tensorflow.keras": True,
+    "horovod.tensorflow.keras.callbacks": False, "horovod.tensorflow.keras.elastic": False, "horovod.keras": True,
+    "horovod.keras.callbacks": False, "horovod.keras.elastic": False, "horovod.torch": True,
+    "horovod.torch.mpi_ops": False, "horovod.torch.compression": False, "horovod.torch.functions": False,
+    "horovod.torch.optimizer": False, "horovod.torch.sync_batch_norm": False,
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOROVOD_MODULES))
 def test_it_answers_for_each_horovod_name(finder, name):
     importlib.import_module("horovod")
     spec = finder.find_spec(name)
     assert spec is not None and spec.loader is finder
-    assert (spec.submodule_search_locations is not None) == (name in alias.PACKAGES)
+    assert (spec.submodule_search_locations is not None) == HOROVOD_MODULES[name]
 
 
-@pytest.mark.parametrize("name", ["horovod.torch.elastic", "horovod.tensorflow.mpi_ops", "horovod.runner", "numpy",
-                                  "hvd_notebook.runtime", "horovodx", "tensorflow"])
+def test_a_horovod_name_maps_by_its_longest_prefix():
+    assert alias.target_of("horovod.torch.optimizer") == (True, "hvd_notebook.runtime.torch.optimizer")
+    assert alias.target_of("horovod.tensorflow.keras.callbacks") == (True, "hvd_notebook.runtime.keras.callbacks")
+    assert alias.target_of("horovod.common.exceptions") == (True, "hvd_notebook.runtime.core.exceptions")
+    assert alias.target_of("horovod") == (True, None) and alias.target_of("horovod.runner") == (False, None)
+    assert alias.target_of("horovodx") == (False, None) and alias.target_of("numpy") == (False, None)
+
+
+@pytest.mark.parametrize("name", ["horovod.torch.elastic", "horovod.tensorflow.no_such_module", "horovod.runner",
+                                  "numpy", "hvd_notebook.runtime", "horovodx", "tensorflow"])
 def test_it_answers_for_nothing_else(finder, name):
     importlib.import_module("horovod")
     assert finder.find_spec(name) is None
@@ -70,8 +90,11 @@ def test_the_aliases_are_the_runtime(finder):
     assert "allreduce" in dir(hvd) and hvd.__name__ == "horovod.tensorflow"
     with pytest.raises(AttributeError, match="horovod.tensorflow.*no_such_name"):
         hvd.no_such_name  # noqa: B018
+    from horovod.tensorflow.mpi_ops import allreduce  # Horovod's module of the TensorFlow collectives
+
+    assert allreduce is runtime.allreduce
     with pytest.raises(ModuleNotFoundError):
-        importlib.import_module("horovod.tensorflow.mpi_ops")  # not an alias: no stand-in module
+        importlib.import_module("horovod.tensorflow.functions")  # the runtime has no such module: none here
 
 
 def test_the_torch_aliases_are_the_torch_runtime(finder):
@@ -104,7 +127,7 @@ def test_a_real_horovod_wins(finder, tmp_path, monkeypatch):
 @pytest.mark.parametrize("value", ["0", "off", "false", "no"])
 def test_switched_off_it_does_nothing(finder, monkeypatch, value):
     monkeypatch.setenv(HOROVOD_ALIAS.name, value)
-    assert all(finder.find_spec(name) is None for name in alias.ALIASES)
+    assert all(finder.find_spec(name) is None for name in HOROVOD_MODULES)
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("horovod.tensorflow")
 

@@ -43,7 +43,7 @@ ALLOWED_METHOD_RECEIVERS = frozenset({("client", "send_signal")})
 # ------------------------------------------------------------------ reading a package
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted, e.g. hvd_notebook.runtime.basics
+    name: str  # dotted, e.g. hvd_notebook.runtime.core.basics
     path: Path
     is_package: bool  # an __init__.py
     tree: ast.Module
@@ -317,7 +317,7 @@ MAY_ALSO_IMPORT = {"engine": {"dashboard.message"}, "runtime": {"cluster.rankwat
 
 
 def layer_of(name: str) -> str | None:
-    """``runtime`` for hvd_notebook.runtime.basics; None for the package's top-level entry points
+    """``runtime`` for hvd_notebook.runtime.core.basics; None for the package's top-level entry points
     (``__init__``, ``cli``, ``progress``), which may import any layer."""
     parts = name.split(".")[1:]
     if not parts or parts[0] in ("cli", "progress", "__main__"):

@@ -1,7 +1,7 @@
 """The decision every rank takes alike from all ranks' waiting collectives (runtime/matching.py)."""
 
-from hvd_notebook.runtime.matching import Entry, decide
-from hvd_notebook.runtime.signatures import JOIN, Signature, allgather_signature, allreduce_signature
+from hvd_notebook.runtime.core.matching import Entry, decide
+from hvd_notebook.runtime.core.signatures import JOIN, Signature, allgather_signature, allreduce_signature
 
 
 def _allreduce(name: str, shape: tuple = (4,), by_order: bool = False, dtype: str = "float32") -> Entry:

@@ -1,12 +1,12 @@
-"""Pure parts of the process sets (hvd_notebook.runtime.process_sets): no MPI, no engines."""
+"""Pure parts of the process sets (hvd_notebook.runtime.core.process_sets): no MPI, no engines."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hvd_notebook.runtime import process_sets
-from hvd_notebook.runtime.process_sets import IdPool, ProcessSet, check_ranks, sets_to_register
+from hvd_notebook.runtime.core import process_sets
+from hvd_notebook.runtime.core.process_sets import IdPool, ProcessSet, check_ranks, sets_to_register
 
 
 def test_a_process_set_keeps_its_ranks_sorted_and_starts_unregistered():

@@ -10,83 +10,85 @@ import numpy as np
 import pytest
 
 from hvd_notebook import config
-from hvd_notebook.runtime import fusion, ops, signatures
-from hvd_notebook.runtime.signatures import MismatchError, describe_mismatch
-from hvd_notebook.runtime.timeline import Timeline
+from hvd_notebook.runtime.core import fusion, ops, signatures
+from hvd_notebook.runtime.core.exceptions import MismatchError
+from hvd_notebook.runtime.core.signatures import describe_mismatch
+from hvd_notebook.runtime.core.timeline import Timeline
 
 RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 
-# each module may import (at module level or inside a function) only modules of a lower layer
-LAYERS = [
-    {"ops", "timeline", "topology"},
-    {"signatures", "fusion", "shared_memory"},
+# the core (runtime/core): each module may import (at module level or inside a function) only modules of a
+# lower layer, and no binding
+CORE_LAYERS = [
+    {"ops", "exceptions", "timeline", "topology"},
+    {"rules", "signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},
-    {"bridges", "negotiation"},
+    {"negotiation"},
     {"mpi_backend", "nccl_backend"},
-    {"world", "nccl_tensorflow"},
+    {"world"},
     {"process_sets"},
-    {"basics", "compression"},
-    {"collectives"},
-    {"gradients"},
-    {"tf1"},
-    {"training", "callbacks", "sync_batch_norm", "elastic_callbacks"},
+    {"basics", "objects", "compression"},
     {"elastic"},
-    {"keras"},  # Horovod's Keras module: the names of the layers below
     {"__init__"},
 ]
+# what each binding may import of the runtime: the core, itself, and (Keras on TensorFlow) the TensorFlow one
+BINDINGS = {"tensorflow": {"core", "tensorflow"}, "keras": {"core", "tensorflow", "keras"}, "torch": {"core", "torch"}}
+FRAMEWORKS = {"tensorflow": {"tensorflow"}, "keras": {"tensorflow", "keras"}, "torch": {"torch"}}
 
 
-def _runtime_imports(path: Path) -> set[str]:
-    """The runtime modules a module imports, anywhere in it."""
-    found = set()
+def _imports(path: Path) -> list[tuple[str, str]]:
+    """(runtime package, module) for each runtime module that ``path`` (a module of a runtime package)
+    imports, anywhere in it, and ("", name) for each module outside the package."""
+    found = []
+    package = path.parent.name
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hvd_notebook.runtime."):
-            found.add(node.module.split(".")[2])
+            found += [(package, node.module.split(".")[0])] if node.module else \
+                [(package, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
+            parts = node.module.split(".")
+            found += [(parts[0], parts[1])] if len(parts) > 1 else [(parts[0], a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append(("", node.module))
+        elif isinstance(node, ast.Import):
+            found += [("", a.name) for a in node.names]
     return found
 
 
-def test_every_runtime_module_has_a_layer():
-    modules = {p.stem for p in RUNTIME.glob("*.py")}
-    assert modules == set().union(*LAYERS)
+def test_every_core_module_has_a_layer():
+    assert {p.stem for p in (RUNTIME / "core").glob("*.py")} == set().union(*CORE_LAYERS)
 
 
-def test_runtime_modules_import_only_lower_layers():
-    layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+def test_core_modules_import_only_lower_layers_and_no_framework():
+    layer_of = {m: i for i, layer in enumerate(CORE_LAYERS) for m in layer}
     wrong = []
-    for path in RUNTIME.glob("*.py"):
-        for imported in _runtime_imports(path):
-            if layer_of[imported] >= layer_of[path.stem]:
-                wrong.append(f"{path.stem} (layer {layer_of[path.stem]}) imports {imported} "
+    for path in (RUNTIME / "core").glob("*.py"):
+        for package, imported in _imports(path):
+            if package == "core" and layer_of[imported] >= layer_of[path.stem]:
+                wrong.append(f"core/{path.name} (layer {layer_of[path.stem]}) imports {imported} "
                              f"(layer {layer_of[imported]})")
+            elif package in BINDINGS or imported.split(".")[0] in ("tensorflow", "keras", "torch"):
+                wrong.append(f"core/{path.name} imports {package or imported}")
     assert not wrong, wrong
 
 
-# what the PyTorch binding (runtime/torch/) may import of the runtime: the framework-neutral core and
-# the neutral parts of the TensorFlow side's modules (names, ops, objects), never a TensorFlow module
-TORCH_MAY_IMPORT = {"ops", "signatures", "world", "process_sets", "basics", "compression", "collectives"}
-
-
-def test_the_torch_binding_imports_only_the_core():
+@pytest.mark.parametrize("binding", sorted(BINDINGS))
+def test_each_binding_imports_only_the_core_and_its_own_framework(binding):
     wrong = []
-    for path in (RUNTIME / "torch").glob("*.py"):
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
-                if node.module.split(".")[0] not in TORCH_MAY_IMPORT:
-                    wrong.append(f"torch/{path.name} imports runtime.{node.module}")
-            names = [a.name for a in node.names] if isinstance(node, (ast.Import, ast.ImportFrom)) else []
-            module = node.module if isinstance(node, ast.ImportFrom) else None
-            if any(n.split(".")[0] in ("tensorflow", "keras") for n in [*names, module or ""]):
-                wrong.append(f"torch/{path.name} imports TensorFlow or Keras")
+    for path in (RUNTIME / binding).glob("*.py"):
+        for package, imported in _imports(path):
+            if package and package not in BINDINGS[binding]:
+                wrong.append(f"{binding}/{path.name} imports runtime.{package}.{imported}")
+            top = imported.split(".")[0]
+            if not package and top in ("tensorflow", "keras", "torch") and top not in FRAMEWORKS[binding]:
+                wrong.append(f"{binding}/{path.name} imports {top}")
     assert not wrong, wrong
 
 
 def test_the_backends_never_import_each_other():
-    assert "nccl_backend" not in _runtime_imports(RUNTIME / "mpi_backend.py")
-    assert "mpi_backend" not in _runtime_imports(RUNTIME / "nccl_backend.py")
+    assert ("core", "nccl_backend") not in _imports(RUNTIME / "core" / "mpi_backend.py")
+    assert ("core", "mpi_backend") not in _imports(RUNTIME / "core" / "nccl_backend.py")
 
 
 def test_importing_the_runtime_loads_no_mpi_tensorflow_or_cupy():
@@ -272,7 +274,7 @@ def test_runtime_numbers():
 
 
 def test_alltoall_splits():
-    from hvd_notebook.runtime.mpi_backend import alltoall_splits
+    from hvd_notebook.runtime.core.mpi_backend import alltoall_splits
 
     assert alltoall_splits((4, 3), None, 2, "x").tolist() == [2, 2]
     assert alltoall_splits((4,), [3, 1], 2, "x").tolist() == [3, 1]

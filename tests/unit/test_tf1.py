@@ -8,8 +8,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
-from hvd_notebook.runtime import tf1  # noqa: E402
-from hvd_notebook.runtime.training import DistributedOptimizer  # noqa: E402
+from hvd_notebook.runtime.keras.training import DistributedOptimizer  # noqa: E402
+from hvd_notebook.runtime.tensorflow import tf1  # noqa: E402
 
 SETTINGS = dict(op=0, compression=None, sparse_as_dense=False, predivide=1.0)
 

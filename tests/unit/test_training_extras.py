@@ -9,7 +9,7 @@ import pytest
 
 keras = pytest.importorskip("keras")
 
-from hvd_notebook.runtime import callbacks, training  # noqa: E402  (after Keras is known to import)
+from hvd_notebook.runtime.keras import callbacks, training  # noqa: E402  (after Keras is known to import)
 
 
 def test_local_variables_are_matched_by_identity_and_layers_read_late():
@@ -45,7 +45,7 @@ def test_local_variables_argument_of_the_broadcast_callback():
 
 def test_batch_normalization_still_offers_the_hook_sync_batch_norm_overrides():
     # SyncBatchNormalization replaces Keras's _moments(inputs, mask): a Keras that renames it must fail here
-    from hvd_notebook.runtime.sync_batch_norm import SyncBatchNormalization
+    from hvd_notebook.runtime.keras.sync_batch_norm import SyncBatchNormalization
 
     base = keras.layers.BatchNormalization
     assert list(inspect.signature(base._moments).parameters) == ["self", "inputs", "mask"]

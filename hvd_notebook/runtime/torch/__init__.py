@@ -18,31 +18,10 @@ optimizer state, objects), ``optimizer`` (``DistributedOptimizer``), ``compressi
 ``sync_batch_norm`` (``SyncBatchNorm``). TensorFlow is never imported here.
 """
 
-from ..basics import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
-from ..collectives import start_timeline, stop_timeline
-from ..ops import Adasum, Average, Max, Min, Product, Sum
-from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from ..signatures import HorovodInternalError, MismatchError, StallError
+from ..core.exceptions import HorovodInternalError, MismatchError, StallError
+from ..core.objects import start_timeline, stop_timeline
+from ..core.ops import Adasum, Average, Max, Min, Product, Sum
+from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .compression import Compression
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import (
@@ -59,6 +38,13 @@ from .mpi_ops import (
     broadcast_,
     broadcast_async,
     broadcast_async_,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     grouped_allgather,
     grouped_allgather_async,
     grouped_allreduce,
@@ -67,23 +53,27 @@ from .mpi_ops import (
     grouped_allreduce_async_,
     grouped_reducescatter,
     grouped_reducescatter_async,
+    init,
+    is_initialized,
     join,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
     poll,
+    rank,
     reducescatter,
     reducescatter_async,
+    rocm_built,
+    shutdown,
+    size,
     sparse_allreduce_async,
     synchronize,
 )
 from .optimizer import DistributedOptimizer
-
-
-def __getattr__(name: str):  # SyncBatchNorm: only when used
-    if name == "SyncBatchNorm":
-        from .sync_batch_norm import SyncBatchNorm
-
-        return SyncBatchNorm
-    raise AttributeError(f"module 'hvd_notebook.runtime.torch' has no attribute {name!r}")
-
+from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max", "Min",

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..compression import Compressor, NoneCompressor
+from ..core.compression import Compressor, NoneCompressor
 
 
 class FP16Compressor(Compressor):

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .. import collectives as _collectives
-from .. import process_sets as _process_sets
-from ..process_sets import global_process_set
+from ..core import objects as _objects
+from ..core import process_sets as _process_sets
+from ..core.process_sets import global_process_set
 from . import gpu
 from .tensors import as_tensor, host_array
 
@@ -112,7 +112,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     root = _process_sets.root_of(members, root_rank)
     tensors: list[torch.Tensor] = []
     structure = _hollow(optimizer.state_dict(), tensors) if members.rank == root else None
-    structure = _collectives.broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure",
+    structure = _objects.broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure",
                                               process_set=process_set)
     if members.rank != root:
         slots: list[_Slot] = []
@@ -144,12 +144,12 @@ def _collect_slots(value: Any, slots: list[_Slot]) -> None:
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = global_process_set) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
-    return _collectives.broadcast_object(obj, root_rank, name=name, process_set=process_set)
+    return _objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
-    return _collectives.allgather_object(obj, name=name, process_set=process_set)
+    return _objects.allgather_object(obj, name, process_set)
 
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]

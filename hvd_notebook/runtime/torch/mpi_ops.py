@@ -27,12 +27,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import process_sets as _process_sets
-from .. import world as _world
-from ..collectives import auto_name, resolve_op
-from ..ops import Average, Sum, check_op
-from ..process_sets import global_process_set
-from ..signatures import MismatchError, RefusedError
+from ..core import objects as _objects
+from ..core import process_sets as _process_sets
+from ..core import world as _world
+from ..core.basics import (  # (Horovod's mpi_ops holds the process queries too: horovod.torch.mpi_ops.rank)
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from ..core.exceptions import MismatchError, RefusedError
+from ..core.ops import Average, Sum, check_op
+from ..core.process_sets import global_process_set
+from ..core.rules import names as _names
+from ..core.rules import resolve_op
 from . import gpu
 from .compression import Compression
 from .tensors import as_tensor, check_same_kind, check_tensor, host_array
@@ -247,12 +270,6 @@ def _checked(tensors: list[Any], call: str) -> list[torch.Tensor]:
     checked = [check_tensor(t, call) for t in tensors]
     check_same_kind(checked, call)
     return checked
-
-
-def _names(name: str | None, kind: str, count: int) -> list[str]:
-    if name:
-        return [str(name)] if count == 1 else [f"{name}.{i}" for i in range(count)]
-    return [auto_name(kind) for _ in range(count)]
 
 
 def _allreduce_job(tensors: list[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
@@ -704,12 +721,12 @@ def join(device: int = -1) -> int:
     """Say this rank has no more data: it takes part, with zeros, in the other ranks' allreduces until
     every rank has joined. Returns the rank that joined last. (``device``: Horovod's device for the
     zeros; here the core makes them where the other ranks' tensors are.)"""
-    return _world.current().join()
+    return _objects.join()
 
 
 def barrier(process_set: Any = global_process_set) -> None:
     """Return once every rank (of ``process_set``) has called ``barrier()``."""
-    _members(process_set, "hvd.barrier").barrier()
+    _objects.barrier(process_set)
 
 
 __all__ = [
@@ -719,4 +736,7 @@ __all__ = [
     "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
     "join", "poll", "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
     "CollectiveMismatchError", "CollectiveRefusedError",
+    "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "init",
+    "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
+    "rank", "rocm_built", "shutdown", "size",
 ]

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from .. import ops
-from ..process_sets import global_process_set
+from ..core import ops
+from ..core.process_sets import global_process_set
 from .compression import Compression
 from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
@@ -201,7 +201,7 @@ def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
 
 def _members(process_set: Any) -> Any:
     """The world or the set's backends; None on a rank outside the set (its gradients stay local)."""
-    from .. import process_sets as _process_sets
+    from ..core import process_sets as _process_sets
 
     try:
         return _process_sets.members(process_set, "hvd.DistributedOptimizer")

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import world as _world
-from ..ops import Sum
+from ..core import world as _world
+from ..core.ops import Sum
 from .mpi_ops import allreduce
 
 

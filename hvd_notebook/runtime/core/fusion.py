@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from ... import config
 
 ALIGN_BYTES = 64  # TensorFlow adopts host memory without a copy only when 64-byte aligned
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from numbers import Integral
 from typing import Any
 
-from .. import config
+from ... import config
 from . import nccl_backend
 from . import world as _world
 from .mpi_backend import MpiBackend

@@ -4,7 +4,7 @@ numpy arrays and TensorFlow tensors (eager and inside ``tf.function``).
 A numpy array in gives a numpy array out; a TensorFlow tensor in gives a
 tensor out. Eager host tensors reach the numpy collectives of ``mpi_backend``
 through DLPack (``bridges``, no copy) and results come back the same way; GPU
-tensors go to ``nccl_backend`` (through ``nccl_tensorflow``) where the world has NCCL; in a graph a
+tensors go to ``nccl_backend`` (through ``nccl``) where the world has NCCL; in a graph a
 collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
 graph first, so a step makes one call). Gradients are registered with
 ``tf.custom_gradient`` as Horovod defines them.
@@ -14,15 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import sys
 import weakref
 from typing import Any
 
 import numpy as np
 
-from . import process_sets as _process_sets
-from . import world as _world
+from ..core import objects as _objects
+from ..core import process_sets as _process_sets
+from ..core import world as _world
+from ..core.exceptions import MismatchError
+from ..core.fusion import fused_label, fusion_groups
+from ..core.ops import Adasum, Average, Max, Min, Product, Sum
+from ..core.rules import auto_name, names, reject_unsupported, resolve_op
+from ..core.rules import scale as _scale
 from .bridges import adopt as _adopt
 from .bridges import is_eager, is_gpu_tensor
 from .bridges import is_tf as _is_tf
@@ -30,34 +35,7 @@ from .bridges import tf as _tf
 from .bridges import to_numpy as _to_numpy
 from .bridges import to_tf as _to_tf
 from .compression import Compression
-from .fusion import fused_label, fusion_groups
-from .nccl_tensorflow import TensorFlowOnNccl
-from .ops import Adasum, Average, Max, Min, Product, Sum
-from .signatures import MismatchError
-
-_counter = itertools.count()
-
-# Horovod arguments this runtime does not implement, and what to do instead
-_UNSUPPORTED = {
-    "device_dense": "omit it (tensors are reduced where they live: with NCCL for GPU tensors where every rank "
-                    "has a GPU, else with MPI on the host)",
-    "device_sparse": "omit it (sparse gradients are allgathered where they live)",
-    "session": "pass a tf.compat.v1.Session or omit it (TensorFlow 2 runs eagerly and has no session)",
-    "device": "omit it (variables are broadcast where they live)",
-    "num_groups": "omit it (tensors are fused by dtype up to HOROVOD_FUSION_THRESHOLD bytes; set that "
-                  "environment variable to change the grouping)",
-    "groups": "omit it (tensors are fused by dtype up to HOROVOD_FUSION_THRESHOLD bytes; set that "
-              "environment variable to change the grouping)",
-}
-
-
-def reject_unsupported(call: str, **arguments: Any) -> None:
-    """Raise ``ValueError`` for a Horovod-compatibility argument (``_UNSUPPORTED``)
-    given a value other than its default (None, "" or 0), saying what to do."""
-    for name, value in arguments.items():
-        if value is not None and not (isinstance(value, (str, int, list, tuple)) and not value):
-            raise ValueError(f"{call}({name}={value!r}): {name} is not supported by hvd_notebook's built-in "
-                             f"runtime; {_UNSUPPORTED[name]}.")
+from .nccl import TensorFlowOnNccl
 
 
 def not_converted(fn: Any) -> Any:
@@ -72,13 +50,11 @@ def not_converted(fn: Any) -> Any:
 
 
 def _names(name: str | None, kind: str, tensors: list[Any]) -> list[str]:
-    """One name per tensor of a grouped call: ``name`` itself for a single tensor."""
-    if name and len(tensors) == 1:
-        return [str(name)]
-    if not name and (not _is_tf(tensors[0]) or is_eager(tensors[0])):
-        first = next(_counter)  # nameless tensors: numbered without a look at each one
-        return [f"{kind}.noname.{first + i}" for i in range(len(tensors))]
-    return [_name(name and f"{name}.{i}", kind, t) for i, t in enumerate(tensors)]
+    """One name per tensor of a grouped call (``core/rules.names``); a nameless graph tensor is named
+    by its own name in the graph."""
+    if not name and _is_tf(tensors[0]) and not is_eager(tensors[0]):
+        return [_name(None, kind, t) for t in tensors]
+    return names(name, kind, len(tensors))
 
 
 def _scoped(name: str | None, ignore_name_scope: bool, tensor: Any) -> str | None:
@@ -100,21 +76,6 @@ def _name(name: str | None, kind: str, tensor: Any = None) -> str:
         except (AttributeError, ValueError):
             pass
     return auto_name(kind)
-
-
-def auto_name(kind: str) -> str:
-    """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
-    so nameless calls pair by call order, whichever framework's binding made them."""
-    return f"{kind}.noname.{next(_counter)}"
-
-
-def resolve_op(op: int | None, average: bool | None) -> int:
-    """The op of Horovod's ``op=`` or its deprecated ``average=`` (default: Average)."""
-    if op is not None and average is not None:
-        raise ValueError("pass either op= or the deprecated average=, not both.")
-    if op is None:
-        return Sum if average is False else Average
-    return op
 
 
 def _tf_error(exc: MismatchError) -> Exception:
@@ -704,8 +665,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: st
                      process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s (picklable) Python object."""
     _check_session("hvd.broadcast_object", session)
-    world = _members(process_set, "hvd.broadcast_object")
-    return world.mpi.broadcast_object(obj, _process_sets.root_of(world, root_rank), _name(name, "broadcast_object"))
+    return _objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
@@ -721,7 +681,7 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | Non
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
     _check_session("hvd.allgather_object", session)
-    return _members(process_set, "hvd.allgather_object").mpi.allgather_object(obj, _name(name, "allgather_object"))
+    return _objects.allgather_object(obj, name, process_set)
 
 
 # ------------------------------------------------------------- alltoall etc.
@@ -813,42 +773,9 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     return list(rs_tf(*tensors))
 
 
-def _scale(x: Any, factor: float) -> Any:
-    """``x * factor`` in ``x``'s dtype, computed as Horovod does: float16 in float32 (the factor is not
-    rounded to float16 first), integers in float64 then truncated. TensorFlow tensors (GPU): as they are."""
-    if not isinstance(x, np.ndarray):
-        return x * factor
-    if x.dtype == np.float16:
-        return (x.astype(np.float32) * np.float32(factor)).astype(np.float16)
-    if x.dtype.kind in "iub":
-        return (x * factor).astype(x.dtype)
-    return x * x.dtype.type(factor)
-
-
-@not_converted
-def join() -> int:
-    """Say this rank has no more data: it takes part in the others' allreduces
-    with zeros until every rank has joined. Returns the rank that joined last."""
-    return _world.current().join()
-
-
-@not_converted
-def barrier(process_set: Any = None) -> None:
-    """Return once every rank (of ``process_set``) has called ``barrier()``."""
-    _members(process_set, "hvd.barrier").barrier()
-
-
-# ------------------------------------------------------------------ timeline
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    """Record every collective's phases on every rank until ``stop_timeline()``;
-    ``mark_cycles`` also marks each agreement round."""
-    _world.current().start_timeline(file_path, mark_cycles)
-
-
-def stop_timeline() -> None:
-    """Stop recording; rank 0 writes all ranks' events to the file given to
-    ``start_timeline`` (a collective call: every rank must make it)."""
-    _world.current().stop_timeline()
+join = not_converted(_objects.join)
+barrier = not_converted(_objects.barrier)
+start_timeline, stop_timeline = _objects.start_timeline, _objects.stop_timeline
 
 
 __all__ = [

@@ -16,16 +16,15 @@
 ``init`` on the same communicator), runs the reset callbacks and calls the function again; on
 ``HostsUpdatedInterrupt`` it does the same without the restore. A rank that leaves a collective for a
 reset tells the others, whose waiting collectives then raise ``HorovodInternalError`` too, so that
-every rank resets together. The names and semantics are Horovod's (``horovod.common.elastic``,
-``horovod.tensorflow.elastic``, ``horovod.tensorflow.keras.elastic``); the Keras callbacks come from
-``elastic_callbacks`` when first used.
+every rank resets together. The names and semantics are Horovod's (``horovod.common.elastic``); the
+states of TensorFlow variables and Keras models are in ``tensorflow/elastic.py``, ``KerasState`` and the
+Keras callbacks in ``keras/elastic.py``.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
-import importlib
 import os
 import pickle
 import queue
@@ -37,23 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import config, private
+from ... import config, private
 from . import basics
 from . import world as _world
-from .bridges import tf as _tf
-from .collectives import broadcast_object, broadcast_variables
-from .signatures import HorovodInternalError
-
-_CALLBACKS = ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback")
-
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts changed: ``run`` resets without restoring the last commit (Horovod's name).
-    ``skip_sync``: the ranks that stay all have the same state already (hosts were only removed)."""
-
-    def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("the set of hosts changed")
-        self.skip_sync = skip_sync
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from .objects import broadcast_object
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -173,125 +160,6 @@ class ObjectState(State):
             setattr(self, name, value)
 
 
-class _VariablesState(ObjectState):
-    """Python values and TensorFlow variables (``_variables()``), read and assigned eagerly or, where
-    ``session`` is set, in that TF1 session."""
-
-    session: Any = None
-
-    def __init__(self, **kwargs: Any) -> None:
-        self._saved_values = _saved(self._variables(), self.session)
-        super().__init__(**kwargs)
-
-    def _variables(self) -> list[Any]:
-        raise NotImplementedError
-
-    def save(self) -> None:
-        self._saved_values = _saved(self._variables(), self.session)
-        super().save()
-
-    def restore(self) -> None:
-        _load(self._saved_values, self.session)
-        super().restore()
-
-    def sync(self) -> None:
-        variables = self._variables()
-        _broadcast(variables, self.session)
-        self._saved_values = _saved(variables, self.session)
-        super().sync()
-
-    def _spilled(self) -> dict[str, Any]:
-        return {**super()._spilled(), "variables": [value for _, value in self._saved_values]}
-
-    def _resume(self, spilled: dict[str, Any]) -> None:
-        self._saved_values = _matched(self._saved_values, spilled.get("variables", []))
-        super()._resume(spilled)
-
-
-class TensorFlowState(_VariablesState):
-    """A list of TensorFlow variables (default: the graph's global variables) and Python values.
-    ``session``: for TF1 graphs, the session that holds the variables' values."""
-
-    def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
-        tf = _tf()
-        self.variables = list(variables) if variables else tf.compat.v1.global_variables()
-        self.session = session if session is not None or tf.executing_eagerly() else \
-            tf.compat.v1.get_default_session()
-        super().__init__(**kwargs)
-
-    def _variables(self) -> list[Any]:
-        return self.variables
-
-
-class TensorFlowKerasState(_VariablesState):
-    """A built Keras model, its optimizer (default: the compiled one) and Python values. The
-    optimizer's variables (its step count and slots) are part of the state: an optimizer that has
-    not made them yet makes them now, for the model's trainable variables."""
-
-    def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
-        if not getattr(model, "built", True):
-            raise ValueError("hvd.elastic: the model must be built first: call model.build(input_shape), or "
-                             "the model once on a batch.")
-        self.model = model
-        self.optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
-        if self.optimizer is None:
-            raise ValueError("hvd.elastic: the model has no optimizer: compile it, or pass optimizer=.")
-        if getattr(self.optimizer, "built", True) is False and hasattr(self.optimizer, "build"):
-            self.optimizer.build(model.trainable_variables)
-        self.backend = backend
-        super().__init__(**kwargs)
-
-    def _variables(self) -> list[Any]:
-        optimizer_variables = self.optimizer.variables
-        if callable(optimizer_variables):  # (TF's legacy optimizers: a method)
-            optimizer_variables = optimizer_variables()
-        return [*self.model.variables, *optimizer_variables]
-
-
-class KerasState(TensorFlowKerasState):
-    """``TensorFlowKerasState`` under the name Horovod's Keras module gives it."""
-
-    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        super().__init__(model, optimizer=optimizer, **kwargs)
-
-
-def _saved(variables: list[Any], session: Any) -> list[tuple[Any, Any]]:
-    """Each variable with a copy of its value. Eagerly a ``tf.identity``, which shares the variable's
-    buffer until the variable is next written (TensorFlow copies on that write): a commit costs
-    little more than the step's own write."""
-    if session is not None:
-        return list(zip(variables, session.run(list(variables)), strict=True))
-    tf = _tf()
-    return [(v, tf.identity(v)) for v in variables]
-
-
-def _load(saved: list[tuple[Any, Any]], session: Any) -> None:
-    for variable, value in saved:
-        if session is not None:
-            variable.load(value, session)
-        else:
-            variable.assign(value)
-
-
-def _matched(saved: list[tuple[Any, Any]], values: list[Any]) -> list[tuple[Any, Any]]:
-    """The state's variables paired with the values of an earlier launch's commit, checked alike."""
-    variables = [v for v, _ in saved]
-    shapes = [tuple(v.shape) for v in variables]
-    if [tuple(np.shape(x)) for x in values] != shapes:
-        raise ValueError(f"hvd.elastic: the commit to resume from holds {len(values)} variables of other shapes "
-                         f"than this state's {len(variables)}: the model changed between the launches. Remove "
-                         f"{spill.path()} to start afresh.")
-    return list(zip(variables, values))
-
-
-def _broadcast(variables: list[Any], session: Any) -> None:
-    if not variables:
-        return
-    op = broadcast_variables(variables, root_rank=0)
-    if session is not None and op is not None:
-        session.run(op)
-
-
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Run ``func(state, ...)`` until it returns, resetting on a failure (a decorator, as Horovod's).
 
@@ -402,11 +270,4 @@ def _reset() -> None:
     basics.init(comm=parent)
 
 
-def __getattr__(name: str) -> Any:  # the Keras callbacks import Keras: only when used
-    if name in _CALLBACKS:
-        return getattr(importlib.import_module(".elastic_callbacks", __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt", "KerasState", "ObjectState", "State",
-           "TensorFlowKerasState", "TensorFlowState", "run"]  # (and the callbacks, from __getattr__)
+__all__ = ["HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt", "ObjectState", "State", "run"]

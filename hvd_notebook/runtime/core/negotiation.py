@@ -31,11 +31,12 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from .. import config
+from ... import config
 from .coordinator import Coordinator, Work
+from .exceptions import HorovodInternalError, MismatchError, RefusedError, StallError
 from .matching import Entry
 from .shared_memory import SharedMemoryBoard
-from .signatures import HorovodInternalError, MismatchError, RefusedError, Signature, StallError, describe_mismatch
+from .signatures import Signature, describe_mismatch
 from .timeline import Timeline
 
 __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core.compression import Compressor, NoneCompressor
 from .bridges import is_tf as _is_tf
 
 
@@ -25,30 +26,6 @@ def _is_floating(x: Any) -> bool:
         return x.dtype.is_floating
     dtype = np.dtype(_array(x).dtype)
     return np.issubdtype(dtype, np.floating) or str(dtype) == "bfloat16"
-
-
-class Compressor:
-    """Interface: ``compress(tensor) -> (tensor, ctx)``, ``decompress(tensor, ctx) -> tensor``."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        raise NotImplementedError
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
-
-
-class NoneCompressor(Compressor):
-    """Sends tensors as they are."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
 
 
 class FP16Compressor(Compressor):

@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from . import basics
-from .collectives import not_converted, reject_unsupported
-from .compression import Compression
-from .gradients import reduce_gradients
-from .ops import Adasum, Average, Sum
-from .process_sets import check as check_process_set
+from ..core import basics
+from ..core.ops import Adasum, Average, Sum
+from ..core.process_sets import check as check_process_set
+from ..core.rules import reject_unsupported
+from ..tensorflow.compression import Compression
+from ..tensorflow.gradients import reduce_gradients
+from ..tensorflow.mpi_ops import not_converted
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
@@ -43,7 +44,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     """
     import keras
 
-    from . import tf1
+    from ..tensorflow import tf1
 
     reject_unsupported("hvd.DistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
                        num_groups=num_groups, groups=groups)
@@ -116,7 +117,7 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
 
 def _install_compile_hook() -> None:
     """Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches."""
-    from .. import keras_patches
+    from ... import keras_patches
 
     keras_patches.patch_compile()
 

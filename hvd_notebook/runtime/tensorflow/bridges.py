@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .fusion import is_aligned
+from ..core.fusion import is_aligned
 
 _KDL_CPU, _KDL_CUDA = 1, 2  # DLPack device types
 

@@ -9,28 +9,6 @@ from typing import Any, NamedTuple
 
 from .ops import OP_NAMES, op_named
 
-
-class MismatchError(ValueError):
-    """Ranks called different collectives, or the same one with different arguments."""
-
-
-class RefusedError(ValueError):
-    """A rank refused its call (bad argument, unsupported dtype): every rank raises this."""
-
-    def __init__(self, message: str, refused_here: bool = False) -> None:
-        super().__init__(message)
-        self.refused_here = refused_here
-
-
-class HorovodInternalError(RuntimeError):
-    """A collective failed because the world is being rebuilt; ``hvd.elastic.run`` resets on it (Horovod's name)."""
-
-
-class StallError(RuntimeError):
-    """A collective that cannot complete: it waited past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS,
-    or a rank it waits for has shut down."""
-
-
 REFUSED = "refused"
 
 

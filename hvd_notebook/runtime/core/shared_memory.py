@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import config
+from ... import config
 
 _RETRACTED = -(1 << 63)  # no hash: hashes are 63-bit, and a [h, -h] exchange never carries it
 

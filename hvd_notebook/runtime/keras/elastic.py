@@ -1,11 +1,31 @@
-"""The Keras callbacks of ``hvd.elastic``: commit every N batches, and keep ``state.batch`` and
-``state.epoch`` current, so that training re-entered after a reset goes on where the commit was."""
+"""``hvd.elastic`` for Keras (Horovod's ``horovod.tensorflow.keras.elastic``): TensorFlow's elastic names
+(``tensorflow/elastic.py``), ``KerasState``, and the callbacks that commit every N batches and keep
+``state.batch`` and ``state.epoch`` current, so that training re-entered after a reset goes on where the
+commit was. It is also what the cells' ``hvd.elastic`` gives."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import keras
+
+from ..tensorflow.elastic import (
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    HostUpdateResult,
+    ObjectState,
+    State,
+    TensorFlowKerasState,
+    TensorFlowState,
+    run,
+)
+
+
+class KerasState(TensorFlowKerasState):
+    """``TensorFlowKerasState`` under the name Horovod's Keras module gives it."""
+
+    def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        super().__init__(model, optimizer=optimizer, **kwargs)
 
 
 class CommitStateCallback(keras.callbacks.Callback):
@@ -68,3 +88,8 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         self.state.epoch = (self._offset or 0) + epoch + 1
+
+
+__all__ = ["CommitStateCallback", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt", "KerasState",
+           "ObjectState", "State", "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
+           "UpdateEpochStateCallback", "run"]

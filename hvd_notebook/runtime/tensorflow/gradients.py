@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import basics
-from .collectives import allreduce, grouped_allreduce
-from .ops import Average, Sum, check_op
+from ..core import basics
+from ..core.ops import Average, Sum, check_op
+from .mpi_ops import allreduce, grouped_allreduce
 
 
 def reduce_gradients(grads: list[Any], op: int, compression: Any, sparse_as_dense: bool,

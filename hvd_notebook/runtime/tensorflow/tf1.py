@@ -15,10 +15,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .collectives import broadcast_variables
+from ..core.ops import check_op
+from ..core.process_sets import check as check_process_set
 from .gradients import reduce_gradients
-from .ops import check_op
-from .process_sets import check as check_process_set
+from .mpi_ops import broadcast_variables
 
 
 def is_v1_optimizer(optimizer: Any) -> bool:

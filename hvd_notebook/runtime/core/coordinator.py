@@ -28,9 +28,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from .exceptions import MismatchError, RefusedError, StallError
 from .fusion import fusion_threshold
 from .matching import Decision, Entry, decide
-from .signatures import JOIN, MismatchError, RefusedError, Signature, StallError
+from .signatures import JOIN, Signature
 
 _PENDING, _TURN, _FAILED, _DONE = range(4)
 

@@ -2,7 +2,7 @@
 
 Everything here works on host memory (``Allreduce`` in place on a fused buffer,
 ``Allgatherv``, ``Bcast``, ``Alltoallv``, ``Reduce_scatter``): bandwidth-optimal
-algorithms chosen by MPI, never a gather to one rank. ``collectives.py`` wraps
+algorithms chosen by MPI, never a gather to one rank. ``tensorflow/mpi_ops.py`` wraps
 these for TensorFlow tensors. Built from (communicator, negotiator, timeline);
 ``world.World`` owns one.
 """

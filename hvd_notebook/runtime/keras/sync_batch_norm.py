@@ -13,10 +13,10 @@ from typing import Any
 
 import keras
 
-from . import basics
-from .bridges import tf as _tf
-from .collectives import allreduce
-from .ops import Sum
+from ..core import basics
+from ..core.ops import Sum
+from ..tensorflow.bridges import tf as _tf
+from ..tensorflow.mpi_ops import allreduce
 
 
 @keras.saving.register_keras_serializable(package="hvd_notebook")

@@ -16,8 +16,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .. import config
-from ..cluster.rankwatch import RankWatch
+from ... import config
+from ...cluster.rankwatch import RankWatch
 from . import nccl_backend
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator

@@ -4,16 +4,14 @@ The same process queries and training classes as the runtime (``hvd.callbacks``,
 ``PartialDistributedOptimizer``, ``SyncBatchNormalization``, ``load_model``), and the Keras module's own
 collectives, which take any tensor-like value (numpy array, list, number) and return a tensor:
 ``allreduce(value, name=None, average=None, ...)``, ``allgather``, ``broadcast``, ``reducescatter``, and
-``broadcast_global_variables(root_rank)``. Keras and TensorFlow are imported when first used.
+``broadcast_global_variables(root_rank)``. Importing it imports Keras (as Horovod's does).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-from . import collectives
-from .basics import (
+from ..core.basics import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -21,7 +19,6 @@ from .basics import (
     ddl_built,
     gloo_built,
     gloo_enabled,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -34,24 +31,17 @@ from .basics import (
     shutdown,
     size,
 )
-from .bridges import tf as _tf
-from .collectives import start_timeline, stop_timeline
-from .compression import Compression
-from .ops import Adasum, Average, Sum
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-
-_FROM_TRAINING = ("DistributedOptimizer", "PartialDistributedOptimizer", "load_model")
-_LAZY = (*_FROM_TRAINING, "SyncBatchNormalization", "callbacks", "elastic")  # imported on first use (__getattr__)
-
-
-def __getattr__(name: str) -> Any:  # Keras is imported only when these are used
-    if name in _FROM_TRAINING:
-        return getattr(importlib.import_module(".training", __package__), name)
-    if name == "SyncBatchNormalization":
-        return importlib.import_module(".sync_batch_norm", __package__).SyncBatchNormalization
-    if name in ("callbacks", "elastic"):
-        return importlib.import_module(f".{name}", __package__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+from ..core.objects import start_timeline, stop_timeline
+from ..core.ops import Adasum, Average, Sum
+from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..tensorflow import mpi_ops as collectives
+from ..tensorflow.bridges import tf as _tf
+from ..tensorflow.compression import Compression
+from ..tensorflow.tf1 import broadcast_global_variables as _graph_broadcast_global_variables
+from ..tensorflow.util import init
+from . import callbacks, elastic
+from .sync_batch_norm import SyncBatchNormalization
+from .training import DistributedOptimizer, PartialDistributedOptimizer, load_model
 
 
 def _evaluated(result: Any) -> Any:
@@ -94,8 +84,7 @@ def broadcast_global_variables(root_rank: int) -> Any:
         raise RuntimeError("hvd.broadcast_global_variables() does not support eager execution. Please use "
                            "`hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)` in model.fit, or "
                            "`hvd.broadcast_variables(model.variables, root_rank)`.")
-    runtime = importlib.import_module(__package__)
-    return _evaluated(runtime.broadcast_global_variables(root_rank))
+    return _evaluated(_graph_broadcast_global_variables(root_rank))
 
 
 __all__ = [
@@ -104,5 +93,6 @@ __all__ = [
     "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
     "rank", "reducescatter", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
-    *_LAZY,
+    "DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "callbacks", "elastic",
+    "load_model",
 ]

@@ -7,10 +7,11 @@ from typing import Any
 import keras
 import numpy as np
 
-from . import basics
-from .bridges import tf as _tf
-from .collectives import allreduce, broadcast_variables, reject_unsupported
-from .process_sets import check as check_process_set
+from ..core import basics
+from ..core.process_sets import check as check_process_set
+from ..core.rules import reject_unsupported
+from ..tensorflow.bridges import tf as _tf
+from ..tensorflow.mpi_ops import allreduce, broadcast_variables
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
