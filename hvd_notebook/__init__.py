@@ -10,20 +10,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import progress as progress  # hvd_notebook.progress.report, for custom loops (imports no framework)
+
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """``hvd_notebook.ProgressCallback`` (on the engines: it imports Keras) and ``hvd_notebook.progress``."""
-    if name == "ProgressCallback":
-        from .engine.progress import callback_class
+def ProgressCallback(batch_size: int | None = None, num_samples: int | None = None) -> Any:  # noqa: N802
+    """A Keras callback (``engine/keras_progress.ProgressCallback``) that reports this rank's ``fit``, ``evaluate``
+    and ``predict`` progress to the dashboard; ``%%hvd`` cells add one by themselves. It imports Keras, which
+    the notebook kernel never does: hence a function that makes one, not the class itself.
 
-        return callback_class()
-    if name == "progress":
-        import importlib
+    >>> model.fit(dataset, epochs=3, callbacks=[hvd_notebook.ProgressCallback(batch_size=64)])
+    """
+    from .engine.keras_progress import ProgressCallback as Callback
 
-        return importlib.import_module(".progress", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return Callback(batch_size, num_samples)
 
 
 def load_ipython_extension(ipython: Any) -> None:

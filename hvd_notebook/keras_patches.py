@@ -3,7 +3,7 @@
 Three patches, each applied at most once per process:
 
 - ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
-  ``ProgressCallback`` (``patch_progress``, from ``engine.progress``);
+  ``ProgressCallback`` (``patch_progress``, from ``engine.keras_progress``);
 - ``compile`` switches XLA off where ``jit_compile="auto"`` would compile a
   ``DistributedOptimizer``'s host-side reduction (``patch_compile``, from the
   runtime's ``DistributedOptimizer``);

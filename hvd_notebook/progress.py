@@ -1,13 +1,12 @@
 """Progress of custom training loops for the ``%%hvd`` dashboard (public name).
 
->>> import hvd_notebook.progress
+>>> import hvd_notebook
 >>> hvd_notebook.progress.report(step=10, total=100, epoch=0, epochs=3, loss=0.5)
 
-The reporter lives in ``hvd_notebook.engine.progress``; this name is that module.
+``report`` is ``engine/custom_loops.report``; ``reporting()`` tells whether updates reach a dashboard now.
 """
 
-import sys
+from .engine.custom_loops import report
+from .engine.reporter import reporting
 
-from .engine import progress as _progress
-
-sys.modules[__name__] = _progress
+__all__ = ["report", "reporting"]

@@ -1,6 +1,6 @@
 """GPU leases between the notebooks of one node.
 
-The node's lease folder (``lease_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
+The node's lease folder (``nodedir.lease_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
 ``$TMPDIR/hvd_notebook-gpu-leases``) holds a lock file per GPU, ``gpuN.lock``. A cluster holds an
 exclusive ``flock`` on the file of each GPU it uses for as long as it runs; the kernel process holds the
 lock, so the operating system releases it the moment the cluster stops or the kernel dies, however it
@@ -23,7 +23,6 @@ import os
 import re
 import stat
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,140 +30,25 @@ from pathlib import Path
 import psutil
 
 from .. import config
-from ..private import UnsafePathError, describe, user_name
+from ..private import describe, user_name
+from . import registry
+from .nodedir import (
+    FLAGS,
+    REGISTER,
+    SETUP,
+    LeaseError,
+    check_parent,
+    configured_dir,
+    make_dir,
+    open_dir,
+    opened_folder,
+)
+from .nodedir import LeaseDirError as LeaseDirError  # (the folder's names, for the callers of leases)
+from .nodedir import lease_dir as lease_dir
+from .nodedir import register_dir as register_dir
 
-DEFAULT_NAME = "hvd_notebook-gpu-leases"
-REGISTER = "register"  # the register's sticky subfolder (registry.py)
 LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one
-SETUP = "sudo hvd-notebook setup-node"
-_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _GPU_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # a file name's part: no '/', no '..'
-
-
-class LeaseError(RuntimeError):
-    """The GPUs asked for are held by other clusters, or cannot be leased here."""
-
-
-class LeaseDirError(UnsafePathError, LeaseError):
-    """The node's lease folder (or its register) is not one to trust: someone else owns it, others may
-    write it, or it is not a directory."""
-
-
-def configured_dir() -> Path:
-    """Where the node's lease folder is: ``$HVD_NOTEBOOK_LEASE_DIR``, else ``$TMPDIR/hvd_notebook-gpu-leases``."""
-    return Path(config.LEASE_DIR.text() or Path(tempfile.gettempdir()) / DEFAULT_NAME)
-
-
-def _refusal(path: Path, what: str) -> str:
-    return (f"The node's GPU lease folder {path} is {what}; it must be root's (or, on a machine with one user, "
-            "yours) and writable by no one else, since whoever owns it decides who gets the GPUs, so nothing "
-            f"in it was used. The admin runs `{SETUP}`, which makes it anew (or set HVD_NOTEBOOK_LEASE_DIR "
-            "to the folder the admin made).")
-
-
-def _check_parent(path: Path) -> None:
-    """No one but root and this user can rename or replace ``path``: its parent folder is theirs, and
-    writable by no one else unless sticky (as /tmp)."""
-    try:
-        st = os.stat(path.parent)
-    except FileNotFoundError:
-        return  # (made by setup_node, or a FileNotFoundError for the folder itself follows)
-    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
-        raise LeaseDirError(_refusal(path, f"in {path.parent}, which is {describe(st)}, so others could "
-                                     "replace it"))
-
-
-def _open_dir(path: Path, owners: tuple[int, ...], refuse=_refusal, sticky: bool = False) -> tuple[int, os.stat_result]:
-    """A descriptor of the directory ``path`` (not a link) and its stat, where one of ``owners`` owns it
-    and no one else may write it (or, with ``sticky``, only with the sticky bit: no one removes another's
-    files); ``LeaseDirError`` (``refuse(path, what)``) else, ``FileNotFoundError`` where it does not exist."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FLAGS)
-    except FileNotFoundError:
-        raise
-    except OSError:  # ELOOP (a symbolic link) or ENOTDIR
-        try:
-            what = describe(os.lstat(path))
-        except OSError:
-            what = "gone"
-        raise LeaseDirError(refuse(path, what)) from None
-    st = os.fstat(fd)
-    if st.st_uid not in owners or st.st_mode & 0o022 and not (sticky and st.st_mode & stat.S_ISVTX):
-        os.close(fd)
-        raise LeaseDirError(refuse(path, describe(st)))
-    return fd, st
-
-
-def _make_dir(path: Path, mode: int, dir_fd: int | None = None) -> None:
-    """``path`` made with ``mode`` whatever the umask (made already, by whoever, is fine: it is checked next)."""
-    try:
-        os.mkdir(path, 0o700, dir_fd=dir_fd)
-    except FileExistsError:
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _FLAGS, dir_fd=dir_fd)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
-
-
-def _opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
-    """The lease folder, a descriptor of it and its stat, checked; made (this user's, 0755) where absent and
-    ``create``, else None where absent."""
-    path = configured_dir()
-    _check_parent(path)
-    try:
-        fd, st = _open_dir(path, (0, os.geteuid()))
-    except FileNotFoundError:
-        if not create:
-            return None
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _make_dir(path, 0o755)  # a machine with one user: theirs (root's is setup_node's)
-        except OSError as exc:
-            raise LeaseDirError(f"The node's GPU lease folder {path} does not exist and cannot be made "
-                                f"({exc.strerror}): the admin runs `{SETUP}`, which makes it.") from None
-        fd, st = _open_dir(path, (0, os.geteuid()))
-    return path, fd, st
-
-
-def lease_dir(create: bool = True) -> Path:
-    """The node's lease folder, checked (``LeaseDirError`` where it is not root's or this user's, or others
-    may write it); made, this user's, where it does not exist and ``create``."""
-    opened = _opened_folder(create)
-    if opened is None:
-        return configured_dir()
-    os.close(opened[1])
-    return opened[0]
-
-
-def register_dir(create: bool = True) -> Path:
-    """The register's folder inside the lease folder (sticky: every user writes their own cards), checked:
-    the folder owner's, and writable by others only with the sticky bit. Made where absent and ``create``
-    by the folder's owner; others get ``LeaseDirError`` then, as they do for a bad one."""
-    opened = _opened_folder(create)
-    if opened is None:
-        return configured_dir() / REGISTER
-    path, fd, st = opened
-    register = path / REGISTER
-    try:
-        try:
-            os.close(_open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
-        except FileNotFoundError:
-            if not create:
-                return register
-            if st.st_uid != os.geteuid():
-                raise LeaseDirError(_register_refusal(register, "missing")) from None
-            _make_dir(REGISTER, 0o1777, dir_fd=fd)
-            os.close(_open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
-    finally:
-        os.close(fd)
-    return register
-
-
-def _register_refusal(path: Path, what: str) -> str:
-    return (f"The node's register {path} is {what}; it must be a sticky folder (1777) of the lease folder's "
-            f"owner, so nothing in it was used. The admin runs `{SETUP}`, which makes it.")
 
 
 @dataclass
@@ -203,9 +87,9 @@ def _create_lock(name: str, dir_fd: int) -> int:
     """A new lock file ``name`` of this user's (0644) in the folder ``dir_fd``, opened read-only; one made
     meanwhile by another process of theirs is opened instead."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | _FLAGS, 0o644, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | FLAGS, 0o644, dir_fd=dir_fd)
     except FileExistsError:
-        return os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)
+        return os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)
     os.fchmod(fd, 0o644)
     return fd
 
@@ -216,7 +100,7 @@ def _open_lock(folder: Path, dir_fd: int, owner: int, gpu: str) -> int:
     folder. ``LeaseError`` else, saying what the admin does."""
     name = _lock_name(gpu)
     try:
-        fd = os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         if owner != os.geteuid():
             raise LeaseError(f"GPU {gpu} has no lock file ({folder / name}) in the node's lease folder, which is "
@@ -244,7 +128,7 @@ def acquire(gpus: list[str], n: int | None, owner: str, at_most: int | None = No
 
     Raises ``LeaseError`` naming who holds the busy ones when fewer than ``n`` (or none at all) are free,
     or where the lease folder or a lock file is not to be trusted; nothing stays held then."""
-    folder, dir_fd, folder_st = _opened_folder(create=True)
+    folder, dir_fd, folder_st = opened_folder(create=True)
     lease = Lease(gpus=[], owner=owner)
     busy: dict[str, tuple[int, int]] = {}  # GPU -> its lock file's device and inode
     try:
@@ -317,8 +201,6 @@ def _pid_of(pids: dict[tuple[int, int, int], int], dev: int | None, inode: int) 
 
 def _cards() -> list:
     """The register's cards (the holders' clusters), or none where it cannot be read."""
-    from . import registry  # (registry reads its folder through this module)
-
     try:
         return registry.read_all()
     except (OSError, LeaseError):
@@ -344,7 +226,7 @@ def holders() -> dict[str, tuple[int, str]]:
     """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, who it is). Read from the
     kernel's table of locks (/proc/locks), so it takes no lock itself; nothing where the lease folder does
     not exist."""
-    opened = _opened_folder(create=False)
+    opened = opened_folder(create=False)
     if opened is None:
         return {}
     _, dir_fd, folder_st = opened
@@ -374,10 +256,10 @@ def setup_node(gpus: list[str], path: Path | None = None) -> list[str]:
     ``register/``. A folder that was not so (another user's, one others may write, a link) is moved
     aside, and a lock file that was not so replaced: lines saying what was done."""
     path = path or configured_dir()
-    _check_parent(path)
+    check_parent(path)
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     said = _own_folder(path)
-    fd, _ = _open_dir(path, (os.geteuid(),))
+    fd, _ = open_dir(path, (os.geteuid(),))
     try:
         for gpu in gpus:
             said += _own_lock(path, fd, _lock_name(gpu))
@@ -407,7 +289,7 @@ def _own_folder(path: Path) -> list[str]:
         os.rename(path, aside)  # (a link is renamed, not followed)
         said.append(f"moved {path} aside to {aside}: it was {describe(st)}, a folder no lease may trust "
                     "(remove it when no cluster of the old folder runs)")
-    _make_dir(path, 0o755)
+    make_dir(path, 0o755)
     return said + [f"made {path} ({user_name()}'s, mode 0755)"]
 
 
@@ -419,7 +301,7 @@ def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
     said = []
     if st is not None:
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size <= LOCK_MAX_BYTES:
-            fd = os.open(name, os.O_RDONLY | _FLAGS, dir_fd=dir_fd)  # (kept: a cluster may hold it now)
+            fd = os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)  # (kept: a cluster may hold it now)
             os.fchmod(fd, 0o644)
             os.close(fd)
             return [f"{path / name}: kept"]
@@ -441,7 +323,7 @@ def _own_register(path: Path, dir_fd: int) -> list[str]:
             return [f"{path / REGISTER}: kept, mode 1777"]
         os.rename(REGISTER, _aside(REGISTER), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         said.append(f"moved {path / REGISTER} aside: it was {describe(st)}")
-    _make_dir(REGISTER, 0o1777, dir_fd=dir_fd)
+    make_dir(REGISTER, 0o1777, dir_fd=dir_fd)
     return said + [f"made {path / REGISTER} (the register of clusters, mode 1777)"]
 
 

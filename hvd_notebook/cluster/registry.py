@@ -1,7 +1,7 @@
 """The node's register of running clusters, readable by every user.
 
 Each kernel's cluster has a card, ``cluster-UID-KERNEL_PID.json`` in the register's folder
-(``leases.register_dir()``: ``register/`` in the node's lease folder, sticky like /tmp), written by
+(``nodedir.register_dir()``: ``register/`` in the node's lease folder, sticky like /tmp), written by
 its kernel and readable by all: who, which kernel, how many ranks, which GPUs,
 since when, and when its last ``%%hvd`` cell ran. Nothing secret is on it (the
 cluster's keys and files stay in its owner-only directory). It serves:
@@ -33,7 +33,7 @@ from pathlib import Path
 import psutil
 
 from .. import private
-from . import leases
+from . import nodedir
 
 log = logging.getLogger(__name__)
 
@@ -71,13 +71,13 @@ class Card:
 def card_path(kernel: int | None = None) -> Path:
     """Where the card of this user's cluster of ``kernel`` (this process by default) lies."""
     pid = os.getpid() if kernel is None else kernel
-    return leases.configured_dir() / leases.REGISTER / f"{CARD_PREFIX}{os.geteuid()}-{pid}.json"
+    return nodedir.configured_dir() / nodedir.REGISTER / f"{CARD_PREFIX}{os.geteuid()}-{pid}.json"
 
 
 def write(card: Card) -> None:
     """Write (or replace) this user's card, readable by all: whole, through a fresh name and a rename
     (never through a link or into a file someone else made)."""
-    path = leases.register_dir(create=True) / card_path(card.kernel).name
+    path = nodedir.register_dir(create=True) / card_path(card.kernel).name
     text = json.dumps({k: v for k, v in asdict(card).items() if k not in ("user", "path")})
     private.write_text(path, text, 0o644)
 
@@ -183,13 +183,13 @@ def _skip(path: Path, why: str) -> None:
 def read_all(strict: bool = False) -> list[Card]:
     """Every good card on the node (of every user), oldest first; each bad one is skipped with one warning.
     None where there is no register yet, or where its folder is not to be trusted (with a warning; with
-    ``strict``, ``leases.LeaseDirError`` then, for readers that must not go on without it)."""
+    ``strict``, ``nodedir.LeaseDirError`` then, for readers that must not go on without it)."""
     try:
-        folder = leases.register_dir(create=False)
-    except leases.LeaseDirError as exc:
+        folder = nodedir.register_dir(create=False)
+    except nodedir.LeaseDirError as exc:
         if strict:
             raise
-        _skip(leases.configured_dir(), str(exc))
+        _skip(nodedir.configured_dir(), str(exc))
         return []
     try:
         names = sorted(os.listdir(folder))
@@ -210,5 +210,5 @@ def read_all(strict: bool = False) -> list[Card]:
 
 def held_by(user: str, besides: int | None = None) -> list[Card]:
     """``user``'s cards whose kernel still runs, other than that of the kernel ``besides`` (for the caps:
-    ``leases.LeaseDirError`` where the register cannot be trusted, rather than no cards)."""
+    ``nodedir.LeaseDirError`` where the register cannot be trusted, rather than no cards)."""
     return [c for c in read_all(strict=True) if c.user == user and c.kernel != besides and c.kernel_alive]

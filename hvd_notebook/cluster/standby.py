@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import psutil
 
@@ -21,9 +21,6 @@ from .. import config
 from ..config import ClusterOptions, Standby
 from .errors import ClusterError
 from .placement import OneHost, Placement, SlurmAllocation
-
-if TYPE_CHECKING:
-    from .cluster import MPICluster
 
 # host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS
 # measured here), rounded up; ``auto`` wants room for the standby and as much again free
@@ -52,6 +49,15 @@ def wanted(choice: Standby, placement: Placement, n: int) -> bool:
     return isinstance(placement, OneHost) and psutil.virtual_memory().available >= 2 * n * STANDBY_BYTES_PER_RANK
 
 
+class StandbyWorld(Protocol):
+    """What a standby needs of the cluster it launches (``MPICluster``)."""
+
+    def launch_standby(self, gpus: list[str], cancelled: threading.Event) -> None: ...
+    def pids(self) -> set[int]: ...
+    def engines_whole(self) -> bool: ...
+    def stop(self) -> None: ...
+
+
 class WarmStandby:
     """One standby world, launched in a background thread as soon as it is made.
 
@@ -60,7 +66,7 @@ class WarmStandby:
     >>> world = standby.take(timeout)   # the launched MPICluster, or None (then it is stopped)
     """
 
-    def __init__(self, make_cluster: Callable[[], MPICluster], gpus: list[str]) -> None:
+    def __init__(self, make_cluster: Callable[[], StandbyWorld], gpus: list[str]) -> None:
         self.cluster = make_cluster()  # not started: launch_standby brings it up
         self.error: str | None = None
         self._gpus = list(gpus)
@@ -85,7 +91,7 @@ class WarmStandby:
         """Its processes so far."""
         return self.cluster.pids()
 
-    def take(self, timeout: float) -> MPICluster | None:
+    def take(self, timeout: float) -> StandbyWorld | None:
         """The standby's cluster, once launched (waiting up to ``timeout`` seconds for a standby still
         starting), where all of it still runs; else None, and nothing of it is left running."""
         self._thread.join(timeout)

@@ -144,9 +144,13 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     if shell is not None:
         shell.user_ns["hvd"] = hvd
 
-    from . import progress, tqdm_bars
+    from . import reporter, tqdm_bars
 
-    progress.install(hvd.rank(), keras=chosen is Framework.TENSORFLOW)  # what reports to the dashboard
+    reporter.install(hvd.rank())  # what reports to the dashboard: the reporter, and its adapters
+    if chosen is Framework.TENSORFLOW:
+        from . import keras_progress
+
+        keras_progress.install()
     tqdm_bars.install()
 
     return {

@@ -3,7 +3,7 @@
 ``install`` (once per engine, from the bootstrap) puts ``DashboardTqdm`` in place of ``tqdm.tqdm``,
 ``tqdm.std.tqdm``, ``tqdm.auto.tqdm`` and ``tqdm.notebook.tqdm`` (and their ``trange``), so a cell's
 ``from tqdm.auto import tqdm`` gets it with nothing added to the user's code. While a cell reports
-progress, a bar writes nothing and reports its position through ``progress.report``: the innermost
+progress, a bar writes nothing and reports its position through ``custom_loops.report``: the innermost
 open bar is the steps of an epoch, an outer bar (``for epoch in trange(E)``) the epochs; numbers given
 to ``set_postfix`` are the metrics; a bar over a ``DataLoader`` counts ``batch_size`` samples per
 step, so the dashboard shows samples/s. A bar made with ``disable=True`` on some ranks (the usual
@@ -18,7 +18,8 @@ import io
 import numbers
 from typing import Any
 
-from . import progress
+from .custom_loops import report
+from .reporter import reporting
 
 _MODULES = ("tqdm", "tqdm.std", "tqdm.auto", "tqdm.autonotebook", "tqdm.notebook")
 
@@ -53,7 +54,7 @@ def _report() -> None:
     inner.hvd_reported = inner.n
     metrics = dict(outer.hvd_metrics) if outer is not None else {}
     metrics.update(inner.hvd_metrics)
-    progress.report(step=int(inner.n), total=total,
+    report(step=int(inner.n), total=total,
                     epoch=int(outer.n) if outer is not None else None,
                     epochs=int(outer.total) if outer is not None and outer.total else None,
                     samples=samples, **metrics)
@@ -64,7 +65,7 @@ def dashboard_class(base: type) -> type:
 
     class DashboardTqdm(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            self.hvd_reporting = progress.reporting()
+            self.hvd_reporting = reporting()
             self.hvd_metrics: dict[str, float] = {}
             if self.hvd_reporting:
                 # every step reaches update() (tqdm's iterator otherwise counts in a local variable between

@@ -266,9 +266,9 @@ class Session:
         known = self._engine_progress
         current = known[1] if known and known[0] == client_id else True  # fresh engines start with it on
         if enabled != current:
-            from ..engine import progress
+            from ..engine import reporter
 
-            cluster.client[cluster.engine_ids()].apply_async(progress.set_enabled, enabled)
+            cluster.client[cluster.engine_ids()].apply_async(reporter.set_enabled, enabled)
         self._engine_progress = (client_id, enabled)
 
     # ------------------------------------------------------------- transfers

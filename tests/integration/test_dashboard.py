@@ -112,11 +112,11 @@ def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
 
 def test_no_progress_removes_the_callback_and_the_dashboard(model, run, dashboards):
     result, out = run("%%hvd --no-progress\nimport hvd_notebook.progress as p\nmodel.fit(x, y, epochs=1, verbose=0)\n"
-                      "print('enabled', p._State.enabled)")
+                      "print('enabled', p.reporting())")
     assert result.success, out
     assert "[0] enabled False" in out and "[hvd]" not in out
     assert dashboards == []
-    result, out = run("%%hvd\nprint('enabled', p._State.enabled)")
+    result, out = run("%%hvd\nprint('enabled', p.reporting())")
     assert "[0] enabled True" in out
 
 

@@ -11,16 +11,17 @@ import time
 import numpy as np
 import pytest
 
-from hvd_notebook import progress
+import hvd_notebook
+from hvd_notebook.engine import custom_loops, keras_progress, reporter
 
 
 @pytest.fixture
 def published(hvd, monkeypatch):
     sent: list[dict] = []
-    monkeypatch.setattr(progress._State, "publish", lambda data: sent.extend(data.values()))
-    monkeypatch.setattr(progress._State, "rank", hvd.rank())
-    monkeypatch.setattr(progress._State, "enabled", True)
-    progress.install_keras_hooks()
+    monkeypatch.setattr(reporter._State, "publish", lambda data: sent.extend(data.values()))
+    monkeypatch.setattr(reporter._State, "rank", hvd.rank())
+    monkeypatch.setattr(reporter._State, "enabled", True)
+    keras_progress.install()
     return sent
 
 
@@ -92,7 +93,7 @@ def test_users_callbacks_are_left_as_they_are(published, model):
 
 def test_an_explicit_progress_callback_is_not_doubled(published, model):
     x, y = data()
-    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[progress.callback_class()()])
+    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[hvd_notebook.ProgressCallback()])
     assert len({u["run"] for u in published}) == 1
     assert published[-1]["samples"] == 256  # the hook told it the batch size
 
@@ -117,20 +118,20 @@ def test_validation_inside_fit_stays_in_the_fit_run(published, model):
 
 
 def test_no_progress_turns_the_hook_off(published, model):
-    progress.set_enabled(False)
+    reporter.set_enabled(False)
     try:
         x, y = data()
         model.fit(x, y, epochs=1, verbose=0)
-        progress.report(step=1, total=1, loss=0.5)
+        custom_loops.report(step=1, total=1, loss=0.5)
     finally:
-        progress.set_enabled(True)
+        reporter.set_enabled(True)
     assert published == []
 
 
 def test_custom_loops_report_through_report(published):
     for epoch in range(2):
         for step in range(1, 21):
-            progress.report(step=step, total=20, epoch=epoch, epochs=2, loss=1.0 / step)
+            custom_loops.report(step=step, total=20, epoch=epoch, epochs=2, loss=1.0 / step)
     assert {u["kind"] for u in published} == {"custom"}
     assert published[-1]["state"] == "done" and published[-1]["epoch"] == 1 and published[-1]["step"] == 20
     assert published[-1]["logs"]["loss"] == pytest.approx(0.05)
@@ -139,8 +140,8 @@ def test_custom_loops_report_through_report(published):
 
 
 def test_outside_an_engine_nothing_is_published(hvd, model, monkeypatch):
-    monkeypatch.setattr(progress._State, "publish", None)
-    progress.install_keras_hooks()
+    monkeypatch.setattr(reporter._State, "publish", None)
+    keras_progress.install()
     x, y = data()
     model.fit(x, y, epochs=1, verbose=0)  # the hook passes straight through
-    progress.report(step=1, total=1)
+    custom_loops.report(step=1, total=1)

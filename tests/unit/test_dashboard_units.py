@@ -20,7 +20,7 @@ from hvd_notebook.dashboard import (
 )
 from hvd_notebook.dashboard.message import KEY_PREFIX
 from hvd_notebook.dashboard.outputs import OUTPUT_TAIL_BYTES, RankOutputs, output_html
-from hvd_notebook.progress import Throttle
+from hvd_notebook.engine.reporter import Throttle
 
 
 class Clock:

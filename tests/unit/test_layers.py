@@ -15,6 +15,7 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,8 +113,14 @@ def imported_modules(module: Module, node: ast.Import | ast.ImportFrom, known: s
 
 
 # ------------------------------------------------------------------ rule 1: no cycles
-def import_graph(modules: dict[str, Module]) -> dict[str, dict[str, int]]:
-    """module -> {module it imports at import time: line of the import}.
+def all_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every statement, function bodies and ``if TYPE_CHECKING:`` blocks included: a lazy import or one
+    for type checking couples two modules as much as one at the top."""
+    return ast.walk(tree)
+
+
+def import_graph(modules: dict[str, Module], nodes: Any = None) -> dict[str, dict[str, int]]:
+    """module -> {module it imports at import time (or, with ``nodes=all_nodes``, anywhere): line of the import}.
 
     A module's own enclosing packages are left out: Python has them in ``sys.modules`` (initialised
     up to the import) before the module runs, so ``from .. import config`` depends on ``config``
@@ -125,7 +132,7 @@ def import_graph(modules: dict[str, Module]) -> dict[str, dict[str, int]]:
     for module in modules.values():
         ancestors = {module.name.rsplit(".", i)[0] for i in range(1, module.name.count(".") + 1)}
         ancestors.add(module.name)
-        for node in import_time_nodes(module.tree):
+        for node in (nodes or import_time_nodes)(module.tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             targets = set(imported_modules(module, node, known)) & known
@@ -202,9 +209,9 @@ def describe_cycle(graph: dict[str, dict[str, int]], modules: dict[str, Module],
     return "import cycle:\n    " + "\n    ".join(steps)
 
 
-def cycle_violations(package_dir: Path) -> list[str]:
+def cycle_violations(package_dir: Path, nodes: Any = None) -> list[str]:
     modules = read_package(package_dir)
-    graph = import_graph(modules)
+    graph = import_graph(modules, nodes)
     return [describe_cycle(graph, modules, c) for c in find_cycles(graph)]
 
 
@@ -362,6 +369,11 @@ def _report(violations: list[str]) -> str:
 
 def test_no_import_cycle():
     violations = cycle_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_no_import_cycle_through_lazy_or_type_checking_imports():
+    violations = cycle_violations(PACKAGE, nodes=all_nodes)
     assert not violations, _report(violations)
 
 

@@ -9,7 +9,7 @@ import io
 import pytest
 
 from hvd_notebook.dashboard.message import ProgressUpdate, RankState
-from hvd_notebook.engine import progress, tqdm_bars
+from hvd_notebook.engine import custom_loops, reporter, tqdm_bars
 
 
 @pytest.fixture
@@ -19,10 +19,10 @@ def updates(monkeypatch):
     def publish(data):
         published.extend(ProgressUpdate.from_dict(v) for v in data.values())
 
-    monkeypatch.setattr(progress._State, "publish", publish)
-    monkeypatch.setattr(progress._State, "enabled", True)
-    monkeypatch.setattr(progress, "_current_cell", lambda: "cell-1")
-    monkeypatch.setattr(progress.Throttle, "ready", lambda self, force=False: True)  # every update, here
+    monkeypatch.setattr(reporter._State, "publish", publish)
+    monkeypatch.setattr(reporter._State, "enabled", True)
+    monkeypatch.setattr(custom_loops, "_current_cell", lambda: "cell-1")
+    monkeypatch.setattr(reporter.Throttle, "ready", lambda self, force=False: True)  # every update, here
     modules = {name: importlib.import_module(name) for name in ("tqdm", "tqdm.std", "tqdm.auto")}
     saved = {name: (m.tqdm, getattr(m, "trange", None)) for name, m in modules.items()}
     assert tqdm_bars.install()
@@ -31,7 +31,7 @@ def updates(monkeypatch):
         modules[name].tqdm = cls
         if trange is not None:
             modules[name].trange = trange
-    progress._Custom.run = None
+    custom_loops._Custom.run = None
 
 
 class Loader(list):
@@ -69,7 +69,7 @@ def test_an_outer_trange_is_the_epochs_and_inner_bars_add_up_samples(updates):
 def test_without_a_dashboard_a_bar_is_tqdms_own(updates, monkeypatch):
     import tqdm
 
-    monkeypatch.setattr(progress._State, "enabled", False)  # %%hvd --no-progress
+    monkeypatch.setattr(reporter._State, "enabled", False)  # %%hvd --no-progress
     sink = io.StringIO()
     for _ in tqdm.tqdm(range(3), file=sink, mininterval=0):
         pass

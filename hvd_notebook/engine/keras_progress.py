@@ -1,17 +1,22 @@
-"""``ProgressCallback``: the Keras callback that reports a rank's ``fit``,
-``evaluate`` and ``predict`` progress to the notebook's dashboard. This module
-imports Keras; ``engine.progress`` imports it when the callback is first needed.
+"""The Keras adapter of the progress reporter: ``ProgressCallback``, the callback that reports a rank's
+``fit``, ``evaluate`` and ``predict`` progress to the notebook's dashboard, and the hook that adds one to
+every such call (unless the call has one, or the cell runs with ``%%hvd --no-progress``; the user's own
+callbacks are left as they are). This module imports Keras: only TensorFlow ranks import it.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
 
+from .. import keras_patches
 from ..dashboard.message import RankState, RunKind
-from .progress import RunReport, float_logs
+from .reporter import RunReport, float_logs, reporting
 
 
 class ProgressCallback(keras.callbacks.Callback):
@@ -111,3 +116,62 @@ class ProgressCallback(keras.callbacks.Callback):
 
     def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
         self._end(RunKind.PREDICT)
+
+
+def _batch_hint(x: Any, batch_size: int | None) -> tuple[int | None, int | None]:
+    """(batch size, samples per epoch) of what ``fit``/``evaluate``/``predict`` was given, where it can tell."""
+    try:
+        import tensorflow as tf
+
+        if isinstance(x, tf.data.Dataset):
+            leaf = tf.nest.flatten(x.element_spec)[0]
+            first = leaf.shape[0] if leaf.shape.rank else None
+            return (int(first) if first is not None else None), None
+    except Exception:
+        pass
+    if x is None:
+        return None, None
+    leaves = list(x.values()) if isinstance(x, dict) else list(x) if isinstance(x, (list, tuple)) else [x]
+    if leaves and all(hasattr(leaf, "shape") and len(getattr(leaf, "shape", ())) > 0 for leaf in leaves):
+        try:
+            return batch_size or 32, int(leaves[0].shape[0])
+        except (TypeError, ValueError):
+            return batch_size or 32, None
+    return None, None
+
+
+def _with_progress(method: Callable[..., Any]) -> Callable[..., Any]:
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not reporting():
+            return method(self, *args, **kwargs)
+        try:
+            bound = signature.bind(self, *args, **kwargs)
+        except TypeError:
+            return method(self, *args, **kwargs)  # let Keras report the bad arguments
+        callbacks = bound.arguments.get("callbacks")
+        batch_size, num_samples = _batch_hint(bound.arguments.get("x"), bound.arguments.get("batch_size"))
+        split = bound.arguments.get("validation_split") or 0.0
+        if num_samples and 0 < split < 1:
+            num_samples -= int(num_samples * split)  # Keras holds out the last fraction for validation
+        cls = ProgressCallback
+        if callbacks is None or isinstance(callbacks, (list, tuple)):
+            listed = list(callbacks or [])
+            mine = [cb for cb in listed if isinstance(cb, cls)]
+            if mine:  # the user placed one: tell it what we know
+                for cb in mine:
+                    cb.batch_size = cb.batch_size or batch_size
+                    cb.num_samples = cb.num_samples or num_samples
+            else:
+                bound.arguments["callbacks"] = listed + [cls(batch_size, num_samples)]
+        return method(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
+def install() -> None:
+    """``fit``/``evaluate``/``predict`` add a ``ProgressCallback`` (once per process; see keras_patches); called by
+    ``engine.bootstrap`` on TensorFlow ranks."""
+    keras_patches.patch_progress(_with_progress)

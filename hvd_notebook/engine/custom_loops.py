@@ -1,0 +1,75 @@
+"""Custom training loops report their progress to the dashboard: ``report(step=..., total=..., **metrics)``
+(public as ``hvd_notebook.progress.report``), one ``RunReport`` per loop and cell."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..dashboard.message import RankState, RunKind
+from .reporter import RunReport, float_logs, reporting
+
+
+class _Custom:
+    run: RunReport | None = None
+    cell: Any = None
+
+
+def _current_cell() -> Any:
+    """The id of the request this engine is executing (a new cell starts a new run)."""
+    try:
+        from ipykernel.kernelbase import Kernel
+
+        if Kernel.initialized():
+            return Kernel.instance().get_parent().get("header", {}).get("msg_id")
+    except Exception:
+        pass
+    return None
+
+
+def report(step: int, total: int | None = None, epoch: int | None = None, epochs: int | None = None,
+           samples: int | None = None, **metrics: float) -> None:
+    """Report a custom training loop's progress to the dashboard (throttled).
+
+    ``step`` counts the completed steps of the current epoch (1 after the first),
+    ``total`` is the steps per epoch; ``epoch`` (0-based) and ``epochs`` are for
+    loops over several epochs; ``samples`` is this rank's samples so far; every
+    other keyword is a metric to plot (``loss=..., accuracy=...``).
+
+    >>> for step in range(1, 101):
+    ...     loss = train_step()
+    ...     hvd_notebook.progress.report(step=step, total=100, loss=float(loss))
+    """
+    if not reporting():
+        return
+    cell = _current_cell()
+    run = _Custom.run
+    if run is None or _Custom.cell != cell or (epoch or 0) < run.epoch:
+        run = _Custom.run = RunReport(RunKind.CUSTOM)
+        _Custom.cell = cell
+        run.epochs = epochs or 1
+    elif epochs:
+        run.epochs = epochs
+    last_epoch = (epoch or 0) + 1 >= (epochs or 1)
+    if epoch is not None and epoch != run.epoch:
+        if run.epoch not in run.epoch_logs:  # the loop moved on without reporting the last step
+            run.epoch_logs[run.epoch] = _custom_epoch_record(run)
+        run.epoch, run.epoch_start = epoch, time.monotonic()
+        run.epoch_first_sample = run.told_samples or 0
+    run.step, run.steps = int(step), total
+    run.logs.update(float_logs(metrics))
+    if samples is not None:
+        run.told_samples = int(samples)
+    finished = total is not None and step >= total
+    if finished:
+        run.epoch_logs[run.epoch] = _custom_epoch_record(run, samples is not None)
+    run.update(RankState.DONE if finished and last_epoch else RankState.EPOCH_END if finished else RankState.RUNNING)
+    if finished and last_epoch:
+        _Custom.run = None
+
+
+def _custom_epoch_record(run: RunReport, with_samples: bool = True) -> dict[str, float]:
+    record = dict(run.logs, time=time.monotonic() - run.epoch_start)
+    if with_samples and run.told_samples is not None:
+        record["samples"] = run.told_samples - run.epoch_first_sample
+    return record

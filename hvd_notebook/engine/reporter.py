@@ -1,0 +1,168 @@
+"""Engine side of the live dashboard: the reporter every progress adapter publishes through.
+
+While a ``%%hvd`` cell runs, each rank publishes small progress updates (``dashboard.message.ProgressUpdate``)
+on its engine's IOPub channel (ipyparallel's data publication, ``publish_data``); the notebook kernel reads
+them from the cell's results as they arrive and draws the dashboard (``hvd_notebook.dashboard``). Nothing
+is written to files. This module holds what every adapter shares: the engine's settings (rank, on or off for
+``%%hvd --no-progress``), the publication, the throttle (at most ``MAX_UPDATES_PER_S`` updates a second per
+rank, plus one at the end of every epoch and of every run) and ``RunReport``, one run's state. The adapters
+feed it: ``keras_progress`` (``fit``/``evaluate``/``predict``), ``custom_loops`` (``report``) and
+``tqdm_bars``. Outside an ipyparallel engine (a plain ``mpiexec -n 4 python train.py``) nothing is
+published, so the same code runs as a batch job.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..dashboard.message import ProgressUpdate, RankState, RunKind
+
+MAX_UPDATES_PER_S = 10
+KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost
+
+
+class Throttle:
+    """Lets an event through at most once per ``interval`` seconds; ``force`` always passes."""
+
+    def __init__(self, interval: float = 1.0 / MAX_UPDATES_PER_S, clock: Callable[[], float] = time.monotonic):
+        self.interval = interval
+        self.clock = clock
+        self.last: float | None = None
+
+    def ready(self, force: bool = False) -> bool:
+        now = self.clock()
+        if force or self.last is None or now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False
+
+
+class _State:
+    """This engine's settings: set by ``install`` (engine bootstrap) and the session."""
+
+    rank: int = 0
+    enabled: bool = True  # %%hvd --no-progress turns it off for a cell
+    seq = itertools.count()
+    runs = itertools.count()
+    publish: Callable[[dict[str, Any]], None] | None = None
+
+
+def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
+    """ipyparallel's ``publish_data`` where this process is an engine's kernel, else None."""
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+
+        if not ZMQInteractiveShell.initialized():
+            return None
+        shell = ZMQInteractiveShell.instance()
+        if getattr(shell, "data_pub", None) is None:
+            return None
+        return shell.data_pub.publish_data
+    except Exception:
+        return None
+
+
+def install(rank: int) -> None:
+    """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication."""
+    _State.rank = rank
+    _State.publish = _engine_publisher()
+
+
+def set_enabled(enabled: bool) -> None:
+    """The session turns progress off for ``%%hvd --no-progress`` cells (and back on)."""
+    _State.enabled = bool(enabled)
+
+
+def reporting() -> bool:
+    """Does progress reach a dashboard now (inside an engine, in a cell without ``--no-progress``)?"""
+    return _State.publish is not None and _State.enabled
+
+
+def publish(update: ProgressUpdate) -> None:
+    """Send one update to the notebook kernel (nothing outside an engine)."""
+    if _State.publish is None or not _State.enabled:
+        return
+    update.seq = next(_State.seq)
+    update.rank = _State.rank
+    try:
+        _State.publish({ProgressUpdate.key(update.seq): update.to_dict()})
+    except Exception:  # progress must never break training
+        pass
+
+
+def float_logs(logs: dict[str, Any] | None) -> dict[str, float]:
+    """The entries of Keras logs (or report's metrics) that are numbers, as floats."""
+    out = {}
+    for key, value in (logs or {}).items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+class RunReport:
+    """The progress of one ``fit``/``evaluate``/``predict`` call or custom loop on this rank."""
+
+    def __init__(self, kind: RunKind, batch_size: int | None = None, num_samples: int | None = None) -> None:
+        self.id = f"{os.getpid()}.{next(_State.runs)}"
+        self.kind = kind
+        self.batch_size = batch_size
+        self.num_samples = num_samples  # per epoch, where known
+        self.start = time.monotonic()
+        self.epoch = 0
+        self.first_epoch = 0
+        self.epochs: int | None = 1
+        self.step = 0
+        self.steps: int | None = None
+        self.samples_before = 0  # samples of the completed epochs
+        self.epoch_closed = False  # the current epoch's samples are in samples_before already
+        self.told_samples: int | None = None  # custom loops: the samples report() was given
+        self.epoch_first_sample = 0  # custom loops: told_samples when the epoch began
+        self.logs: dict[str, float] = {}
+        self.epoch_logs: dict[int, dict[str, float]] = {}
+        self.epoch_start = self.start
+        self.throttle = Throttle()
+
+    def epoch_samples(self) -> int | None:
+        if self.batch_size is None:
+            return None
+        done = self.step * self.batch_size
+        return min(done, self.num_samples) if self.num_samples else done
+
+    def samples(self) -> int | None:
+        if self.told_samples is not None:
+            return self.told_samples
+        current = self.epoch_samples()
+        if current is None:
+            return None
+        return self.samples_before + (0 if self.epoch_closed else current)
+
+    def update(self, state: RankState = RankState.RUNNING, force: bool = False) -> None:
+        """Publish this run's state, throttled unless forced or the state is not RUNNING."""
+        if not self.throttle.ready(force or state != RankState.RUNNING):
+            return
+        kept = sorted(self.epoch_logs)[-KEPT_EPOCHS:]
+        publish(ProgressUpdate(
+            run=self.id, kind=self.kind, state=state, epoch=self.epoch - self.first_epoch, epochs=self.epochs,
+            step=self.step, steps=self.steps, samples=self.samples(), elapsed=time.monotonic() - self.start,
+            logs=dict(self.logs), epoch_logs={e - self.first_epoch: self.epoch_logs[e] for e in kept},
+            first_epoch=self.first_epoch,
+        ))
+
+    def end_epoch(self, logs: dict[str, Any] | None) -> None:
+        self.logs.update(float_logs(logs))
+        record = dict(self.logs)
+        record["time"] = time.monotonic() - self.epoch_start
+        self.step = self.steps or self.step
+        samples = self.epoch_samples()
+        if samples is not None:
+            record["samples"] = samples
+        self.epoch_logs[self.epoch] = record
+        self.update(RankState.EPOCH_END)
+        self.samples_before += samples or 0
+        self.epoch_closed = True
