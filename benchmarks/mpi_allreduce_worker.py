@@ -22,7 +22,7 @@ from mpi4py import MPI  # noqa: E402
 from mpi_timing import median_blocks, median_pair, timed  # noqa: E402
 
 import hvd_notebook.runtime as hvd  # noqa: E402
-from hvd_notebook.runtime import world  # noqa: E402
+from hvd_notebook.runtime.core import world  # noqa: E402
 from hvd_notebook.runtime.core.signatures import allreduce_signature  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)

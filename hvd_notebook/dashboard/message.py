@@ -1,5 +1,5 @@
-"""The progress update a rank publishes and the notebook's dashboard reads,
-defined once for both sides.
+"""The progress update and the rank event a rank publishes and the notebook's kernel reads, defined once
+for both sides.
 
 Each rank publishes ``ProgressUpdate.to_dict()`` on its engine's IOPub channel
 under one of ``RING`` rotating keys ``KEY_PREFIX + str(seq % RING)``; the kernel
@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KEY_PREFIX = "hvd_progress."
+EVENT_PREFIX = "hvd_event."
 RING = 64  # rotating keys per rank: the kernel polls often enough that none is overwritten unread
 
 
@@ -102,3 +103,36 @@ class ProgressUpdate:
     @staticmethod
     def key(seq: int) -> str:
         return f"{KEY_PREFIX}{seq % RING}"
+
+
+@dataclass
+class RankEvent:
+    """Something a rank tells the kernel while a cell runs (``runtime/core/events.py``): its kind (``stall``,
+    ``warning``), the sentence to show, and its fields (a stall's ``missing``: the ranks that have not
+    arrived). Published as ``ProgressUpdate`` is, under its own ring of keys.
+
+    >>> RankEvent.from_dict(RankEvent("stall", "stall: ...", {"missing": [1]}).to_dict()).fields["missing"]
+    [1]
+    """
+
+    kind: str
+    text: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0
+    seq: int = 0  # per rank, increasing
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankEvent:
+        return cls(kind=str(data["kind"]), text=str(data.get("text", "")), fields=dict(data.get("fields") or {}),
+                   rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)))
+
+    @staticmethod
+    def is_key(key: str) -> bool:
+        return key.startswith(EVENT_PREFIX)
+
+    @staticmethod
+    def key(seq: int) -> str:
+        return f"{EVENT_PREFIX}{seq % RING}"

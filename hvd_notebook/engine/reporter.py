@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..dashboard.message import ProgressUpdate, RankState, RunKind
+from ..dashboard.message import ProgressUpdate, RankEvent, RankState, RunKind
 
 MAX_UPDATES_PER_S = 10
 KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost
@@ -47,6 +47,7 @@ class _State:
     rank: int = 0
     enabled: bool = True  # %%hvd --no-progress turns it off for a cell
     seq = itertools.count()
+    events = itertools.count()
     runs = itertools.count()
     publish: Callable[[dict[str, Any]], None] | None = None
 
@@ -67,9 +68,21 @@ def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
 
 
 def install(rank: int) -> None:
-    """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication."""
+    """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication, and
+    send the runtime's events (stalls, warnings) to the kernel with it instead of printing them."""
+    from ..runtime.core import events
+
     _State.rank = rank
     _State.publish = _engine_publisher()
+    if _State.publish is not None:
+        events.listen(publish_event)
+
+
+def publish_event(kind: str, text: str, fields: dict[str, Any]) -> None:
+    """Send one of the runtime's events to the kernel (whether or not progress is on: it is no progress).
+    Raises where it cannot, so that the runtime prints the event instead."""
+    seq = next(_State.events)
+    _State.publish({RankEvent.key(seq): RankEvent(kind, text, fields, _State.rank, seq).to_dict()})
 
 
 def set_enabled(enabled: bool) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import re
 import signal
 import sys
 import threading
@@ -21,14 +20,13 @@ from typing import Any
 from ..cluster import ClusterError, MPICluster, stacks
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
+from ..dashboard.message import RankEvent
 from . import failures
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.02  # how often a running cell's output is forwarded (results wake the loop at once)
 LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes exist
-# the stall inspector's warning (runtime/core/negotiation.py): "... rank(s) [1, 3] have not arrived"
-_STALL_WARNING = re.compile(r"stall: rank \d+ has waited .*?rank\(s\) \[([\d, ]*)\] have not arrived")
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
@@ -55,14 +53,12 @@ class RankValue:
 
 class OutputStream:
     """Forwards one rank's accumulated stdout or stderr, a complete line at a time,
-    each line prefixed with the rank (unless not ``prefixed``); with ``only``, just the lines containing it."""
+    each line prefixed with the rank (unless not ``prefixed``)."""
 
-    def __init__(self, rank: int, name: str, write: Callable[[str], Any], only: str | None = None,
-                 prefixed: bool = True):
+    def __init__(self, rank: int, name: str, write: Callable[[str], Any], prefixed: bool = True):
         self.prefix = f"[{rank}] " if prefixed else ""
         self.name = name
         self.write = write
-        self.only = only
         self.sent = 0
 
     def update(self, text: str, final: bool = False) -> None:
@@ -76,10 +72,6 @@ class OutputStream:
         chunk = text[self.sent:end]
         self.sent = end
         lines = chunk.splitlines(keepends=True)
-        if self.only is not None:
-            lines = [line for line in lines if self.only in line]
-            if not lines:
-                return
         text = "".join(self.prefix + line for line in lines)
         self.write(text if text.endswith("\n") else text + "\n")
 
@@ -130,7 +122,7 @@ class RunningCell:
         # (a cell resumed after dead ranks goes on with the dashboard of its first run)
         self.dashboard = dashboard or (Dashboard(mode, ranks, shown=show) if mode != DashboardMode.NONE else None)
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
-        self._stall_scanned: dict[int, int] = {}  # per rank: how much of its stderr was read for stall warnings
+        self._told: dict[int, int] = {}  # per rank: the seq of the last of its events shown
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
         engine_ids = cluster.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
@@ -141,9 +133,6 @@ class RunningCell:
         self.streams = [
             (req, OutputStream(req.rank, name, getattr(sys, name).write))
             for req in self.requests if req.rank in show for name in ("stdout", "stderr")
-        ] + [  # the runtime's warnings (stalls) are shown from every rank
-            (req, OutputStream(req.rank, "stderr", sys.stderr.write, only=WARNING_PREFIX))
-            for req in self.requests if req.rank not in show
         ]
         board = self.dashboard
         self.copies = [  # every rank's whole output, for its tab under the dashboard (widgets mode)
@@ -186,6 +175,7 @@ class RunningCell:
             stream.update(req.metadata[stream.name] or "", final)
         for req, copy in self.copies:
             copy.update(req.metadata[copy.name] or "", final)
+        self._tell_events()
         if self.dashboard is not None:
             self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)
         for req in self.requests:
@@ -195,22 +185,37 @@ class RunningCell:
                     _publish(out)
                 req.displayed = len(outputs)
 
-    def _say_where_the_missing_ranks_are(self) -> None:
-        """After a stall warning from a rank, where each rank it names as missing is (once per rank and
-        cell): its Python stack's summary, so that the user sees what it does instead."""
+    def _tell_events(self) -> None:
+        """The events of every rank (``runtime/core/events.py``: stalls, warnings) not shown yet, each as a
+        warning line of its rank; after a stall, where each rank it names as missing is."""
+        board = self.dashboard if self.copies else None
         for req in self.requests:
-            text = req.metadata.get("stderr") or ""
-            for m in _STALL_WARNING.finditer(text, self._stall_scanned.get(req.rank, 0)):
-                missing = [int(r) for r in m.group(1).split(",") if r.strip()]
-                for rank in missing:
-                    if rank in self._located:
-                        continue
-                    self._located.add(rank)
-                    for line in self._whereabouts([rank]):
-                        print(f"{WARNING_PREFIX}: stall: {line.replace(' was ', ' is ', 1)} "
-                              "(all of its stack: %hvd stacks, or hvd-notebook stacks while the cell runs)",
-                              file=sys.stderr, flush=True)
-            self._stall_scanned[req.rank] = len(text)
+            data = dict(req.metadata.get("data") or {})
+            events = sorted((RankEvent.from_dict(value) for key, value in data.items() if RankEvent.is_key(key)),
+                            key=lambda e: e.seq)
+            for event in events:
+                if event.seq <= self._told.get(req.rank, -1):
+                    continue
+                self._told[req.rank] = event.seq
+                line = f"{WARNING_PREFIX}: {event.text}\n"
+                sys.stderr.write(f"[{req.rank}] {line}")
+                if board is not None:
+                    board.output(req.rank, "stderr", line)
+                if event.kind == "stall":
+                    self._locate(event.fields.get("missing") or [])
+        sys.stderr.flush()
+
+    def _locate(self, missing: list[int]) -> None:
+        """Where each rank a stall names as missing is (once per rank and cell): its Python stack's summary,
+        so that the user sees what it does instead."""
+        for rank in missing:
+            if rank in self._located:
+                continue
+            self._located.add(int(rank))
+            for line in self._whereabouts([int(rank)], verb="is"):
+                print(f"{WARNING_PREFIX}: stall: {line} "
+                      "(all of its stack: %hvd stacks, or hvd-notebook stacks while the cell runs)",
+                      file=sys.stderr, flush=True)
 
     def _watch(self, interrupted: threading.Event) -> list[RankRequest]:
         """Forward output until every rank is done (returns []) or some failed
@@ -229,7 +234,6 @@ class RunningCell:
                     req.finished_at = now
             failed = sorted((req for req in self.requests if req.error is not None), key=lambda r: r.finished_at)
             self.pump()
-            self._say_where_the_missing_ranks_are()
             if failed or all(req.done for req in self.requests):
                 return failed
             if time.monotonic() > next_liveness_check:
@@ -290,14 +294,15 @@ class RunningCell:
             return failures.unresponsive(ranks, whereabouts, str(exc))
         return failures.unresponsive(ranks, whereabouts)
 
-    def _whereabouts(self, ranks: list[int]) -> list[str]:
-        """Where each of ``ranks`` on this host is stuck, a line each (from its Python stack)."""
+    def _whereabouts(self, ranks: list[int], verb: str = "was") -> list[str]:
+        """Where each of ``ranks`` on this host is (``verb``: is, or was: stuck), a line each (from its Python
+        stack)."""
         pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
         try:
             dumps = stacks.collect(list(pids))
         except OSError:
             return []
-        return [f"rank {pids[pid]} was {stacks.where(dump)}" for pid, (_, dump) in sorted(dumps.items(),
+        return [f"rank {pids[pid]} {verb} {stacks.where(dump)}" for pid, (_, dump) in sorted(dumps.items(),
                 key=lambda item: pids[item[0]]) if dump.strip()]
 
     def _ranks_died(self, dead: list[int]) -> failures.RankDied:

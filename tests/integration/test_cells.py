@@ -240,7 +240,7 @@ def test_horovod_import_line_in_a_cell(cluster, run):
 
 def test_stall_warning_of_any_rank_is_shown(cluster, run):
     result, out = run(
-        "%%hvd\nimport time, numpy as np\nfrom hvd_notebook.runtime import world\n"
+        "%%hvd\nimport time, numpy as np\nfrom hvd_notebook.runtime.core import world\n"
         "world.current().negotiator.stall.check_s = 1.0\n"
         "if hvd.rank() == 0:\n    time.sleep(3)\n"
         "hvd.allreduce(np.ones(2), name='late')\n"
@@ -313,7 +313,7 @@ def test_tf1_graph_example_in_a_cell(cluster, run):
 
 def test_a_stall_warning_is_followed_by_where_the_missing_rank_is(cluster, run):
     result, out = run(
-        "%%hvd\nimport time\nfrom hvd_notebook.runtime import world\n"
+        "%%hvd\nimport time\nfrom hvd_notebook.runtime.core import world\n"
         "world.current().negotiator.stall.check_s = 1.0  # (the warning after 1 s instead of 60)\n"
         "def preprocess():\n    time.sleep(4)\n"
         "if hvd.rank() == 1:\n    preprocess()\n"

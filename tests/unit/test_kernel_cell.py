@@ -10,6 +10,7 @@ import pytest
 
 from hvd_notebook.cluster import ClusterError
 from hvd_notebook.config import DashboardMode
+from hvd_notebook.dashboard.message import RankEvent
 from hvd_notebook.kernel import cell, failures
 from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy
 
@@ -176,11 +177,22 @@ def test_output_streams_resend_a_collapsed_carriage_return_line():
     assert written == ["[0] x\n[0] 10%\n", "[0] 100%\n"]
 
 
-def test_filtered_streams_forward_only_matching_lines():
-    written: list[str] = []
-    stream = OutputStream(1, "stderr", written.append, only="WARNING")
-    stream.update("noise\n[hvd_notebook] WARNING stall\nmore\n")
-    assert written == ["[1] [hvd_notebook] WARNING stall\n"]
+def test_the_events_of_every_rank_are_shown_once_as_its_warnings(capsys):
+    """A rank's events (runtime/core/events.py, published beside its progress) are shown as its warning lines,
+    an unshown rank's too, each once, in order; a stall's missing ranks are located (none here: no stacks)."""
+    parts = [part(), part()]
+    parts[1].metadata["stderr"] = "not shown: rank 1's own stderr\n"
+    running = start(FakeCluster(parts))
+    events = [RankEvent("warning", "first", rank=1, seq=0), RankEvent("stall", "stall: second", {"missing": [0]},
+                                                                        rank=1, seq=1)]
+    parts[1].metadata["data"] = {RankEvent.key(e.seq): e.to_dict() for e in events}
+    for future in parts:
+        future.set_result(None)
+    running.wait()
+    running.pump(final=True)
+    err = capsys.readouterr().err
+    assert err.count("[1] [hvd_notebook] WARNING: first\n[1] [hvd_notebook] WARNING: stall: second\n") == 1, err
+    assert "not shown" not in err
 
 
 def test_busy_engines():

@@ -20,7 +20,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # the core (runtime/core): each module may import (at module level or inside a function) only modules of a
 # lower layer, and no binding
 CORE_LAYERS = [
-    {"ops", "exceptions", "timeline", "topology"},
+    {"ops", "exceptions", "events", "timeline", "topology"},
     {"rules", "signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},

@@ -2,7 +2,8 @@
 cupy arrays and imports no framework. From the bottom up:
 
 - ``ops`` (the op vocabulary and the arithmetic around a reduction), ``exceptions`` (the errors every
-  binding raises or wraps), ``rules`` (names, ``op=``/``average=``, refused arguments, scaling: the Horovod
+  binding raises or wraps), ``events`` (what a rank tells whoever watches it: stalls, warnings),
+  ``rules`` (names, ``op=``/``average=``, refused arguments, scaling: the Horovod
   rules every binding applies alike), ``signatures`` (what must be equal on every rank for one call),
   ``fusion``, ``timeline``, ``topology``;
 - ``matching`` (which waiting calls run, in which order: a pure decision every rank takes alike),

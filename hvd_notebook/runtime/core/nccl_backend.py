@@ -26,14 +26,13 @@ import contextlib
 import logging
 import math
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ... import config
-from . import ops
+from . import events, ops
 from .fusion import aligned_offsets, fused_label, fusion_groups
 from .negotiation import Negotiator
 from .signatures import AllreduceCall, allgather_signature, allreduce_signature, reducescatter_signature
@@ -292,7 +291,7 @@ def start(comm: Any, local_rank: int, negotiator: Negotiator, timeline: Timeline
     with_gpu = comm.allgather(device_id >= 0)
     if not all(with_gpu):
         if any(with_gpu) and comm.Get_rank() == 0:
-            print(f"{config.WARNING_PREFIX}: only some ranks have a GPU; NCCL is off and every collective goes "
-                  "through MPI on the host.", file=sys.stderr, flush=True)
+            events.emit(events.WARNING, "only some ranks have a GPU; NCCL is off and every collective goes "
+                        "through MPI on the host.")
         return None
     return NcclBackend(comm, negotiator, timeline, device_id)

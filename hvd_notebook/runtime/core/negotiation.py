@@ -24,7 +24,6 @@ and the verdict (a ``MismatchError``, or fine where the others have joined).
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -32,6 +31,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ... import config
+from . import events
 from .coordinator import Coordinator, Work
 from .exceptions import HorovodInternalError, MismatchError, RefusedError, StallError
 from .matching import Entry
@@ -231,13 +231,14 @@ class StallInspector:
         if self.rank != min(r for r, entries in enumerate(lists) if entries):
             return True
         keys = {e.key: e.signature for entries in lists for e in entries}
-        missing = []
+        missing, absent = [], set()
         for key, sig in keys.items():
             lacking = [r for r, entries in enumerate(lists) if key not in {e.key for e in entries}]
             missing.append(f"{sig.describe()} missing on rank(s) {lacking}")
-        print(f"{config.WARNING_PREFIX}: stall: for {waited:.0f} s no collective has been issued under the same "
-              f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that every "
-              "rank issues each of them (named alike).", file=sys.stderr, flush=True)
+            absent.update(lacking)
+        events.emit(events.STALL, f"stall: for {waited:.0f} s no collective has been issued under the same "
+                    f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that "
+                    "every rank issues each of them (named alike).", missing=sorted(absent))
         if self.shutdown_s > 0 and waited >= self.shutdown_s:
             raise StallError(f"rank {self.rank}: no collective matched for {waited:.0f} s, past "
                              f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}.")
@@ -321,11 +322,12 @@ class StallInspector:
         missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != seq]
         elsewhere = [f"rank {r} waits in collective #{theirs} {where}"
                      for r, (theirs, where) in sorted(collected.items()) if theirs != seq]
-        print(
-            f"{config.WARNING_PREFIX}: stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
+        events.emit(
+            events.STALL,
+            f"stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
             f"(collective #{seq}); rank(s) {missing} have not arrived"
             + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
             + ". One or more ranks skipped this collective or are still busy; check that every rank "
             "calls the same collectives in the same order.",
-            file=sys.stderr, flush=True,
+            missing=missing,
         )
