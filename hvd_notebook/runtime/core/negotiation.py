@@ -24,6 +24,7 @@ and the verdict (a ``MismatchError``, or fine where the others have joined).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -43,6 +44,7 @@ __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_m
 
 _QUERY, _HERE, _LEAVING, _RESETTING = "query", "here", "leaving", "resetting"
 _STALL_TAG = 7001
+_yield_cpu = getattr(os, "sched_yield", lambda: None)  # (not on every platform)
 
 
 class _Turn:
@@ -255,6 +257,9 @@ class StallInspector:
         while not done():
             now = time.monotonic()
             if now < spin_until:
+                # give the CPU up while spinning, as MPI's own progress loop does: a partner that shares this
+                # CPU (ranks of an oversubscribed host) runs now, not after this rank's time slice
+                _yield_cpu()
                 continue
             time.sleep(pause)
             pause = min(pause * 2, 5e-4)
