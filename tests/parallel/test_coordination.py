@@ -1,4 +1,4 @@
-"""Collectives matched by name, in any order (runtime/coordinator.py), and calls refused on
+"""Collectives matched by name, in any order (runtime/core/coordinator.py), and calls refused on
 one rank failing on every rank instead of leaving the others waiting."""
 
 import json

@@ -1,4 +1,4 @@
-"""The decision every rank takes alike from all ranks' waiting collectives (runtime/matching.py)."""
+"""The decision every rank takes alike from all ranks' waiting collectives (runtime/core/matching.py)."""
 
 from hvd_notebook.runtime.core.matching import Entry, decide
 from hvd_notebook.runtime.core.signatures import JOIN, Signature, allgather_signature, allreduce_signature
