@@ -52,7 +52,7 @@ test-fast: install
 # (coverage.py's subprocess patch, pyproject.toml [tool.coverage]); the total, then build/coverage/index.html
 COVERAGE_DIR := $(CURDIR)/build/coverage
 coverage: install
-	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR) && chmod 1777 $(COVERAGE_DIR)
+	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest $(PYTEST_ARGS) || true
 	cd $(COVERAGE_DIR) && $(CURDIR)/$(PY) -m coverage combine -q --keep . && \
 		$(CURDIR)/$(PY) -m coverage html -q -d . --rcfile=$(CURDIR)/pyproject.toml && \
