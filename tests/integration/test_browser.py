@@ -82,6 +82,8 @@ STANDALONE_OUTPUTS = """() => [...document.querySelectorAll('.hvd-outputs')].fil
   .map(e => [...e.querySelectorAll('details')].map(d => ({
     title: d.querySelector('summary').innerText.trim(), open: d.open, text: d.textContent})))"""
 
+CELL_TEXT = "(i => document.querySelectorAll('.jp-Notebook .jp-Cell')[i].innerText)"
+
 RUN_LAST_CELL = """() => {
   const notebook = window.jupyterapp.shell.currentWidget.content;
   notebook.activeCellIndex = notebook.widgets.length - 1;
@@ -198,12 +200,23 @@ def test_dashboard_in_jupyterlab(lab):
             page.screenshot(path=str(artifacts / "dashboard-tabs.png"), full_page=True)
             lab["release"].touch()
             # then the cell where rank 1 raises: its tabs' static copy, rank 1 marked failed
-            page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().length >= 2", timeout=90_000, polling=250)
+            # (waited for by its own text: a count of outputs or an idle kernel alone can be seen between two
+            # cells of the run-all, and a cell run then is aborted when the failing cell stops the run-all)
+            page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().some(c => c.some(d => d.title === 'rank 1 ✗'))",
+                                   timeout=90_000, polling=250)
+            page.wait_for_function(f"() => {CELL_TEXT}({FAILING_CELL}).includes('rank 1 gives up')", timeout=60_000,
+                                   polling=250)
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # run-all stopped at the error
             standalone = page.evaluate(STANDALONE_OUTPUTS)
             page.evaluate(RUN_LAST_CELL)  # %hvd stop
-            page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
-                                   ".includes('Cluster stopped.')", timeout=60_000, polling=250)
+            try:
+                page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
+                                       ".includes('Cluster stopped.')", timeout=60_000, polling=250)
+            except Exception:
+                page.screenshot(path=str(artifacts / "dashboard-stop-missing.png"), full_page=True)
+                raise AssertionError("%hvd stop said nothing in 60 s; the notebook shows:\n"
+                                     + page.inner_text(".jp-Notebook")[-3000:]
+                                     + "\nlab log:\n" + lab["log"].read_text()[-3000:]) from None
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
             page.screenshot(path=str(artifacts / "dashboard-outputs.png"), full_page=True)
             page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[3].scrollIntoView()")
