@@ -13,6 +13,18 @@ from hvd_notebook.cluster import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))
+# Files that share one world (one mpiexec, one TensorFlow import: ~10 s a world saved); a file not named
+# here gets a world of its own. Alone on purpose: test_tf1_graph.py (graph mode), test_training_extras.py and
+# test_elastic.py (they leave the TF world in a state the others' tests do not expect), test_horovod_imports.py
+# (it checks what importing the alias does in a fresh process)
+SHARED_WORLDS = {
+    "tensorflow": ["test_collectives.py", "test_coordination.py", "test_horovod_arguments.py",
+                   "test_horovod_semantics.py", "test_keras.py", "test_nccl.py", "test_process_sets.py",
+                   "test_progress_callback.py", "test_timeline_and_stall.py"],
+    "torch": ["test_torch.py", "test_torch_gpu.py"],
+}
+_SHARED = {f for files in SHARED_WORLDS.values() for f in files}
+WORLDS = {**SHARED_WORLDS, **{f: [f] for f in FILES if f not in _SHARED}}
 
 
 def run_under_mpiexec(args: list[str], **env_extra: str) -> None:
@@ -32,9 +44,13 @@ def run_under_mpiexec(args: list[str], **env_extra: str) -> None:
     assert proc.stdout.count(" passed") == 2, proc.stdout[-4000:]  # one summary line per rank
 
 
-@pytest.mark.parametrize("test_file", FILES)
-def test_under_mpiexec(test_file):
-    run_under_mpiexec([f"tests/parallel/{test_file}"])
+def test_every_file_runs_in_a_world():
+    assert set(FILES) >= _SHARED, sorted(_SHARED - set(FILES))  # (a renamed file is not left out silently)
+
+
+@pytest.mark.parametrize("world", sorted(WORLDS))
+def test_under_mpiexec(world):
+    run_under_mpiexec([f"tests/parallel/{f}" for f in WORLDS[world]])
 
 
 def test_agreement_through_a_collective():

@@ -57,6 +57,19 @@ def test_nameless_calls_in_flight_together_never_share_a_name(hvd):
     """A grouped call of nameless tensors takes one automatic name per tensor; a nameless call made while it
     waits gets a name of its own, not the group's second one. (Two dtypes: the group is two fused calls, each
     matched by the name of its first tensor, so a second holder of that name would be matched with it.)"""
+    _nameless_calls_in_flight_together(hvd)
+
+
+def test_nameless_calls_pair_again_after_a_join(hvd):
+    """Rank 1 names its nameless call, rank 0 (joined) serves it with zeros and takes no name: the counts
+    meet again at the join's end, so nameless calls in flight together afterwards still pair."""
+    if hvd.rank() == 1:
+        hvd.allreduce(np.ones(2), op=hvd.Sum)
+    hvd.join()
+    _nameless_calls_in_flight_together(hvd)
+
+
+def _nameless_calls_in_flight_together(hvd):
     r = hvd.rank()
     grouped = {}
 

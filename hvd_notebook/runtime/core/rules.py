@@ -4,7 +4,6 @@ factor scales a tensor."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 from typing import Any
 
@@ -12,24 +11,37 @@ import numpy as np
 
 from .ops import Average, Sum
 
-_counter = itertools.count()
-_reserve = threading.Lock()
-
-
-def auto_name(kind: str) -> str:
-    """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
-    so nameless calls pair by call order, whichever binding made them."""
-    return f"{kind}.noname.{next(_counter)}"
+_next_number = 0  # of the next automatic name
+_numbers = threading.Lock()
 
 
 def auto_names(kind: str, count: int) -> list[str]:
     """``count`` automatic names for the tensors of one grouped call, taken from the counter together so
     that no other call, however it interleaves, is given one of them."""
-    with _reserve:
-        first = next(_counter)
-        for _ in range(count - 1):
-            next(_counter)
+    global _next_number
+    with _numbers:
+        first, _next_number = _next_number, _next_number + count
     return [f"{kind}.noname.{first + i}" for i in range(count)]
+
+
+def auto_name(kind: str) -> str:
+    """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
+    so nameless calls pair by call order, whichever binding made them."""
+    return auto_names(kind, 1)[0]
+
+
+def next_auto_number() -> int:
+    """The number the next automatic name will have."""
+    return _next_number
+
+
+def continue_auto_names_from(number: int) -> None:
+    """Go on counting from ``number``: after ``join()``, where the ranks that were still calling took names
+    the joined rank did not (it served their calls with zeros), every rank goes on from the highest count,
+    so that their nameless calls pair again."""
+    global _next_number
+    with _numbers:
+        _next_number = max(_next_number, number)
 
 
 def names(name: str | None, kind: str, count: int) -> list[str]:

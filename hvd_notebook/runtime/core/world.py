@@ -18,7 +18,7 @@ from typing import Any
 
 from ... import config
 from ...cluster.rankwatch import RankWatch
-from . import nccl_backend
+from . import nccl_backend, rules
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
 from .signatures import BARRIER, AllreduceCall, Signature
@@ -113,7 +113,9 @@ class World:
             served += 1
 
         self.negotiator.join(serve)
-        return int(self.comm.allreduce(self.rank if served == 0 else -1, op=self.MPI.MAX))
+        ends = self.comm.allgather((self.rank if served == 0 else -1, rules.next_auto_number()))
+        rules.continue_auto_names_from(max(number for _, number in ends))
+        return max(last for last, _ in ends)
 
 
 _lock = threading.Lock()
