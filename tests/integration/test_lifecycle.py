@@ -391,8 +391,9 @@ print("result", train(state), "step", state.step)
 """
 
 
+# (an exit code is reported as the plain cell's test shows; under elastic, a crash in native code and SIGKILL
+# recover the same way, so each standby mode is tried with one of them)
 @pytest.mark.parametrize("death, how, standby", [
-    ("os._exit(7)", "exit code 7", "off"),
     ("import ctypes; ctypes.string_at(0)", "signal Segmentation", "off"),
     # what the out-of-memory killer sends; the new world is the warm standby's
     ("import signal; os.kill(os.getpid(), signal.SIGKILL)", "signal Kill", "on"),
