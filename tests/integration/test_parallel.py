@@ -13,8 +13,8 @@ from hvd_notebook.cluster import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))
-# Files that share one world (one mpiexec, one TensorFlow import: ~10 s a world saved); a file not named
-# here gets a world of its own. Alone on purpose: test_tf1_graph.py (graph mode), test_training_extras.py and
+# Files that share one world (one mpiexec and one TensorFlow import for all of them); a file not named here
+# gets a world of its own. Alone on purpose: test_tf1_graph.py (graph mode), test_training_extras.py and
 # test_elastic.py (they leave the TF world in a state the others' tests do not expect), test_horovod_imports.py
 # (it checks what importing the alias does in a fresh process)
 SHARED_WORLDS = {
