@@ -1,9 +1,10 @@
-"""Shared fixtures: a real IPython shell with the extension loaded, one 2-rank
-cluster shared by the tests that only run cells, and proof by PID that every
-process a test started is gone afterwards."""
+"""The tests' one harness: a real IPython shell with the extension loaded, one 2-rank cluster shared by
+the tests that only run cells, real Jupyter kernels (``started_kernel``, ``execute``) and stand-in
+kernel processes (``Kernel``), and proof by PID that every process a test started is gone afterwards."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -14,8 +15,9 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -28,7 +30,8 @@ os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GP
 os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
+ROOT_DIR = Path(__file__).resolve().parent.parent  # the clone
+ARTIFACTS = ROOT_DIR / "build" / "test-artifacts"
 
 
 def artifacts_dir() -> Path:
@@ -195,3 +198,139 @@ def run(ip, capsys):
         return result, re.sub(r"\x1b\[[0-9;]*m", "", captured.out + captured.err)
 
     return _run
+
+
+# ------------------------------------------------------------------ kernels
+CLI = [sys.executable, "-m", "hvd_notebook.cli"]
+
+
+def interrupt_blocked_cell(km, kc, cell: str, limit: float) -> tuple[set[int], dict, str, float, float]:
+    """Run ``cell``, in which a rank blocks in a collective, and press the kernel's stop button 3 s into
+    it; require the old ranks gone within ``limit`` s. The old ranks' PIDs, the cell's reply and output,
+    and the seconds from the interrupt until the ranks were stopped and until the cell returned."""
+    _, out = execute(kc, "print('RANKS', [r.pid for r in Session.get().cluster.ranks])")
+    old = {int(p) for p in out.split("RANKS", 1)[1].strip().strip("[]").split(",")}
+    msg_id = kc.execute(cell)
+    time.sleep(3)  # the cell is running; the rank is inside the collective
+    t0 = time.monotonic()
+    km.interrupt_kernel()
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in old):
+        assert time.monotonic() - t0 < limit, f"the ranks were not stopped within {limit} s of the interrupt"
+        time.sleep(0.1)
+    stopped = time.monotonic() - t0
+    reply, out = collect(kc, msg_id)
+    return old, reply, out, stopped, time.monotonic() - t0
+
+
+def cluster_pids(kc) -> set[int]:
+    """Every process of the kernel's cluster, as the kernel knows them."""
+    _, out = execute(kc, "print('PIDS', sorted(Session.get().cluster.pids()))")
+    return {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+
+
+@contextlib.contextmanager
+def started_kernel(env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any]]:
+    """A real ipykernel started by jupyter_client, as JupyterLab starts it, with ``env`` added to its
+    environment (no GPUs by default): (manager, client); its channels closed and the kernel shut down at
+    the end, if the test has not."""
+    from jupyter_client.manager import start_new_kernel
+
+    # ipykernel's own spec runs this interpreter (sys.executable)
+    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
+                              env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
+    try:
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        if km.is_alive():
+            km.shutdown_kernel(now=True)
+
+
+def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
+    """Run ``code`` in a kernel started by ``started_kernel``: the shell reply and the text output (none
+    where ``wait`` is False)."""
+    msg_id = kc.execute(code)
+    if not wait:
+        return None, ""
+    return collect(kc, msg_id)
+
+
+def collect(kc, msg_id: str) -> tuple[Any, str]:
+    """The shell reply and the text output (streams and tracebacks) of one request."""
+    out = []
+    reply = kc.get_shell_msg(timeout=180)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=180)
+    while True:
+        msg = kc.get_iopub_msg(timeout=30)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append("\n".join(msg["content"]["traceback"]))
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    return reply, "".join(out)
+
+
+KERNEL = """
+import sys
+from hvd_notebook.cluster import ClusterOptions
+from hvd_notebook.kernel.session import Session
+session = Session.get()
+session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
+cluster = session.cluster
+print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
+      ",".join(r.device.replace(" ", "") for r in cluster.ranks), flush=True)
+session.run_cell({cell!r}) if {cell!r} else None
+print("CELL-DONE", flush=True)
+sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
+"""
+
+
+class Kernel:
+    """A process standing in for a notebook kernel with a running cluster."""
+
+    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None, cell: str = "") -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n, cell=cell)], cwd=ROOT_DIR,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, **(env or {})})
+        self.workdir: Path | None = None
+        self.pids: set[int] = set()
+        self.devices: list[str] = []
+        self.error = ""
+
+    def wait_ready(self, timeout: float = 120) -> Kernel:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if line.startswith("READY"):
+                parts = line.split()  # READY workdir pid pid ... devices
+                self.workdir = Path(parts[1])
+                self.pids = {int(p) for p in parts[2:-1]}
+                self.devices = parts[-1].split(",")
+                return self
+            if not line and self.proc.poll() is not None:
+                self.error = self.proc.stderr.read()
+                return self
+            if not line:
+                time.sleep(0.1)
+        raise AssertionError("the kernel did not start its cluster in time")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def wait_for_standby(cluster, timeout: float = 120.0) -> set[int]:
+    """The processes of ``cluster``'s warm standby, once it is ready."""
+    deadline = time.monotonic() + timeout
+    while cluster.standby_state == "starting" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cluster.standby_state == "ready", cluster.standby_state
+    return cluster.standby.pids()

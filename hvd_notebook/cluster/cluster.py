@@ -114,22 +114,22 @@ class MPICluster:
         return self.ranks
 
     def _start_cold(self) -> list[RankInfo]:
-        """Where MPI_Init itself failed before any engine connected, try once more:
-        that failure can be transient (UCX's address exchange under gforker)."""
-        try:
-            return self._start_once()
-        except ClusterError as exc:
-            if not exc.mpi_init_failed:
+        """A start, tried once more where MPI_Init itself failed before any engine connected (that
+        failure can be transient: ``diagnosis.tries_where_mpi_init_fails``)."""
+        def start() -> list[RankInfo] | ClusterError:
+            try:
+                return self._start_once()
+            except ClusterError as exc:
+                if exc.mpi_init_failed:
+                    return exc
                 raise
-        print("[hvd_notebook] MPI_Init failed on a rank before any engine connected; "
-              "starting the ranks once more.", file=sys.stderr, flush=True)
-        try:
-            return self._start_once()
-        except ClusterError as exc:
-            if not exc.mpi_init_failed:
-                raise
-            raise ClusterError(f"MPI_Init failed on a rank in two tries in a row. The second: {exc}",
+
+        ended = diagnosis.tries_where_mpi_init_fails(start, lambda r: isinstance(r, ClusterError),
+                                                     "any engine connected")
+        if isinstance(ended, ClusterError):
+            raise ClusterError(f"MPI_Init failed on a rank in two tries in a row. The second: {ended}",
                                mpi_init_failed=True) from None
+        return ended
 
     def _start_once(self) -> list[RankInfo]:
         deadline = time.monotonic() + self.options.timeout

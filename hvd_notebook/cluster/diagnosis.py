@@ -8,8 +8,13 @@ killed by SIGBUS also gets ``/dev/shm``'s free space, read then).
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from . import shm
+
+T = TypeVar("T")
 
 # MPICH's words when MPI_Init fails on a rank (MPI_Init_thread is what mpi4py calls)
 _MPI_INIT_FAILED = re.compile(r"Fatal error in (internal_Init_thread|P?MPI_Init)")
@@ -71,6 +76,24 @@ def telling_line(output: str) -> str:
 def mpi_init_failed(output: str) -> bool:
     """Did MPI_Init itself fail on a rank (as opposed to the launcher or our code)?"""
     return bool(_MPI_INIT_FAILED.search(output))
+
+
+MPI_INIT_TRIES = 2  # starts of a world whose MPI_Init keeps failing (the messages say "two tries")
+
+
+def tries_where_mpi_init_fails(start: Callable[[], T], init_failed: Callable[[T], bool], before: str) -> T:
+    """``start()`` again, up to ``MPI_INIT_TRIES`` starts in all, where ``init_failed`` says of what it
+    returned that MPI_Init failed on a rank before ``before`` (before any engine connected, before the
+    script started): under MPICH's gforker UCX's address exchange fails that way about once in 150
+    starts, and a start right after it rarely does. What the last start returned."""
+    result = start()
+    for _ in range(MPI_INIT_TRIES - 1):
+        if not init_failed(result):
+            break
+        print(f"[hvd_notebook] MPI_Init failed on a rank before {before}; starting the ranks once more.",
+              file=sys.stderr, flush=True)
+        result = start()
+    return result
 
 
 def tail(text: str, lines: int = 20) -> str:

@@ -34,6 +34,7 @@ from .errors import ClusterError
 from .launch import world_environment
 from .pids import kill_all
 from .placement import HostList, Placement, choose_placement, is_open_mpi
+from .resets import run_with_resets
 from .workdir import clusters_dir
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
@@ -180,7 +181,6 @@ def ending_message(launcher: str, code: int, reports: dict[int, str], causes: li
 
 
 # ------------------------------------------------------------------ the running job
-MPI_INIT_RETRIES = 2  # more starts of a job whose MPI_Init failed before the script ran
 TAIL_CHARS = 64 * 1024  # how much of the launcher's output ``diagnosis`` reads afterwards
 
 
@@ -335,17 +335,13 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
 
 
 def _launch_once_more_after_mpi_init(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """``_launch``, started again where MPI_Init failed before the script ran (up to ``MPI_INIT_RETRIES``)."""
-    code, output = _launch(argv, env)
-    for _ in range(MPI_INIT_RETRIES):
-        if not (code and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv):
-            break
-        # MPI_Init fails at random now and then under MPICH (UCX), a retry right after it rarely
-        # too; the runner initialises MPI before the script, so none of its code has run yet
-        print("[hvd_notebook] MPI_Init failed on a rank before the script started; starting the ranks "
-              "once more.", file=sys.stderr, flush=True)
-        code, output = _launch(argv, env)
-    return code, output
+    """``_launch``, started again where MPI_Init failed before the script ran: the runner initialises MPI
+    before the script (``SCRIPT_MAIN``), so none of its code has run yet."""
+    def init_failed(ended: tuple[int, str]) -> bool:
+        code, output = ended
+        return bool(code) and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv
+
+    return diagnosis.tries_where_mpi_init_fails(lambda: _launch(argv, env), init_failed, "the script started")
 
 
 def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -372,19 +368,20 @@ def run_job(job: Job) -> int:
             added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
             print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
                   f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
-        try:
-            code, output = _launch_once_more_after_mpi_init(argv, env)
-            resets = job.options.max_resets  # relaunches of a failed job that left an hvd.elastic commit
-            for reset in range(1, resets + 1):
-                commit = Path(elastic) / COMMIT_SUMMARY
-                if not code or not commit.exists():
-                    break
-                failed = failed_ranks(diagnosis.exit_reports(output))
-                why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {code}"
-                print(f"[hvd_notebook] the job failed ({why}); launching it "
-                      f"again from rank 0's last hvd.elastic commit ({commit.read_text().strip()}): reset {reset} "
-                      f"of {resets}.", file=sys.stderr, flush=True)
-                code, output = _launch_once_more_after_mpi_init(argv, env)
+        commit = Path(elastic) / COMMIT_SUMMARY
+
+        def reset(ended: tuple[int, str], number: int) -> str:
+            failed = failed_ranks(diagnosis.exit_reports(ended[1]))
+            why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {ended[0]}"
+            print(f"[hvd_notebook] the job failed ({why}); launching it again from rank 0's last hvd.elastic "
+                  f"commit ({commit.read_text().strip()}): reset {number} of {job.options.max_resets}.",
+                  file=sys.stderr, flush=True)
+            return why
+
+        try:  # a job that failed after an hvd.elastic commit is launched again (the session's loop)
+            (code, output), _ = run_with_resets(lambda: _launch_once_more_after_mpi_init(argv, env),
+                                                lambda ended: bool(ended[0]) and commit.exists(), reset,
+                                                job.options.max_resets)
         except Stopped as stop:
             print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
             return 128 + stop.signum

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from .. import private
 from ..cluster.workdir import clusters_dir
@@ -47,16 +46,6 @@ def replay(history: list[RecordedCell], run: Callable[[RecordedCell], object], s
                            "yourself.") from None
         say(f"replayed {i}/{len(history)}: {recorded.label} ({time.monotonic() - started:.1f} s)")
     return len(history)
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """A cell being run again after dead ranks: when its first run started (a commit since then is
-    its own), a line per reset so far, and the dashboard its runs share."""
-
-    started: float
-    resets: tuple[str, ...] = ()
-    dashboard: Any = None  # dashboard.Dashboard, or None without one
 
 
 class ElasticCommits:

@@ -10,23 +10,31 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
+from ..cluster.resets import run_with_resets
 from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from ..private import UnsafePathError
 from . import failures
 from .cell import RankValue, RunningCell, is_busy
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
-from .recovery import ElasticCommits, RecordedCell, Resumed, replay
+from .recovery import ElasticCommits, RecordedCell, replay
 from .tenancy import Tenancy, released_message
 
 __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
            "Session"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Runs:
+    """What the runs of one cell share: the dashboard (a cell resumed after dead ranks goes on with it)."""
+
+    dashboard: Dashboard | None = None
 
 
 class Session:
@@ -99,6 +107,10 @@ class Session:
 
     def restart(self) -> list[RankInfo]:
         """Start again with the options of the last start (the recorded cells are kept for ``replay``)."""
+        with self.in_use():
+            return self._restart()
+
+    def _restart(self) -> list[RankInfo]:
         if self.options is None:
             raise HvdError("Nothing to restart: no cluster was started in this kernel. Run %hvd start.")
         history = self.history
@@ -119,12 +131,23 @@ class Session:
         """Run the recorded cells again, in order, on the ranks of now (after a restart, which lost
         every rank's variables): without output or dashboard, a line each through ``say``. A cell
         that fails stops the replay with an error naming it. The number of cells replayed."""
-        history = list(self.history)
-        done = replay(history, lambda cell: self.run_cell(cell.code, ranks=cell.ranks, output_ranks=[],
-                                                          timeout=cell.timeout, progress=DashboardMode.NONE,
-                                                          record=False), say)
-        self.history = history
-        return done
+        with self.in_use():
+            self.require()
+            try:
+                return self._replay(say)
+            except BaseException:
+                self.commits.forget()
+                raise
+
+    def _replay(self, say: Callable[[str], None]) -> int:
+        """``replay`` under the lock its caller holds: each cell once, as it was recorded (no resets, no
+        change to the node's card: the cluster is in use until the command that replays ends)."""
+        def run(recorded: RecordedCell) -> None:
+            outcome = self._run_once(recorded.code, recorded.ranks, [], recorded.timeout, DashboardMode.NONE)
+            if isinstance(outcome, RankDied):
+                raise outcome
+
+        return replay(list(self.history), run, say)
 
     def stop(self) -> bool:
         """Stop the cluster; False when none was running."""
@@ -178,24 +201,52 @@ class Session:
                 if why is not None and self._release(why):
                     print(f"[hvd_notebook] {self.released}", file=sys.stderr, flush=True)
 
-    def _run_cell(
-        self,
-        code: str,
-        ranks: list[int] | None,
-        output_ranks: list[int] | None,
-        timeout: float | None,
-        progress: str | None,
-        record: bool,
-        resumed: Resumed | None = None,
-    ) -> RankValue | None:
-        """``run_cell``; ``resumed``: this is the cell again after dead ranks (``_resume``)."""
+    def _run_cell(self, code: str, ranks: list[int] | None, output_ranks: list[int] | None,
+                  timeout: float | None, progress: str | None, record: bool) -> RankValue | None:
+        """``run_cell`` under its lock: the cell, and where its ranks die in an ``hvd.elastic.run`` that
+        committed since the cell began, the cell again on a new world (``_reset``), which resumes from the
+        commit, up to ``--max-resets`` times (``resets.run_with_resets``, the loop ``hvd-notebook run``
+        runs too). Every run of the cell draws on one dashboard."""
         try:
             mode = resolve_mode(progress)
         except ValueError as exc:
             raise HvdError(str(exc)) from None
+        started, runs = time.time(), _Runs()
+
+        def resumable(outcome: RankValue | RankDied | None) -> bool:
+            return isinstance(outcome, RankDied) and self.commits.committed_since(started)
+
+        try:
+            outcome, resets = run_with_resets(
+                lambda: self._run_once(code, ranks, output_ranks, timeout, mode, runs, record), resumable,
+                lambda died, number: self._reset(died, number, runs.dashboard), self._max_resets())
+        except BaseException:  # (a failed reset too)
+            self._cell_ended(runs)
+            raise
+        if isinstance(outcome, RankDied):
+            self._cell_ended(runs)
+            if resets and resumable(outcome):
+                raise RankDied(f"{outcome}\nThe cell was resumed {len(resets)} time(s) already, as many as "
+                               f"--max-resets {self._max_resets()} allows:\n" + "\n".join(resets),
+                               outcome.died) from None
+            raise outcome
+        return outcome
+
+    def _cell_ended(self, runs: _Runs) -> None:
+        """A cell failed: its dashboard's summary, and no later cell may resume from its commit."""
+        if runs.dashboard is not None:
+            runs.dashboard.finish()  # (a run's own failures finish it already; ranks that died do not)
+        self.commits.forget()
+
+    def _run_once(self, code: str, ranks: list[int] | None, output_ranks: list[int] | None,
+                  timeout: float | None, mode: DashboardMode, runs: _Runs | None = None,
+                  record: bool = False) -> RankValue | RankDied | None:
+        """One run of a cell on the world of now: rank 0's value, or the ``RankDied`` of ranks that died
+        (other failures raise). ``runs``: the dashboard earlier runs of the same cell drew on; ``record``:
+        a run that completes is recorded for ``replay``."""
         cluster = self.require()
         all_ranks = [r.rank for r in cluster.ranks]
-        asked, ranks = ranks, all_ranks if ranks is None else ranks  # (a resume may have fewer ranks)
+        ranks = all_ranks if ranks is None else ranks  # (a resumed cell may have fewer ranks: None is all)
         unknown = sorted(set(ranks) - set(all_ranks)) + sorted(set(output_ranks or []) - set(all_ranks))
         if unknown:
             raise failures.unknown_ranks(unknown, len(all_ranks))
@@ -204,27 +255,13 @@ class Session:
             raise failures.dead_before_cell(dead)
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         self._set_engine_progress(cluster, mode != DashboardMode.NONE)
-        resumed = resumed or Resumed(time.time())
-        running = RunningCell(cluster, code, ranks, show, timeout, mode, resumed.dashboard)
+        running = RunningCell(cluster, code, ranks, show, timeout, mode, runs.dashboard if runs else None)
+        if runs is not None:
+            runs.dashboard = running.dashboard
         try:
             value = running.wait()
         except RankDied as died:
-            resets, resumable = resumed.resets, self.commits.committed_since(resumed.started)
-            if len(resets) >= self._max_resets() or not resumable:
-                if running.dashboard is not None:
-                    running.dashboard.finish()
-                self.commits.forget()
-                if resets and resumable:
-                    raise RankDied(f"{died}\nThe cell was resumed {len(resets)} time(s) already, as many as "
-                                   f"--max-resets {self._max_resets()} allows:\n" + "\n".join(resets),
-                                   died.died) from None
-                raise
-            line = self._resume(died, len(resets) + 1, running.dashboard)
-            return self._run_cell(code, asked, output_ranks, timeout, progress, record,
-                                  Resumed(resumed.started, (*resets, line), running.dashboard))
-        except BaseException:
-            self.commits.forget()  # the cell's training has ended: a later cell must not resume from it
-            raise
+            return died
         finally:
             if running.cluster_lost:
                 self.cluster = None
@@ -237,9 +274,9 @@ class Session:
         """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
         return self.options.max_resets if self.options is not None else 0
 
-    def _resume(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> str:
+    def _reset(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> str:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
-        set-up cells replayed, the event on the cell's dashboard; the caller then runs the cell again,
+        set-up cells replayed, the event on the cell's dashboard; the loop then runs the cell again,
         whose ``hvd.elastic.run`` resumes from the commit. A line on this reset, for the history."""
         commit = self.commits.summary()
         first = str(died).splitlines()[0]
@@ -247,12 +284,9 @@ class Session:
               f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",
               file=sys.stderr, flush=True)
         try:
-            self.restart()
-            self.replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
+            self._restart()
+            self._replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
         except HvdError as exc:
-            if dashboard is not None:
-                dashboard.finish()
-            self.commits.forget()
             raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}", died.died) from None
         if dashboard is not None:
             dashboard.reset(died.died, commit, [r.rank for r in self.require().ranks])

@@ -1,5 +1,10 @@
 """binder/postBuild, as mybinder.org runs it, in a scratch virtual environment:
-it installs the package and the kernel, and the kernel it installs has the magics."""
+it installs the package and the kernel, and the kernel it installs has the magics.
+
+The scratch environment sees this one's packages (each linked into a folder on its path), except
+hvd_notebook and MPICH's wheel: postBuild's pip installs those two, and finds every other requirement
+already satisfied instead of downloading TensorFlow again (that the requirements resolve from nothing is
+what ``make install`` in a fresh clone shows)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +25,7 @@ def test_postbuild_installs_package_and_kernel(tmp_path):
                                                             ".pytest_cache", ".ruff_cache"))
     env_dir = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
+    seed_installed_packages(tmp_path / "seed", env_dir)
     env = {**os.environ, "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(env_dir),
            "HOME": str(tmp_path / "home")}
     env.pop("PYTHONPATH", None)
@@ -34,3 +41,16 @@ def test_postbuild_installs_package_and_kernel(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.strip() == str(env_dir / "bin" / "mpiexec")
+
+
+LEFT_TO_POSTBUILD = ("hvd_notebook", "__editable__", "_hvd_notebook", "mpich-")  # (and .pth files)
+
+
+def seed_installed_packages(seed: Path, env_dir: Path) -> None:
+    """Put this environment's packages, but for those postBuild must install itself, on ``env_dir``'s path."""
+    seed.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(LEFT_TO_POSTBUILD) and entry.suffix != ".pth":
+            (seed / entry.name).symlink_to(entry)
+    (site_packages,) = (env_dir / "lib").glob("python*/site-packages")
+    (site_packages / "hvd-test-seed.pth").write_text(f"{seed}\n")

@@ -11,70 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from conftest import assert_gone, figure
-
-ROOT = Path(__file__).resolve().parents[2]
-CLI = [sys.executable, "-m", "hvd_notebook.cli"]
-
-KERNEL = """
-import sys
-from hvd_notebook.cluster import ClusterOptions
-from hvd_notebook.kernel.session import Session
-session = Session.get()
-session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
-cluster = session.cluster
-print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
-      ",".join(r.device.replace(" ", "") for r in cluster.ranks), flush=True)
-session.run_cell({cell!r}) if {cell!r} else None
-print("CELL-DONE", flush=True)
-sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
-"""
-
-
-class Kernel:
-    """A process standing in for a notebook kernel with a running cluster."""
-
-    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None, cell: str = "") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n, cell=cell)], cwd=ROOT,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env={**os.environ, **(env or {})})
-        self.workdir: Path | None = None
-        self.pids: set[int] = set()
-        self.devices: list[str] = []
-        self.error = ""
-
-    def wait_ready(self, timeout: float = 120) -> Kernel:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if line.startswith("READY"):
-                parts = line.split()  # READY workdir pid pid ... devices
-                self.workdir = Path(parts[1])
-                self.pids = {int(p) for p in parts[2:-1]}
-                self.devices = parts[-1].split(",")
-                return self
-            if not line and self.proc.poll() is not None:
-                self.error = self.proc.stderr.read()
-                return self
-            if not line:
-                time.sleep(0.1)
-        raise AssertionError("the kernel did not start its cluster in time")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+from conftest import CLI, Kernel, assert_gone, figure
 
 
 def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):

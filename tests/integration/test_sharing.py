@@ -7,13 +7,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
-from conftest import assert_gone, figure
-from test_lifecycle import _execute, cluster_pids, started_kernel
+from conftest import CLI, assert_gone, cluster_pids, execute, figure, started_kernel
 
-CLI = [sys.executable, "-m", "hvd_notebook.cli"]
 START = "%load_ext hvd_notebook\nfrom hvd_notebook.kernel.session import Session\n%hvd start -n 2"
 
 
@@ -41,7 +38,7 @@ def _wait_for(condition, timeout: float) -> None:
 def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_path):
     env = _node_env(tmp_path, HVD_NOTEBOOK_MAX_GPUS_PER_USER="2")
     with started_kernel(env) as (_, a), started_kernel(env) as (_, b):
-        reply, out = _execute(a, START)
+        reply, out = execute(a, START)
         assert reply["content"]["status"] == "ok", out
         assert "This node's rules: at most 2 GPU(s) per user" in out, out
         pids = cluster_pids(a)
@@ -49,19 +46,19 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
         figure(f"hvd-notebook list --all, one notebook on GPUs 0,1:\n{listing}")
         assert "0,1" in listing and "running" in listing and "GPU 0: " in listing and "GPU 2" not in listing
         # the same user's second notebook: GPU 2 is free, but the user's cap is reached
-        reply, out = _execute(b, "%load_ext hvd_notebook\n%hvd start -n 1")
+        reply, out = execute(b, "%load_ext hvd_notebook\n%hvd start -n 1")
         assert reply["content"]["status"] == "error"
         assert "this node allows 2 GPU(s) per user ($HVD_NOTEBOOK_MAX_GPUS_PER_USER)" in out, out
         assert "your other clusters hold 2" in out and "GPU 0,1" in out, out
         # a card says busy while a cell runs
-        _execute(a, "%%hvd\nimport time; time.sleep(4)", wait=False)
+        execute(a, "%%hvd\nimport time; time.sleep(4)", wait=False)
         time.sleep(2.5)
         assert "busy (a cell runs)" in _list_all(env)
         a.get_shell_msg(timeout=60)
-        _execute(a, "%hvd stop")
+        execute(a, "%hvd stop")
         assert_gone(pids)
         assert "No clusters on this node." in _list_all(env)
-        reply, out = _execute(b, "%hvd start -n 2")  # the cap counts running clusters only
+        reply, out = execute(b, "%hvd start -n 2")  # the cap counts running clusters only
         assert reply["content"]["status"] == "ok", out
         card = next((tmp_path / "node" / "register").glob("cluster-*.json"))  # (the register: node/register/)
         assert json.loads(card.read_text())["gpus"] == ["0", "1"]
@@ -70,26 +67,26 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
 def test_an_idle_cluster_is_released_says_why_and_restart_brings_it_back(tmp_path):
     env = _node_env(tmp_path, HVD_NOTEBOOK_IDLE_TIMEOUT="4s", HVD_NOTEBOOK_MAX_LEASE_TIME="30s")
     with started_kernel(env) as (_, kc):
-        reply, out = _execute(kc, START)
+        reply, out = execute(kc, START)
         assert reply["content"]["status"] == "ok", out
         assert "a cluster stops after 30 s or after 4 s without a %%hvd cell" in out, out
         pids = cluster_pids(kc)
-        reply, out = _execute(kc, "%%hvd\nx = 40 + hvd.rank()")
+        reply, out = execute(kc, "%%hvd\nx = 40 + hvd.rank()")
         assert reply["content"]["status"] == "ok", out
         assert_gone(pids, timeout=15)  # released: no %%hvd cell for 4 s
         _wait_for(lambda: "No clusters on this node.\nGPU leases: none held" in _list_all(env), 10)
-        reply, out = _execute(kc, "%%hvd\nprint(x)")
+        reply, out = execute(kc, "%%hvd\nprint(x)")
         assert reply["content"]["status"] == "error"
         figure(f"The next cell after the idle release:\n{out.strip()}")
         assert "This notebook's cluster was stopped at" in out and "its GPU(s) 0,1 released" in out, out
         assert "it had run no %%hvd cell for 4 s ($HVD_NOTEBOOK_IDLE_TIMEOUT)" in out and "%hvd restart" in out
-        reply, out = _execute(kc, "%hvd restart --replay")
+        reply, out = execute(kc, "%hvd restart --replay")
         assert reply["content"]["status"] == "ok" and "Replayed 1 cell(s)." in out, out
-        reply, out = _execute(kc, "%%hvd\nprint('x is', x)")
+        reply, out = execute(kc, "%%hvd\nprint('x is', x)")
         assert "x is 40" in out, out
         # a cell that runs past the lease time ends first; the cluster stops after it
         pids = cluster_pids(kc)
-        reply, out = _execute(kc, "%%hvd\nimport time; time.sleep(31); print('slept')")
+        reply, out = execute(kc, "%%hvd\nimport time; time.sleep(31); print('slept')")
         assert reply["content"]["status"] == "ok" and "slept" in out, out
         assert "it had run for 30 s, the longest this node allows ($HVD_NOTEBOOK_MAX_LEASE_TIME)" in out, out
         assert_gone(pids)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from test_reliability import CLI, Kernel
+from conftest import CLI, Kernel
 
 BLOCKED_CELL = ("import time\n"
                 "if hvd.rank() == 0:\n"

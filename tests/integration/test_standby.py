@@ -12,9 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import assert_gone, figure
-from test_lifecycle import wait_for_standby
-from test_reliability import CLI
+from conftest import CLI, assert_gone, figure, wait_for_standby
 
 from hvd_notebook.cluster import ClusterOptions, MPICluster, leases
 

@@ -13,10 +13,12 @@ import textwrap
 import time
 
 import psutil
-from conftest import assert_gone, figure
-from test_lifecycle import _execute, cluster_pids, interrupt_blocked_cell, started_kernel
+import pytest
+from conftest import assert_gone, cluster_pids, execute, figure, interrupt_blocked_cell, started_kernel
+from IPython.utils.capture import capture_output
 
 from hvd_notebook import private
+from hvd_notebook.kernel.session import Session
 
 START = "%hvd start -n 2 --framework torch"
 
@@ -45,32 +47,6 @@ def sockets_beyond_loopback(pids: set[int]) -> list[str]:
         found += [f"{name} (pid {pid}): {c.type.name} {c.laddr.ip}:{c.laddr.port} {c.status}"
                   for c in sockets if c.laddr and c.laddr.port and not _is_loopback(c.laddr.ip)]
     return found
-
-
-def test_a_torch_cluster_has_hvd_torch_and_torch_distributed_and_no_tensorflow(session, run):
-    t0 = time.monotonic()
-    result, out = run(START)
-    assert result.success, out
-    figure(f"--framework torch: 2 ranks started in {time.monotonic() - t0:.1f} s")
-    assert "(hvd: builtin; torch 2." in out and "torch.distributed gloo)" in out, out
-    result, out = run(
-        "%%hvd --all-output\n"
-        "import os, sys, torch, torch.distributed as dist, psutil\n"
-        "print('TF', 'tensorflow' in sys.modules or 'keras' in sys.modules)\n"
-        "print('HVD', hvd.__name__, dist.get_backend(), dist.get_rank(), dist.get_world_size(), hvd.rank(),"
-        " os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], torch.get_num_threads(),"
-        " os.environ.get('MASTER_PORT'), os.environ['GLOO_SOCKET_IFNAME'], os.environ['NCCL_SOCKET_IFNAME'])\n"
-        "t = torch.ones(2) * (hvd.rank() + 1)\ndist.all_reduce(t)\nprint('SUM', t.tolist())\n"
-        "print('RSS', psutil.Process().memory_info().rss >> 20)"
-    )
-    assert result.success, out
-    assert _values(out, "TF") == {0: "False", 1: "False"}, out
-    for r in (0, 1):
-        # one host: the rendezvous is a file in the private folder (no port), gloo and NCCL on loopback
-        assert _values(out, "HVD")[r] == f"hvd_notebook.runtime.torch gloo {r} 2 {r} {r} 2 127.0.0.1 1 None lo lo", out
-        assert _values(out, "SUM")[r] == "[3.0, 3.0]"
-    figure(f"--framework torch: a rank holds {_values(out, 'RSS')[0]} MiB after its first cell")
-    assert all(r.framework.startswith("torch 2.") for r in session.cluster.ranks)
 
 
 DIGITS = textwrap.dedent("""
@@ -111,18 +87,6 @@ DIGITS = textwrap.dedent("""
     print('DIFF', float((weights - ref).abs().max()))
     print('ACC', round(accuracy, 3))
 """)
-
-
-def test_horovod_torch_training_equals_one_process_at_twice_the_batch(session, run):
-    result, out = run(START)
-    assert result.success, out
-    result, out = run("%%hvd --all-output\n" + DIGITS)
-    assert result.success, out
-    digests = _values(out, "DIGEST")
-    assert len(digests) == 2 and digests[0] == digests[1], out  # identical weights, bit for bit
-    for r in (0, 1):
-        assert float(_values(out, "DIFF")[r]) < 1e-4, out
-        assert float(_values(out, "ACC")[r]) > 0.9, out
 
 
 DDP = textwrap.dedent("""
@@ -172,46 +136,10 @@ FSDP = textwrap.dedent("""
 """)
 
 
-def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(session, run):
-    result, out = run(START)
-    assert result.success, out
-    result, out = run("%%hvd --all-output\n" + DDP)
-    assert result.success, out
-    digests = _values(out, "DIGEST")
-    assert len(digests) == 2 and digests[0] == digests[1], out
-    assert all(float(d) < 1e-5 for d in _values(out, "DIFF").values()), out
-    # after the rendezvous and a DDP step: no process of the cluster (controller, launcher, ranks, ...)
-    # has a socket beyond loopback, TCP or UDP; torch's TCPStore alone would listen on every interface
-    assert sockets_beyond_loopback(session.cluster.pids()) == [], out
-    result, out = run("%%hvd --all-output\n" + FSDP)  # FSDP2's fully_shard on the same default group
-    assert result.success, out
-    assert len(_values(out, "FSDP_DIFF")) == 2 and all(float(d) < 1e-5 for d in _values(out, "FSDP_DIFF").values()), out
-    first = session.cluster.pids()
-    t0 = time.monotonic()
-    result, out = run(  # rank 1 dies in a gradient hook, in the middle of DDP's backward; rank 0 waits in gloo
-        "%%hvd\nimport os, signal\n"
-        "def die(grad):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "if hvd.rank() == 1:\n    model[0].weight.register_hook(die)\n"
-        "x = torch.randn(8, 16)\nddp(x).sum().backward()"
-    )
-    assert not result.success and time.monotonic() - t0 < 15, out
-    figure(f"SIGKILL of a rank inside DDP's backward: the cell failed after {time.monotonic() - t0:.1f} s")
-    assert "rank(s) [1] died while running the cell (rank 1: signal Kill" in out, out
-    result, out = run("%hvd restart")
-    assert result.success, out
-    assert_gone(first)
-    result, out = run("%%hvd --all-output\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
-                      "dist.all_reduce(t)\nprint('SUM', t.item())")
-    assert _values(out, "SUM") == {0: "2.0", 1: "2.0"}, out
-    # the killed world's rendezvous file is gone (the new rank 0 removed it); the live world's is private
-    stores = {p.name: int(p.name.split("-")[1]) for p in private.subdir("torch").glob("store-*")}
-    assert stores and all(psutil.pid_exists(pid) for pid in stores.values()), stores
-
-
 def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
     """JupyterLab's stop button while rank 0 waits in a gloo allreduce that rank 1 never joins."""
     with started_kernel() as (km, kc):
-        reply, out = _execute(kc, f"%load_ext hvd_notebook\n{START}\nfrom hvd_notebook.kernel.session import Session")
+        reply, out = execute(kc, f"%load_ext hvd_notebook\n{START}\nfrom hvd_notebook.kernel.session import Session")
         assert reply["content"]["status"] == "ok", out
         old, reply, out, _, back = interrupt_blocked_cell(
             km, kc, "%%hvd\nimport time, torch, torch.distributed as dist\nif hvd.rank() == 0:\n"
@@ -219,7 +147,7 @@ def test_interrupting_a_rank_blocked_in_a_gloo_allreduce():
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt", out
         assert "did not respond to an interrupt" in out, out
         figure(f"interrupt of a rank blocked in gloo: the cell returned with a fresh world in {back:.1f} s")
-        reply, out = _execute(kc, "%%hvd --all-output\nimport torch, torch.distributed as dist\n"
+        reply, out = execute(kc, "%%hvd --all-output\nimport torch, torch.distributed as dist\n"
                                   "t = torch.ones(1)\ndist.all_reduce(t)\nprint('fresh', t.item(), "
                                   "hvd.allreduce(torch.ones(1), op=hvd.Sum).item())")
         assert reply["content"]["status"] == "ok" and "[1] fresh 2.0 2.0" in out, out
@@ -262,9 +190,59 @@ TQDM = textwrap.dedent("""
 """)
 
 
-def test_tqdm_bars_in_a_cell_feed_the_dashboard(session, run):
-    result, out = run(START)
+@pytest.fixture(scope="module")
+def torch_cluster(ip):
+    """One 2-rank PyTorch cluster for the module's tests that need a healthy world (the last of them kills a
+    rank and restarts it); (what its start printed, the seconds it took). Stopped and proven gone at the end."""
+    session = Session.get()
+    assert session.cluster is None, "another test left a cluster running"
+    t0 = time.monotonic()
+    with capture_output() as captured:
+        result = ip.run_cell(START)
+    out = captured.stdout + captured.stderr
     assert result.success, out
+    yield out, time.monotonic() - t0
+    pids = session.cluster.pids() if session.cluster else set()
+    session.stop()
+    if pids:
+        assert_gone(pids)
+
+
+def test_a_torch_cluster_has_hvd_torch_and_torch_distributed_and_no_tensorflow(torch_cluster, run):
+    out, seconds = torch_cluster
+    figure(f"--framework torch: 2 ranks started in {seconds:.1f} s")
+    assert "(hvd: builtin; torch 2." in out and "torch.distributed gloo)" in out, out
+    result, out = run(
+        "%%hvd --all-output\n"
+        "import os, sys, torch, torch.distributed as dist, psutil\n"
+        "print('TF', 'tensorflow' in sys.modules or 'keras' in sys.modules)\n"
+        "print('HVD', hvd.__name__, dist.get_backend(), dist.get_rank(), dist.get_world_size(), hvd.rank(),"
+        " os.environ['RANK'], os.environ['WORLD_SIZE'], os.environ['MASTER_ADDR'], torch.get_num_threads(),"
+        " os.environ.get('MASTER_PORT'), os.environ['GLOO_SOCKET_IFNAME'], os.environ['NCCL_SOCKET_IFNAME'])\n"
+        "t = torch.ones(2) * (hvd.rank() + 1)\ndist.all_reduce(t)\nprint('SUM', t.tolist())\n"
+        "print('RSS', psutil.Process().memory_info().rss >> 20)"
+    )
+    assert result.success, out
+    assert _values(out, "TF") == {0: "False", 1: "False"}, out
+    for r in (0, 1):
+        # one host: the rendezvous is a file in the private folder (no port), gloo and NCCL on loopback
+        assert _values(out, "HVD")[r] == f"hvd_notebook.runtime.torch gloo {r} 2 {r} {r} 2 127.0.0.1 1 None lo lo", out
+        assert _values(out, "SUM")[r] == "[3.0, 3.0]"
+    figure(f"--framework torch: a rank holds {_values(out, 'RSS')[0]} MiB after its first cell")
+    assert all(r.framework.startswith("torch 2.") for r in Session.get().cluster.ranks)
+
+
+def test_horovod_torch_training_equals_one_process_at_twice_the_batch(torch_cluster, run):
+    result, out = run("%%hvd --all-output\n" + DIGITS)
+    assert result.success, out
+    digests = _values(out, "DIGEST")
+    assert len(digests) == 2 and digests[0] == digests[1], out  # identical weights, bit for bit
+    for r in (0, 1):
+        assert float(_values(out, "DIFF")[r]) < 1e-4, out
+        assert float(_values(out, "ACC")[r]) > 0.9, out
+
+
+def test_tqdm_bars_in_a_cell_feed_the_dashboard(torch_cluster, run):
     result, out = run("%%hvd --progress text\n" + TQDM)
     assert result.success, out
     assert "[0] trained" in out and "it/s" not in out and "8/8" not in out, out  # no tqdm text at all
@@ -272,3 +250,39 @@ def test_tqdm_bars_in_a_cell_feed_the_dashboard(session, run):
     assert len(lines) == 2, out
     for epoch, line in enumerate(lines, 1):
         assert f"epoch {epoch}/2 | 2 ranks | " in line and "samples/s | loss " in line, out
+
+
+def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(torch_cluster, run):
+    """(Last of the module's: it kills a rank of the shared world and restarts it.)"""
+    session = Session.get()
+    result, out = run("%%hvd --all-output\n" + DDP)
+    assert result.success, out
+    digests = _values(out, "DIGEST")
+    assert len(digests) == 2 and digests[0] == digests[1], out
+    assert all(float(d) < 1e-5 for d in _values(out, "DIFF").values()), out
+    # after the rendezvous and a DDP step: no process of the cluster (controller, launcher, ranks, ...)
+    # has a socket beyond loopback, TCP or UDP; torch's TCPStore alone would listen on every interface
+    assert sockets_beyond_loopback(session.cluster.pids()) == [], out
+    result, out = run("%%hvd --all-output\n" + FSDP)  # FSDP2's fully_shard on the same default group
+    assert result.success, out
+    assert len(_values(out, "FSDP_DIFF")) == 2 and all(float(d) < 1e-5 for d in _values(out, "FSDP_DIFF").values()), out
+    first = session.cluster.pids()
+    t0 = time.monotonic()
+    result, out = run(  # rank 1 dies in a gradient hook, in the middle of DDP's backward; rank 0 waits in gloo
+        "%%hvd\nimport os, signal\n"
+        "def die(grad):\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "if hvd.rank() == 1:\n    model[0].weight.register_hook(die)\n"
+        "x = torch.randn(8, 16)\nddp(x).sum().backward()"
+    )
+    assert not result.success and time.monotonic() - t0 < 15, out
+    figure(f"SIGKILL of a rank inside DDP's backward: the cell failed after {time.monotonic() - t0:.1f} s")
+    assert "rank(s) [1] died while running the cell (rank 1: signal Kill" in out, out
+    result, out = run("%hvd restart")
+    assert result.success, out
+    assert_gone(first)
+    result, out = run("%%hvd --all-output\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                      "dist.all_reduce(t)\nprint('SUM', t.item())")
+    assert _values(out, "SUM") == {0: "2.0", 1: "2.0"}, out
+    # the killed world's rendezvous file is gone (the new rank 0 removed it); the live world's is private
+    stores = {p.name: int(p.name.split("-")[1]) for p in private.subdir("torch").glob("store-*")}
+    assert stores and all(psutil.pid_exists(pid) for pid in stores.values()), stores

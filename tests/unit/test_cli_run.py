@@ -84,6 +84,26 @@ def test_unknown_horovodrun_options_are_refused_not_ignored(capsys):
     assert "--gloo: not an option of horovodrun" in err and "Gloo" in err
 
 
+@pytest.mark.parametrize("args, says", [
+    (["-np", "0", "python", "train.py"], "at least one rank"),
+    (["-np", "2", "-H", "localhost:2", "--hostfile", "hosts.txt", "python", "train.py"], "not both"),
+    (["-np", "2", "python", "missing.py"], "missing.py: no such file"),
+    (["-np", "2", "--mpiexec", "no-such-mpiexec", "python", "train.py"], "was not found"),
+    (["-np", "2"], "give the command"),
+    (["-np", "2", "--network-interface", "eth0", "python", "train.py"], "not an option"),
+])
+def test_bad_input_is_refused_with_what_to_do_and_status_2(args, says, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.setattr(runmod, "_launch", lambda argv, env: pytest.fail(f"launched {argv}"))
+    try:
+        status = cli.main(["run", *args])
+    except SystemExit as exc:  # (refused by the parser itself)
+        status = exc.code
+    assert status == 2
+    assert says in capsys.readouterr().err
+
+
 def test_the_entry_point_answers_to_horovodrun(monkeypatch):
     jobs = []
     monkeypatch.setattr(cli, "run_job", lambda job: jobs.append(job) or 7)
@@ -220,3 +240,55 @@ def test_the_stderr_pump_remembers_a_message_that_came_in_many_small_pieces():
     pump.join(timeout=10)
     assert pump.output() == message.decode()
     assert diagnosis.mpi_init_failed(pump.output())
+
+
+# ------------------------------------------------------------------ a job that fails after a commit
+GFORKER_RANK_1_EXIT_7 = "[1]1:Return code = 7\n"
+
+
+FAILED_AFTER_A_COMMIT = (7, GFORKER_RANK_1_EXIT_7)
+
+
+@pytest.mark.parametrize("max_resets, ends, status", [
+    (3, [FAILED_AFTER_A_COMMIT, (0, "")], 0),  # the second launch resumes and ends well
+    (0, [FAILED_AFTER_A_COMMIT], 7),  # no resets allowed: the first failure is the job's end
+    (1, [FAILED_AFTER_A_COMMIT, FAILED_AFTER_A_COMMIT], 7),  # the one reset used up
+])
+def test_a_job_that_failed_after_a_commit_is_launched_again_up_to_the_limit(monkeypatch, capsys, max_resets, ends,
+                                                                             status):
+    """(The real run, a rank killed and the job resumed from its commit: integration/test_horovodrun.py.)"""
+    from hvd_notebook.config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
+
+    class Placement:
+        launcher_name, command = "mpiexec", "mpiexec"
+
+        def diagnose(self, output):
+            return []
+
+    folders, scripted = [], iter(ends)
+
+    def prepare(job):
+        folders.append(Path(dict(job.options.env)[ELASTIC_DIR.name]))
+        return Placement(), ["mpiexec", "-n", "2", "train"], {}
+
+    def launch(argv, env):
+        (folders[0] / ELASTIC_COMMIT_SUMMARY).write_text("step=4\n")  # rank 0 commits before rank 1 fails
+        return next(scripted)
+
+    monkeypatch.setattr(runmod, "prepare", prepare)
+    monkeypatch.setattr(runmod, "_launch_once_more_after_mpi_init", launch)
+    assert runmod.run_job(runmod.Job(("train",), ClusterOptions(n=2, max_resets=max_resets))) == status
+    assert next(scripted, None) is None  # every scripted launch was made, and no more
+    err = capsys.readouterr().err
+    again = "the job failed (rank 1: exit code 7); launching it again from rank 0's last hvd.elastic commit (step=4)"
+    assert err.count(again) == len(ends) - 1
+    assert all(f"reset {n} of {max_resets}" in err for n in range(1, len(ends)))
+    assert not folders[0].exists()  # the job's commit folder goes with it
+
+
+def test_reset_limit_is_horovodruns_name_for_max_resets():
+    for spelling in ("--reset-limit", "--max-resets"):
+        args, _ = parse("-np", "2", spelling, "0", "python", "x.py")
+        assert cli.job_from_arguments(args).options.max_resets == 0
+    args, _ = parse("-np", "2", "python", "x.py")
+    assert cli.job_from_arguments(args).options.max_resets == 3

@@ -3,6 +3,8 @@ launch, how each rank ended, and the messages built from them."""
 
 from __future__ import annotations
 
+import pytest
+
 from hvd_notebook.cluster import diagnosis
 
 # printed by MPICH's hydra in this machine's network namespaces (tests/integration/test_multihost.py)
@@ -91,3 +93,71 @@ def test_setup_failure_names_the_first_failed_engine():
 
     assert diagnosis.setup_failed(Composite()) == "Setting up engine 3 failed: ImportError: no module named tensorflow"
     assert diagnosis.setup_failed(ValueError("bad")) == "Setting up engine ? failed: ValueError: bad"
+
+
+# ------------------------------------------------------------------ MPI_Init's one more try
+INIT_FAILED = "Abort(1090959) on node 1: Fatal error in internal_Init_thread: Other MPI error"
+
+
+def starts(*results):
+    """A start that returns ``results`` one after the other, and the list of what it returned."""
+    given = []
+
+    def start():
+        given.append(results[len(given)])
+        return given[-1]
+    return start, given
+
+
+def test_mpi_init_is_tried_once_more_and_no_more(capsys):
+    start, given = starts("init failed", "up")
+    assert diagnosis.tries_where_mpi_init_fails(start, lambda r: r == "init failed", "the script started") == "up"
+    err = capsys.readouterr().err
+    assert "MPI_Init failed on a rank before the script started; starting the ranks once more." in err
+    start, given = starts(*["init failed"] * 5)
+    assert diagnosis.tries_where_mpi_init_fails(start, lambda r: r == "init failed", "x") == "init failed"
+    assert len(given) == diagnosis.MPI_INIT_TRIES == 2
+    capsys.readouterr()
+    start, given = starts("other failure", "up")
+    assert diagnosis.tries_where_mpi_init_fails(start, lambda r: r == "init failed", "x") == "other failure"
+    assert len(given) == 1 and capsys.readouterr().err == ""
+
+
+def test_a_cluster_start_whose_mpi_init_keeps_failing_says_so_and_other_failures_are_not_retried(monkeypatch):
+    from hvd_notebook.cluster.cluster import MPICluster
+    from hvd_notebook.cluster.errors import ClusterError
+
+    cluster = MPICluster.__new__(MPICluster)  # no launch: _start_once is the fake
+    tries = []
+
+    def failing(message, init_failed):
+        def start_once():
+            tries.append(message)
+            raise ClusterError(message, mpi_init_failed=init_failed)
+        return start_once
+
+    monkeypatch.setattr(cluster, "_start_once", failing(f"mpiexec exited: {INIT_FAILED}", True))
+    with pytest.raises(ClusterError) as caught:
+        cluster._start_cold()
+    assert len(tries) == 2 and caught.value.mpi_init_failed
+    assert str(caught.value).startswith("MPI_Init failed on a rank in two tries in a row. The second: mpiexec exited")
+    tries.clear()
+    monkeypatch.setattr(cluster, "_start_once", failing("Only 0 of 2 engines connected", False))
+    with pytest.raises(ClusterError, match="Only 0 of 2"):
+        cluster._start_cold()
+    assert len(tries) == 1
+
+
+def test_a_job_is_launched_once_more_only_where_mpi_init_failed_before_its_script(monkeypatch):
+    from hvd_notebook.cluster import run as runmod
+
+    launched = []
+    ends = iter([(1, INIT_FAILED), (0, "")])
+    monkeypatch.setattr(runmod, "_launch", lambda argv, env: launched.append(argv) or next(ends))
+    argv = ["mpiexec", "-n", "2", "python", "-m", runmod.SCRIPT_MAIN, "train.py"]
+    assert runmod._launch_once_more_after_mpi_init(argv, {}) == (0, "")
+    assert len(launched) == 2
+    launched.clear()
+    ends = iter([(1, INIT_FAILED), (0, "")])  # not under the runner: the script may have run already
+    assert runmod._launch_once_more_after_mpi_init(["mpiexec", "-n", "2", "./a.out"], {}) == (1, INIT_FAILED)
+    assert len(launched) == 1
