@@ -3,7 +3,8 @@
 What is measured, side by side in one process and one IPython shell:
 
 1. Start to ready. ``%hvd start -n 2`` (controller + 2 MPI engines via mpiexec,
-   each engine bootstrapped, which imports TensorFlow) against plain
+   each engine bootstrapped) and a cell that imports TensorFlow (CPU ranks import
+   it with the first cell that uses it) against plain
    ipyparallel doing the same work: ``ipp.Cluster(engines="mpi", n=2)
    .start_and_connect_sync()`` then ``import tensorflow`` on every engine.
    Target: hvd within 1.2x.
@@ -70,6 +71,7 @@ APPLY_REPS = 50  # no-op apply_sync round trips per round, with and without Curv
 # closest runnable "empty" cell, the same on both sides.
 NOOP = "pass"
 HVD_CELL = f"%%hvd\n{NOOP}\n"
+TF_CELL = "%%hvd\nimport tensorflow\n"  # (what ready means: TensorFlow imported on every rank, as ipp's side)
 PX_CELL = f"%%px\n{NOOP}\n"
 STOP_CHECK_S = 15.0  # how long stopped processes get to exit before they count as leaked
 
@@ -191,7 +193,7 @@ def run(ctx: Context) -> Report:
     ip = ipython_shell()
     session = Session.get()
 
-    hvd = {k: Samples() for k in ("start", "registered", "bootstrap", "stop", "cell", "cell_direct", "apply")}
+    hvd = {k: Samples() for k in ("start", "ready", "registered", "bootstrap", "stop", "cell", "cell_direct", "apply")}
     plain = {k: Samples() for k in ("start", "apply")}  # hvd_notebook without CurveZMQ
     ipp_s = {k: Samples() for k in ("start", "registered", "import_tf", "stop", "cell", "cell_direct")}
     leaks = _Leaks()
@@ -204,8 +206,13 @@ def run(ctx: Context) -> Report:
             t0 = time.perf_counter()
             ip.run_line_magic("hvd", f"start -n {N_RANKS}")
             total = time.perf_counter() - t0
+            # CPU ranks import TensorFlow with the first cell that uses it: ready is when it is imported
+            t1 = time.perf_counter()
+            _check(ip.run_cell(TF_CELL))
+            ready = total + time.perf_counter() - t1
         hvd["start"].add(total)
-        hvd["bootstrap"].add(phases.bootstrap_s)
+        hvd["ready"].add(ready)
+        hvd["bootstrap"].add(ready - (total - phases.bootstrap_s))
         hvd["registered"].add(total - phases.bootstrap_s)
         pids = descendants()
 
@@ -221,7 +228,7 @@ def run(ctx: Context) -> Report:
             ip.run_line_magic("hvd", "stop")
             hvd["stop"].add(time.perf_counter() - t0)
         leaks.check(f"%hvd stop, round {i + 1}", pids)
-        print(f"   round {i + 1}: hvd start {total:.2f} s, %%hvd median so far "
+        print(f"   round {i + 1}: hvd start {total:.2f} s, TensorFlow ready {ready:.2f} s, %%hvd median so far "
               f"{hvd['cell'].median * 1e3:.1f} ms", flush=True)
 
     def plain_round(i: int) -> None:
@@ -312,9 +319,11 @@ def run(ctx: Context) -> Report:
 
     ms = 1e3
     rows = [
-        Row("start -n 2 to ready, median", "s", hvd["start"].median, ipp_s["start"].median, START_TARGET),
+        Row("start -n 2 to ready, median", "s", hvd["ready"].median, ipp_s["start"].median, START_TARGET),
         Row("  engines registered (diag.)", "s", hvd["registered"].median, ipp_s["registered"].median),
         Row("  TF import / bootstrap (diag.)", "s", hvd["bootstrap"].median, ipp_s["import_tf"].median),
+        Row("  %hvd start alone: TF imported by the first cell (diag.)", "s", hvd["start"].median,
+            ipp_s["start"].median),
         Row("stop (diag.)", "s", hvd["stop"].median, ipp_s["stop"].median),
         Row("empty cell %%hvd vs %%px, median", "ms", hvd["cell"].median * ms, ipp_s["cell"].median * ms, CELL_TARGET),
         Row("empty cell %%hvd vs %%px, p90", "ms", hvd["cell"].p90 * ms, ipp_s["cell"].p90 * ms),

@@ -3,7 +3,10 @@ framework's threads, initialise the runtime, and put ``hvd`` in the namespace.
 
 The order matters: ``CUDA_VISIBLE_DEVICES`` must be set before TensorFlow or PyTorch is
 imported, and their thread pools must be sized before their first op. What differs between the
-frameworks is in ``frameworks``.
+frameworks is in ``frameworks``. A CPU rank of TensorFlow does not import it here (10 s of a cold
+start): the first cell that uses it does, and what must follow its import (the thread pools' sizes,
+the Keras progress hook) is hooked to that import. GPU ranks import it to open the device; a warm
+standby imports it ahead (``warm_up``).
 """
 
 from __future__ import annotations
@@ -54,6 +57,12 @@ def load_backend(backend: str, framework: Framework = Framework.TENSORFLOW) -> t
     from .. import runtime
 
     return runtime, "builtin"
+
+
+def _install_keras_progress(keras: Any) -> None:
+    from . import keras_progress
+
+    keras_progress.install()
 
 
 def address_towards(address: str) -> str:
@@ -147,10 +156,8 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     from . import reporter, tqdm_bars
 
     reporter.install(hvd.rank())  # what reports to the dashboard: the reporter, and its adapters
-    if chosen is Framework.TENSORFLOW:
-        from . import keras_progress
-
-        keras_progress.install()
+    if chosen is Framework.TENSORFLOW:  # (keras_progress imports Keras: on a CPU rank, a cell imports it first)
+        frameworks.when_imported("keras", _install_keras_progress)
     tqdm_bars.install()
 
     return {

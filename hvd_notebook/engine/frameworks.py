@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import importlib.abc
+import importlib.metadata
 import importlib.util
 import os
 import secrets
 import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,15 +58,83 @@ def resolve(framework: str) -> Framework:
 
 
 def label(framework: Framework) -> str:
-    """``torch 2.13.0+cpu``, ``tensorflow 2.21.0``: what the rank table's header says."""
-    module = importlib.import_module("tensorflow" if framework is Framework.TENSORFLOW else "torch")
-    return f"{framework} {module.__version__}"
+    """``torch 2.13.0+cpu``, ``tensorflow 2.21.0``: what the rank table's header says (from the installed
+    distribution's metadata: a CPU rank imports TensorFlow with the first cell that uses it)."""
+    module = "tensorflow" if framework is Framework.TENSORFLOW else "torch"
+    for distribution in importlib.metadata.packages_distributions().get(module, []):
+        return f"{framework} {importlib.metadata.version(distribution)}"
+    return f"{framework} {importlib.import_module(module).__version__}"
+
+
+def when_imported(module: str, hook: Callable[[Any], None]) -> None:
+    """``hook(module)`` as soon as ``module`` has been imported: now where it is already, else right after
+    its import, by whichever cell makes it (wrapt's post-import hooks; TensorFlow depends on wrapt)."""
+    import wrapt
+
+    wrapt.register_post_import_hook(hook, module)
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Finds ``module`` once (by the other finders) and has its loader run with the process's stderr on
+    ``log`` (``quiet_import``)."""
+
+    def __init__(self, module: str, log: int) -> None:
+        self.module, self.log = module, log
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.module:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _LoaderOnLog(spec.loader, self.log)
+        return spec
+
+
+class _LoaderOnLog(importlib.abc.Loader):
+    """``loader``, executing its module with the process's stderr on ``log``; then the module's own loader
+    again."""
+
+    def __init__(self, loader: Any, log: int) -> None:
+        self.loader, self.log = loader, log
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        sys.stderr.flush()
+        cell = os.dup(2)
+        os.dup2(self.log, 2)
+        try:
+            module.__loader__ = module.__spec__.loader = self.loader
+            self.loader.exec_module(module)
+        finally:
+            os.dup2(cell, 2)
+            os.close(cell)
+
+    def __getattr__(self, name: str) -> Any:  # (resource readers and the like)
+        return getattr(self.loader, name)
+
+
+def quiet_import(module: str) -> None:
+    """Where a cell imports ``module``, what it writes to the process's stderr while it is being imported
+    (TensorFlow's C++ start-up lines: absl's notice, the CPU feature guard, oneDNN's) goes to the engine's
+    own log, as when the bootstrap imported it, instead of into the cell; what it writes later is the
+    cell's. (ipykernel keeps the engine's own stderr open beside the pipe it forwards to cells.)"""
+    log = getattr(sys.stderr, "_original_stdstream_copy", None)
+    if module not in sys.modules and isinstance(log, int):
+        sys.meta_path.insert(0, _QuietImport(module, log))
+
+
+_sized: dict[Framework, tuple[int, int]] = {}  # the thread pools' sizes asked for, per framework
 
 
 def size_thread_pools(framework: Framework, intra: int, inter: int = 1) -> None:
-    """Size the framework's thread pools before its first op."""
+    """Size the framework's thread pools before its first op: PyTorch's now, TensorFlow's as soon as it
+    is imported (before any op of the cell that imports it can run)."""
     # read by the frameworks when they create their pools; set for any library that looks there too
     os.environ.setdefault("OMP_NUM_THREADS", str(intra))
+    _sized[framework] = (intra, inter)
     if framework is Framework.TORCH:
         import torch
 
@@ -74,18 +146,24 @@ def size_thread_pools(framework: Framework, intra: int, inter: int = 1) -> None:
         return
     os.environ["TF_NUM_INTRAOP_THREADS"] = str(intra)
     os.environ["TF_NUM_INTEROP_THREADS"] = str(inter)
-    import tensorflow as tf
 
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    def size(tf: Any) -> None:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+    when_imported("tensorflow", size)
+    quiet_import("tensorflow")
 
 
 def thread_pools(framework: Framework) -> tuple[int, int]:
-    """The framework's (intra-op, inter-op) thread counts."""
+    """The framework's (intra-op, inter-op) thread counts (TensorFlow's as sized, where no cell has imported
+    it yet)."""
     if framework is Framework.TORCH:
         import torch
 
         return torch.get_num_threads(), torch.get_num_interop_threads()
+    if "tensorflow" not in sys.modules:
+        return _sized[framework]
     import tensorflow as tf
 
     return (tf.config.threading.get_intra_op_parallelism_threads(),
@@ -102,6 +180,8 @@ def open_device(framework: Framework, device: str) -> str:
             torch.cuda.set_device(0)  # the only one this rank sees (CUDA_VISIBLE_DEVICES)
             return f"{device} ({torch.cuda.get_device_name(0)})"
         return device
+    if not device.startswith("GPU"):
+        return device  # (a CPU rank: nothing to open, and TensorFlow waits for the first cell that uses it)
     import tensorflow as tf
 
     for gpu in tf.config.list_physical_devices("GPU"):
@@ -223,4 +303,4 @@ def _tcp_store(hvd: Any, address: str, timeout: datetime.timedelta) -> tuple[Any
 
 
 __all__ = ["init_torch_distributed", "installed", "label", "open_device", "resolve", "size_thread_pools",
-           "thread_pools"]
+           "quiet_import", "thread_pools", "when_imported"]

@@ -31,8 +31,17 @@ def test_start_table_status_restart_stop(session, run):
     engine_pids = {r.pid for r in session.cluster.ranks}
     for pid in engine_pids:
         assert f" {pid} " in out
-    result, out = run("%%hvd --all-output\nimport os\nprint('mark', os.environ.get('HVD_TEST_MARK'))")
-    assert "[0] mark hello" in out and "[1] mark hello" in out
+    result, out = run("%%hvd --all-output\nimport os, sys\nprint('mark', os.environ.get('HVD_TEST_MARK'), "
+                      "'tensorflow' in sys.modules)")
+    assert "[0] mark hello False" in out and "[1] mark hello False" in out  # a CPU rank waits for a cell's import
+    # the first cell that imports TensorFlow: its thread pools sized, Keras's fit hooked for the dashboard, and
+    # TensorFlow's C++ start-up lines kept out of the cell (in the engine's log, as when the start imported it)
+    result, out = run("%%hvd --all-output\nimport keras, tensorflow as tf\n"
+                      "print('pools', tf.config.threading.get_intra_op_parallelism_threads(), "
+                      "tf.config.threading.get_inter_op_parallelism_threads(), "
+                      "hasattr(keras.Model.fit, '__wrapped__'))")
+    assert result.success and "[0] pools 1 1 True" in out and "[1] pools 1 1 True" in out, out
+    assert "absl::InitializeLog" not in out and "cpu_feature_guard" not in out, out
 
     # GPU pinning by local rank: on this CPU-only machine TensorFlow finds no GPU
     # behind the id, but each rank must see exactly its own one
