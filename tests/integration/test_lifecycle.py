@@ -14,6 +14,7 @@ from conftest import (
     ProcessWatch,
     assert_gone,
     cluster_pids,
+    collect,
     execute,
     figure,
     interrupt_blocked_cell,
@@ -140,28 +141,31 @@ KERNEL_CODE = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("how", ["shutdown", "exit", "sigkill"])
-def test_kernel_shutdown_stops_the_cluster(how):
-    """A real ipykernel started by jupyter_client, as JupyterLab starts it."""
-    with started_kernel() as (km, kc):
-        reply, out = execute(kc, KERNEL_CODE)
-        assert reply["content"]["status"] == "ok", out
-        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
-        assert len(pids) >= 5
-        assert any("hvd_notebook.cluster.reaper" in " ".join(psutil.Process(p).cmdline()) for p in pids)
-        if how == "shutdown":
-            km.shutdown_kernel(now=False)  # what JupyterLab's "Shut Down Kernel" does
-        elif how == "sigkill":  # no atexit: the cluster's reaper must notice
-            km.provisioner.process.kill()
-        else:
-            execute(kc, "exit()", wait=False)  # the kernel process exits on its own
-            deadline = time.monotonic() + 30
-            while km.is_alive() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert not km.is_alive()
+def test_kernel_shutdown_stops_the_cluster():
+    """Three real ipykernels started by jupyter_client, as JupyterLab starts them, each with a cluster
+    (started side by side), ended the three ways a kernel ends: JupyterLab's "Shut Down Kernel", exit()
+    in a cell, and SIGKILL (no atexit: the cluster's reaper must notice)."""
+    with started_kernel() as shut, started_kernel() as exits, started_kernel() as killed:
+        kernels = {"shutdown": shut, "exit": exits, "sigkill": killed}
+        sent = {how: kc.execute(KERNEL_CODE) for how, (_, kc) in kernels.items()}
+        pids = {}
+        for how, (_, kc) in kernels.items():
+            reply, out = collect(kc, sent[how])
+            assert reply["content"]["status"] == "ok", out
+            pids[how] = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+            assert len(pids[how]) >= 5
+            assert any("hvd_notebook.cluster.reaper" in " ".join(psutil.Process(p).cmdline()) for p in pids[how])
+        shut[0].shutdown_kernel(now=False)
+        execute(exits[1], "exit()", wait=False)  # the kernel process exits on its own
+        killed[0].provisioner.process.kill()
+        deadline = time.monotonic() + 30
+        while exits[0].is_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not exits[0].is_alive()
         t0 = time.monotonic()
-        assert_gone(pids, timeout=30)
-        figure(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
+        for how in kernels:
+            assert_gone(pids[how], timeout=30)
+            figure(f"kernel {how}: every cluster process gone {time.monotonic() - t0:.1f} s later")
 
 
 def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
