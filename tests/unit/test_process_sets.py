@@ -41,7 +41,7 @@ def test_ranks_are_checked_as_horovod_does():
 
 
 def test_sets_to_register_orders_communicators_first_and_skips_known_ones():
-    # 4 ranks: communicators {0,2} and {1,3} (each listed by its two members), then [1], [0,1,2,3], [1]
+    # 4 ranks: communicators {0,2} and {1,3} (each listed by its two backends), then [1], [0,1,2,3], [1]
     from_comms = [(0, 2), (1, 3), (0, 2), (1, 3)]
     assert sets_to_register(4, from_comms, [[1], [3, 2, 1, 0], [1]], []) == [(0, 2), (1, 3), (1,)]
     # those registered already (and the world) are not registered again
@@ -60,7 +60,7 @@ def test_ids_are_handed_out_in_order_and_reused_oldest_first():
 
 def test_a_process_set_argument_that_is_not_one_is_refused_before_any_communication():
     with pytest.raises(ValueError, match=r"hvd.allreduce\(process_set=\[0\]\): process_set takes a hvd.ProcessSet"):
-        process_sets.members([0], "hvd.allreduce")
+        process_sets.backends([0], "hvd.allreduce")
     with pytest.raises(ValueError, match="process_set takes a hvd.ProcessSet"):
         process_sets.check("all", "hvd.DistributedOptimizer")
     process_sets.check(None, "hvd.DistributedOptimizer")

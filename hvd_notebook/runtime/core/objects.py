@@ -12,20 +12,20 @@ from .rules import auto_name
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Every rank (of ``process_set``) gets ``root_rank``'s (picklable) Python object."""
-    members = _process_sets.members(process_set, "hvd.broadcast_object")
-    return members.mpi.broadcast_object(obj, _process_sets.root_of(members, root_rank),
+    backends = _process_sets.backends(process_set, "hvd.broadcast_object")
+    return backends.mpi.broadcast_object(obj, _process_sets.root_of(backends, root_rank),
                                         str(name) if name else auto_name("broadcast_object"))
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = None) -> list[Any]:
     """A list of every rank's (picklable) Python object, in rank order."""
-    members = _process_sets.members(process_set, "hvd.allgather_object")
-    return members.mpi.allgather_object(obj, str(name) if name else auto_name("allgather_object"))
+    backends = _process_sets.backends(process_set, "hvd.allgather_object")
+    return backends.mpi.allgather_object(obj, str(name) if name else auto_name("allgather_object"))
 
 
 def barrier(process_set: Any = None) -> None:
     """Return once every rank (of ``process_set``) has called ``barrier()``."""
-    _process_sets.members(process_set, "hvd.barrier").barrier()
+    _process_sets.backends(process_set, "hvd.barrier").barrier()
 
 
 def join() -> int:

@@ -183,9 +183,9 @@ class SetBackends:
         self.comm.Free()
 
 
-def root_of(members: Any, root_rank: int) -> int:
-    """``root_rank`` (global) as a rank of ``members``: the world or one process set."""
-    return members.root(root_rank) if isinstance(members, SetBackends) else root_rank
+def root_of(backends: Any, root_rank: int) -> int:
+    """``root_rank`` (global) as a rank of ``backends``: the world or one process set."""
+    return backends.root(root_rank) if isinstance(backends, SetBackends) else root_rank
 
 
 # ------------------------------------------------------------------ the table of one world
@@ -199,7 +199,7 @@ class ProcessSetTable:
         self.MPI, self.world, self.dynamic = MPI, world, dynamic
         self.comm = world.comm.Dup()  # (collective: built at init, while every rank is there)
         self.ranks: dict[int, tuple[int, ...]] = {0: tuple(range(world.size))}
-        self.members: dict[int, SetBackends] = {}  # the sets this rank belongs to
+        self.backends: dict[int, SetBackends] = {}  # the sets this rank belongs to
         self.ids = IdPool()
 
     def register(self, sets: list[tuple[int, ...]]) -> list[int]:
@@ -210,7 +210,7 @@ class ProcessSetTable:
             color = 0 if self.world.rank in ranks else self.MPI.UNDEFINED
             sub = self.comm.Split(color, key=self.world.rank)
             if sub != self.MPI.COMM_NULL:
-                self.members[process_set_id] = SetBackends(sub, ranks, self.world)
+                self.backends[process_set_id] = SetBackends(sub, ranks, self.world)
             self.ranks[process_set_id] = ranks
             ids.append(process_set_id)
         return ids
@@ -243,9 +243,9 @@ class ProcessSetTable:
         if process_set_id not in self.ranks:
             return False
         del self.ranks[process_set_id]
-        members = self.members.pop(process_set_id, None)
-        if members is not None:
-            members.free()
+        backends = self.backends.pop(process_set_id, None)
+        if backends is not None:
+            backends.free()
         self.ids.give_back(process_set_id)
         return True
 
@@ -264,12 +264,12 @@ class ProcessSetTable:
             raise ValueError(f"Process set {process_set_id} does not exist or has not been registered.")
         return ranks
 
-    def members_of(self, process_set: ProcessSet, call: str) -> SetBackends:
+    def backends_of(self, process_set: ProcessSet, call: str) -> SetBackends:
         """The set's backends on this rank; raises for an unknown set or a rank outside it."""
         process_set_id = process_set.process_set_id
-        members = self.members.get(process_set_id) if process_set_id is not None else None
-        if members is not None:
-            return members
+        backends = self.backends.get(process_set_id) if process_set_id is not None else None
+        if backends is not None:
+            return backends
         if process_set_id is None or process_set_id not in self.ranks:
             raise ValueError(f"{call}: {NOT_REGISTERED}: {process_set}. Register it with "
                              "hvd.init(process_sets=[...]) or hvd.add_process_set(...).")
@@ -278,9 +278,9 @@ class ProcessSetTable:
 
     def free(self) -> None:
         """Release every set's communicators, then the table's own (collective)."""
-        for members in self.members.values():
-            members.free()
-        self.members.clear()
+        for backends in self.backends.values():
+            backends.free()
+        self.backends.clear()
         self.comm.Free()
 
 
@@ -296,7 +296,7 @@ def table() -> ProcessSetTable:
     return world.process_sets
 
 
-def members(process_set: Any, call: str) -> Any:
+def backends(process_set: Any, call: str) -> Any:
     """What a collective on ``process_set`` runs on: the world for the global set (or None), else the set's
     own communicator and backends. Raises ``NotAMemberError`` on a rank outside the set."""
     if process_set is None or process_set is global_process_set:
@@ -307,13 +307,13 @@ def members(process_set: Any, call: str) -> Any:
                          "hvd.add_process_set(...)).")
     if process_set.process_set_id == 0:
         return _world.current()
-    return table().members_of(process_set, call)
+    return table().backends_of(process_set, call)
 
 
 def check(process_set: Any, call: str) -> None:
     """Refuse, before any communication, a ``process_set=`` that is not a ``ProcessSet``."""
     if process_set is not None and not isinstance(process_set, ProcessSet):
-        members(process_set, call)
+        backends(process_set, call)
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:

@@ -66,8 +66,8 @@ class World:
         """Tell the other ranks, on the world and on each process set of this rank, that this
         one is done (or, ``resetting``, builds a new world for ``hvd.elastic``): a rank still
         waiting for it in a collective fails, naming it (with ``HorovodInternalError``)."""
-        sets = self.process_sets.members.values() if self.process_sets is not None else ()
-        for negotiator in [self.negotiator, *(members.negotiator for members in sets)]:
+        sets = self.process_sets.backends.values() if self.process_sets is not None else ()
+        for negotiator in [self.negotiator, *(backends.negotiator for backends in sets)]:
             negotiator.stall.leave(negotiator.seq, self.rank, resetting)
 
     def free(self) -> None:

@@ -158,14 +158,14 @@ def _nccl_of(world: Any, call: str) -> Any:
     return world.nccl
 
 
-def _members(process_set: Any, call: str, tensor: Any = None) -> Any:
+def _backends(process_set: Any, call: str, tensor: Any = None) -> Any:
     """What a collective on ``process_set`` runs on: the world (``None``, the global set) or the set's own
     communicator and backends, alike in ``mpi``, ``nccl``, ``rank`` and ``size``. A rank outside the set gets
     Horovod's error: an ``InvalidArgumentError`` for TensorFlow tensors, a ``ValueError`` for numpy arrays."""
     if process_set is None:
         return _world.current()
     try:
-        return _process_sets.members(process_set, call)
+        return _process_sets.backends(process_set, call)
     except _process_sets.NotAMemberError as exc:
         if tensor is None or not _is_tf(tensor):
             raise
@@ -323,12 +323,12 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     if device_dense or device_sparse:
         reject_unsupported("hvd.allreduce", device_dense=device_dense, device_sparse=device_sparse)
     op = resolve_op(op, average)
-    members = _members(process_set, "hvd.allreduce", tensor)
+    backends = _backends(process_set, "hvd.allreduce", tensor)
     eager = is_eager(tensor)
     if compression is Compression.none and (eager or type(tensor) is np.ndarray):
         name = _name(name, "allreduce")  # (once: where the general path takes the call, it keeps this name)
-        out = (_eager_allreduce_one(members, tensor, op, prescale_factor, postscale_factor, name) if eager
-               else members.mpi.allreduce_one(tensor, op, prescale_factor, postscale_factor, name))
+        out = (_eager_allreduce_one(backends, tensor, op, prescale_factor, postscale_factor, name) if eager
+               else backends.mpi.allreduce_one(tensor, op, prescale_factor, postscale_factor, name))
         if out is not None:
             return out
     name = _scoped(name, ignore_name_scope, tensor)
@@ -343,7 +343,7 @@ def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, post
     """One eager host tensor outside any gradient tape, the commonest call: read in
     place, reduced by the MPI backend's single-tensor path into a pooled buffer that
     becomes the result without a copy. None where the general path must take it.
-    (``world``: the world or a process set's backends, see ``_members``.)"""
+    (``world``: the world or a process set's backends, see ``_backends``.)"""
     if world.nccl is not None or _has_gpus() or _recording():
         return None
     arr = _to_numpy(tensor)
@@ -370,35 +370,35 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
         return []
     if _any_indexed_slices(tensors):
         return _allreduce_with_slices(tensors, op, compression, prescale_factor, postscale_factor, name, process_set)
-    members = _members(process_set, "hvd.grouped_allreduce", tensors[0])
+    backends = _backends(process_set, "hvd.grouped_allreduce", tensors[0])
     plain = compression is Compression.none  # (the common case: no pass over the tensors for it)
     compressed, ctxs = (tensors, ()) if plain else zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
     if _is_cupy(compressed[0]):
-        reduced = _nccl_of(members, "hvd.grouped_allreduce").allreduce(list(compressed), op, prescale_factor,
+        reduced = _nccl_of(backends, "hvd.grouped_allreduce").allreduce(list(compressed), op, prescale_factor,
                                                                        postscale_factor, names)
     elif _is_tf(compressed[0]):
         reduced = _tf_grouped_allreduce(list(compressed), names, op, prescale_factor, postscale_factor,
-                                        members, process_set)
+                                        backends, process_set)
     else:
-        reduced = members.mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor, postscale_factor,
+        reduced = backends.mpi.allreduce([np.asarray(t) for t in compressed], op, prescale_factor, postscale_factor,
                                         names)
     return reduced if plain else [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
 
 
 def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                          postscale: float, members: Any, process_set: Any) -> list[Any]:
+                          postscale: float, backends: Any, process_set: Any) -> list[Any]:
     tf = _tf()
     tensors = [t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t) for t in tensors]
     if not _recording():  # eager, no tape: custom_gradient's bookkeeping is not needed
-        return _eager_grouped_allreduce(tensors, names, op, prescale, postscale, members)
+        return _eager_grouped_allreduce(tensors, names, op, prescale, postscale, backends)
 
     @tf.custom_gradient
     def reduce_tf(*xs: Any) -> Any:
         if tf.executing_eagerly():
-            outs = _eager_grouped_allreduce(list(xs), names, op, prescale, postscale, members)
+            outs = _eager_grouped_allreduce(list(xs), names, op, prescale, postscale, backends)
         else:
-            outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale, members)
+            outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale, backends)
 
         def grad(*dys: Any) -> Any:
             # Horovod: the gradient of an allreduce is the same allreduce of the gradient
@@ -471,26 +471,26 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     return results
 
 
-def _graph_allreduce_group(mpi: Any, members: list[Any], label: str, op: int, prescale: float,
+def _graph_allreduce_group(mpi: Any, backends: list[Any], label: str, op: int, prescale: float,
                            postscale: float) -> list[Any]:
     """One fusion group in a graph: concat, one ``numpy_function``, split."""
     tf = _tf()
-    shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in members)
+    shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in backends)
 
     def reduce_flat(flat: np.ndarray) -> np.ndarray:
         ((_, buf, _),) = mpi.allreduce_fused([flat], op, prescale, postscale, [label], shapes)
         return buf
 
-    static = all(t.shape.is_fully_defined() for t in members)
-    flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in members]
+    static = all(t.shape.is_fully_defined() for t in backends)
+    flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in backends]
     flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
     (out,) = _graph_numpy_function(lambda arrays: [reduce_flat(arrays[0])], [flat],
-                                   [members[0].dtype])
+                                   [backends[0].dtype])
     out.set_shape([None])
-    sizes = [t.shape.num_elements() for t in members] if static else [tf.size(t) for t in members]
-    pieces = tf.split(out, sizes) if len(members) > 1 else [out]
+    sizes = [t.shape.num_elements() for t in backends] if static else [tf.size(t) for t in backends]
+    pieces = tf.split(out, sizes) if len(backends) > 1 else [out]
     results = []
-    for t, piece in zip(members, pieces):
+    for t, piece in zip(backends, pieces):
         if t.shape.rank != 1 or not static:
             piece = tf.reshape(piece, t.shape if static else tf.shape(t))
         piece.set_shape(t.shape)
@@ -516,7 +516,7 @@ def _allreduce_with_slices(tensors: list[Any], op: int, compression: Any, presca
                                process_set=process_set)
     indices = grouped_allgather([tensors[i].indices for i in sparse], name=name and f"{name}.indices",
                                 process_set=process_set)
-    size = _members(process_set, "hvd.allreduce").size
+    size = _backends(process_set, "hvd.allreduce").size
     for i, v, ix in zip(sparse, values, indices):
         out[i] = tf.IndexedSlices(v / tf.cast(size, v.dtype) if op == Average else v, ix,
                                   dense_shape=tensors[i].dense_shape)
@@ -540,7 +540,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     """``allgather`` of several tensors with one agreement."""
     if not tensors:
         return []
-    world = _members(process_set, "hvd.grouped_allgather", tensors[0])
+    world = _backends(process_set, "hvd.grouped_allgather", tensors[0])
     names = _names(name, "allgather", tensors)
 
     def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -578,7 +578,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> Any:
     """Every rank gets ``root_rank``'s value of ``tensor``."""
-    world = _members(process_set, "hvd.broadcast", tensor)
+    world = _backends(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
     root = _process_sets.root_of(world, root_rank)  # (Horovod's root_rank is a global rank)
 
@@ -616,7 +616,7 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
     if not variables:
         return None
     assigns = _assign_from_root(variables, root_rank, [_name(None, "broadcast_variables", v) for v in variables],
-                                _members(process_set, "hvd.broadcast_variables", variables[0]))
+                                _backends(process_set, "hvd.broadcast_variables", variables[0]))
     return None if _tf().executing_eagerly() else _tf().group(*assigns)
 
 
@@ -629,7 +629,7 @@ def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, pr
         return []
     names = [f"{name}.{i}" for i in range(len(variables))] if name else \
         [_name(None, "broadcast_", v) for v in variables]
-    assigns = _assign_from_root(variables, root_rank, names, _members(process_set, "hvd.broadcast_", variables[0]))
+    assigns = _assign_from_root(variables, root_rank, names, _backends(process_set, "hvd.broadcast_", variables[0]))
     tf = _tf()
     if tf.executing_eagerly():
         return [v.read_value() for v in variables]
@@ -690,7 +690,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
              process_set: Any = None) -> Any:
     """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
     concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
-    world = _members(process_set, "hvd.alltoall", tensor)
+    world = _backends(process_set, "hvd.alltoall", tensor)
     label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
     if not _is_tf(tensor):
         out, received = world.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
@@ -736,7 +736,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     """``reducescatter`` of several tensors."""
     if not tensors:
         return []
-    world = _members(process_set, "hvd.grouped_reducescatter", tensors[0])
+    world = _backends(process_set, "hvd.grouped_reducescatter", tensors[0])
     names = _names(name, "reducescatter", tensors)
 
     def scaled(reduce: Any) -> Any:

@@ -41,14 +41,14 @@ def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: in
     """Overwrite ``tensors`` with the root's, in one fused broadcast."""
     if not tensors:
         return
-    members = _process_sets.members(process_set, "hvd.broadcast_parameters")
-    root = _process_sets.root_of(members, root_rank)
-    if gpu.on_nccl(tensors, members):  # CUDA tensors stay on the GPU: NCCL's broadcast
-        results = gpu.broadcast(members.nccl, gpu.Ready(tensors, reducing=False), tensors, root, names)
+    backends = _process_sets.backends(process_set, "hvd.broadcast_parameters")
+    root = _process_sets.root_of(backends, root_rank)
+    if gpu.on_nccl(tensors, backends):  # CUDA tensors stay on the GPU: NCCL's broadcast
+        results = gpu.broadcast(backends.nccl, gpu.Ready(tensors, reducing=False), tensors, root, names)
     else:
-        received = members.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+        received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
         results = [as_tensor(r, t, t.shape) for r, t in zip(received, tensors)]
-    if members.rank == root:
+    if backends.rank == root:
         return
     with torch.no_grad():
         for t, r in zip(tensors, results):
@@ -108,19 +108,19 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state does not support torch.optim.LBFGS (as Horovod); "
                          "broadcast its state_dict() with hvd.broadcast_object.")
-    members = _process_sets.members(process_set, "hvd.broadcast_optimizer_state")
-    root = _process_sets.root_of(members, root_rank)
+    backends = _process_sets.backends(process_set, "hvd.broadcast_optimizer_state")
+    root = _process_sets.root_of(backends, root_rank)
     tensors: list[torch.Tensor] = []
-    structure = _hollow(optimizer.state_dict(), tensors) if members.rank == root else None
+    structure = _hollow(optimizer.state_dict(), tensors) if backends.rank == root else None
     structure = _objects.broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure",
                                               process_set=process_set)
-    if members.rank != root:
+    if backends.rank != root:
         slots: list[_Slot] = []
         _collect_slots(structure, slots)
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(slots, key=lambda s: s.index)]
     _broadcast_into(tensors, [f"broadcast_optimizer_state.{i}" for i in range(len(tensors))], root_rank,
                     process_set)
-    if members.rank != root:
+    if backends.rank != root:
         optimizer.load_state_dict(_fill(structure, tensors))
     # as Horovod, which steps an optimizer without state once on zero gradients to create it: every
     # parameter that takes a gradient has one afterwards (zeros where it had none)

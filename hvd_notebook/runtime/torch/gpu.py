@@ -21,9 +21,9 @@ _NUMPY_NAMES = {torch.float16: "float16", torch.float32: "float32", torch.float6
                 torch.bool: "bool"}
 
 
-def on_nccl(tensors: list[torch.Tensor], members: Any) -> bool:
+def on_nccl(tensors: list[torch.Tensor], backends: Any) -> bool:
     """Do these tensors go through NCCL (all on CUDA, in a world with NCCL)?"""
-    return members.nccl is not None and bool(tensors) and all(t.is_cuda for t in tensors)
+    return backends.nccl is not None and bool(tensors) and all(t.is_cuda for t in tensors)
 
 
 def dtype_name(tensor: torch.Tensor) -> str:

@@ -224,8 +224,8 @@ def synchronize(handle: int) -> Any:
 
 
 # ------------------------------------------------------------------ the calls
-def _members(process_set: Any, call: str) -> Any:
-    return _process_sets.members(process_set, call)
+def _backends(process_set: Any, call: str) -> Any:
+    return _process_sets.backends(process_set, call)
 
 
 def _ready(tensors: list[torch.Tensor], process_set: Any, call: str, reducing: bool) -> gpu.Ready | None:
@@ -234,10 +234,10 @@ def _ready(tensors: list[torch.Tensor], process_set: Any, call: str, reducing: b
     if not tensors or not tensors[0].is_cuda:
         return None
     try:
-        members = _members(process_set, call)
+        backends = _backends(process_set, call)
     except ValueError:
         return None  # (the call itself raises it, in its turn)
-    return gpu.Ready(tensors, reducing) if gpu.on_nccl(tensors, members) else None
+    return gpu.Ready(tensors, reducing) if gpu.on_nccl(tensors, backends) else None
 
 
 def _reduce_op(op: int | None, average: bool | None) -> int:
@@ -249,14 +249,14 @@ def _reduce_op(op: int | None, average: bool | None) -> int:
 def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
                    process_set: Any, outputs: list[torch.Tensor] | None, call: str,
                    ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    members = _members(process_set, call)
+    backends = _backends(process_set, call)
     if ready is not None:
-        results = gpu.allreduce(members.nccl, ready, tensors, op, prescale, postscale, names)
-    elif len(tensors) == 1 and (one := members.mpi.allreduce_one(host_array(tensors[0], reducing=True), op,
+        results = gpu.allreduce(backends.nccl, ready, tensors, op, prescale, postscale, names)
+    elif len(tensors) == 1 and (one := backends.mpi.allreduce_one(host_array(tensors[0], reducing=True), op,
                                                                   prescale, postscale, names[0])) is not None:
         results = [as_tensor(one, tensors[0])]  # the cached single-tensor path (see mpi_backend)
     else:
-        reduced = members.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
+        reduced = backends.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
                                         names)
         results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
     if outputs is None:
@@ -403,10 +403,10 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
 # ------------------------------------------------------------------ allgather
 def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: Any,
                    ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    members = _members(process_set, "hvd.allgather")
+    backends = _backends(process_set, "hvd.allgather")
     if ready is not None:
-        return gpu.allgather(members.nccl, ready, tensors, names)
-    gathered = members.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
+        return gpu.allgather(backends.nccl, ready, tensors, names)
+    gathered = backends.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
     return [as_tensor(g, t) for g, t in zip(gathered, tensors)]
 
 
@@ -430,7 +430,7 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
 def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
     """This rank's rows of an allgather's (averaged) gradient."""
     all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
-    rank = _members(process_set, "hvd.allgather").rank
+    rank = _backends(process_set, "hvd.allgather").rank
     offset = int(all_rows[:rank].sum())
     return grad.narrow(0, offset, rows)
 
@@ -475,12 +475,12 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
 # ------------------------------------------------------------------ broadcast
 def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str, process_set: Any,
                    output: torch.Tensor | None, ready: gpu.Ready | None = None) -> torch.Tensor:
-    members = _members(process_set, "hvd.broadcast")
-    root = _process_sets.root_of(members, root_rank)
+    backends = _backends(process_set, "hvd.broadcast")
+    root = _process_sets.root_of(backends, root_rank)
     if ready is not None:
-        (result,) = gpu.broadcast(members.nccl, ready, [tensor], root, [name])
+        (result,) = gpu.broadcast(backends.nccl, ready, [tensor], root, [name])
     else:
-        (received,) = members.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
+        (received,) = backends.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
         result = as_tensor(received, tensor)
     if output is None:
         return result
@@ -542,8 +542,8 @@ def _splits(splits: Any) -> np.ndarray | None:
 
 
 def _alltoall_now(tensor: torch.Tensor, splits: np.ndarray | None, name: str, process_set: Any) -> Any:
-    members = _members(process_set, "hvd.alltoall")
-    out, received = members.mpi.alltoall(host_array(tensor, reducing=False), splits, name)
+    backends = _backends(process_set, "hvd.alltoall")
+    out, received = backends.mpi.alltoall(host_array(tensor, reducing=False), splits, name)
     return as_tensor(out, tensor), torch.from_numpy(np.asarray(received, dtype=np.int32))
 
 
@@ -582,12 +582,12 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 # ------------------------------------------------------------------ reducescatter
 def _reducescatter_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
                        process_set: Any, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    members = _members(process_set, "hvd.reducescatter")
+    backends = _backends(process_set, "hvd.reducescatter")
     if ready is not None:  # (the prescale was applied before the event: see _scaled)
-        results = gpu.reducescatter(members.nccl, ready, tensors, op, names)
+        results = gpu.reducescatter(backends.nccl, ready, tensors, op, names)
     else:
         arrays = [host_array(scale(t, prescale), reducing=True) for t in tensors]
-        outs = members.mpi.reducescatter(arrays, op, names)
+        outs = backends.mpi.reducescatter(arrays, op, names)
         results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
     return [scale(r, postscale) for r in results]
 
@@ -639,7 +639,7 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
 
 
 def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
-    size = _members(process_set, "hvd.reducescatter").size
+    size = _backends(process_set, "hvd.reducescatter").size
     factor = (size if op == Sum else 1.0) * prescale * postscale
     return allgather(grad * factor if factor != 1.0 else grad, process_set=process_set)
 
@@ -708,7 +708,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 
     def run() -> torch.Tensor:
         v, i = _allgather_now([values, indices], names, process_set)
-        size = _members(process_set, "hvd.sparse_allreduce_async").size
+        size = _backends(process_set, "hvd.sparse_allreduce_async").size
         out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
         return out / size if op == Average else out
 

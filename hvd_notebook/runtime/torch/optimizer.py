@@ -50,8 +50,8 @@ class _DistributedOptimizer:
         self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
         self._synchronized, self._should_synchronize = False, True
         self._hooks: list[Any] = []
-        members = _members(process_set)
-        if members is not None and members.size > 1:
+        backends = _backends(process_set)
+        if backends is not None and backends.size > 1:
             for p in self._parameter_names:
                 if p.requires_grad:
                     earlier = getattr(p, _HOOK_ATTRIBUTE, None)
@@ -116,8 +116,8 @@ class _DistributedOptimizer:
     # ------------------------------------------------------------ the step
     def synchronize(self) -> None:
         """Wait until every gradient is reduced over the ranks (``step()`` calls this)."""
-        members = _members(self._process_set)
-        if members is None or members.size == 1:
+        backends = _backends(self._process_set)
+        if backends is None or backends.size == 1:
             self._synchronized = True
             return
         started = {q for key in self._handles for q in (key if isinstance(key, tuple) else (key,))}
@@ -199,12 +199,12 @@ def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
             p.grad.copy_(reduced)
 
 
-def _members(process_set: Any) -> Any:
+def _backends(process_set: Any) -> Any:
     """The world or the set's backends; None on a rank outside the set (its gradients stay local)."""
     from ..core import process_sets as _process_sets
 
     try:
-        return _process_sets.members(process_set, "hvd.DistributedOptimizer")
+        return _process_sets.backends(process_set, "hvd.DistributedOptimizer")
     except _process_sets.NotAMemberError:
         return None
 
@@ -241,15 +241,15 @@ def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
     elif isinstance(groups, list):
         chunks, seen = [], set()
         for g in groups:
-            members = tuple(p for p in g if any(p is q for q in params))
+            backends = tuple(p for p in g if any(p is q for q in params))
             for p in g:
                 if not isinstance(p, torch.Tensor):
                     raise ValueError("groups must be lists of torch.Tensor (parameters).")
                 if id(p) in seen:
                     raise ValueError("a parameter can appear in one group only.")
                 seen.add(id(p))
-            if members:
-                chunks.append(members)
+            if backends:
+                chunks.append(backends)
     else:
         raise ValueError("groups takes a positive number of groups or a list of lists of parameters.")
     return {p: chunk for chunk in chunks for p in chunk}
