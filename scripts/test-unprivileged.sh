@@ -30,7 +30,7 @@ SAY="test-unprivileged:"
 TESTS=(
   tests/unit
   "tests/integration/test_lifecycle.py::test_start_table_status_restart_stop"
-  "tests/integration/test_lifecycle.py::test_kernel_shutdown_stops_the_cluster[sigkill]"
+  "tests/integration/test_lifecycle.py::test_kernel_shutdown_stops_the_cluster"
   "tests/integration/test_reliability.py::test_clean_stops_orphaned_clusters_and_leaves_live_ones"
   "tests/integration/test_reliability.py::test_only_loopback_private_files_and_encrypted_messages"
 )
