@@ -1,7 +1,7 @@
 """A warm standby world, which a cluster's restart promotes instead of starting cold.
 
-A cold restart takes ~11 s on a small host, most of it TensorFlow's import in the new
-ranks. A standby is a second controller and world of engines of the cluster's shape,
+A cold restart takes ~8 s on a small host, and the new world's first TensorFlow cell ~10 s
+more for the import. A standby is a second controller and world of engines of the cluster's shape,
 launched in a background thread once the cluster is up, whose ranks have done those
 imports and pinned their device (``engine.bootstrap.warm_up``) but hold no communicator,
 no collective state, no GPU context and no lease (the cluster's own lease covers both
@@ -50,9 +50,9 @@ def wanted(choice: Standby, placement: Placement, n: int) -> bool:
 
 
 class StandbyWorld(Protocol):
-    """What a standby needs of the cluster it launches (``MPICluster``)."""
+    """What a standby needs of the world it launches (``world.World``)."""
 
-    def launch_standby(self, gpus: list[str], cancelled: threading.Event) -> None: ...
+    def warm_up(self, cancelled: threading.Event) -> None: ...
     def pids(self) -> set[int]: ...
     def engines_whole(self) -> bool: ...
     def stop(self) -> None: ...
@@ -61,22 +61,21 @@ class StandbyWorld(Protocol):
 class WarmStandby:
     """One standby world, launched in a background thread as soon as it is made.
 
-    >>> standby = WarmStandby(lambda: MPICluster(options), gpus=["0"])
+    >>> standby = WarmStandby(lambda: World(placement, n, gpus, options))
     >>> standby.state                   # "starting", then "ready"
-    >>> world = standby.take(timeout)   # the launched MPICluster, or None (then it is stopped)
+    >>> world = standby.take(timeout)   # the launched world, or None (then it is stopped)
     """
 
-    def __init__(self, make_cluster: Callable[[], StandbyWorld], gpus: list[str]) -> None:
-        self.cluster = make_cluster()  # not started: launch_standby brings it up
+    def __init__(self, make_world: Callable[[], StandbyWorld]) -> None:
+        self.world = make_world()  # not launched: warm_up brings it up
         self.error: str | None = None
-        self._gpus = list(gpus)
         self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._launch, name="hvd-notebook-standby", daemon=True)
         self._thread.start()
 
     def _launch(self) -> None:
         try:
-            self.cluster.launch_standby(self._gpus, self._cancelled)
+            self.world.warm_up(self._cancelled)
         except BaseException as exc:  # a thread's exception would only be printed
             self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
@@ -89,19 +88,19 @@ class WarmStandby:
 
     def pids(self) -> set[int]:
         """Its processes so far."""
-        return self.cluster.pids()
+        return self.world.pids()
 
     def take(self, timeout: float) -> StandbyWorld | None:
-        """The standby's cluster, once launched (waiting up to ``timeout`` seconds for a standby still
+        """The standby's world, once launched (waiting up to ``timeout`` seconds for a standby still
         starting), where all of it still runs; else None, and nothing of it is left running."""
         self._thread.join(timeout)
-        if self._thread.is_alive() or self.error is not None or not self.cluster.engines_whole():
+        if self._thread.is_alive() or self.error is not None or not self.world.engines_whole():
             self.cancel()
             return None
-        return self.cluster
+        return self.world
 
     def cancel(self) -> None:
         """Stop it, however far it got."""
         self._cancelled.set()
         self._thread.join(CANCEL_WAIT_S)
-        self.cluster.stop()
+        self.world.stop()

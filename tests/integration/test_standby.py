@@ -59,7 +59,7 @@ def test_the_standby_holds_nothing_and_a_restart_promotes_it(gpus_and_standby):
         listing = subprocess.run(CLI + ["list"], capture_output=True, text=True, timeout=60).stdout
         assert "the warm standby of its other cluster" in listing, listing
 
-        facts = _on_ranks(cluster.standby.cluster, WARM_RANK_FACTS, "facts")
+        facts = _on_ranks(cluster.standby.world, WARM_RANK_FACTS, "facts")
         assert all(f["tensorflow"] and f["keras"] for f in facts), facts  # the slow imports are done
         assert not any(f["initialized"] or f["nccl"] for f in facts), facts  # no runtime, no communicator
         assert sorted(f["cuda_visible"] for f in facts) == ["0", "1"], facts  # pinned to the cluster's GPUs
@@ -94,7 +94,7 @@ def test_a_broken_standby_is_dropped_and_the_restart_starts_cold(monkeypatch):
         cluster.start()
         warm = wait_for_standby(cluster)
         pids |= cluster.pids()
-        engines = _on_ranks(cluster.standby.cluster, "import os; pid = os.getpid()", "pid")
+        engines = _on_ranks(cluster.standby.world, "import os; pid = os.getpid()", "pid")
         os.kill(engines[1], signal.SIGKILL)  # an idle standby rank the out-of-memory killer picked
         ranks = cluster.restart()
         assert not {r.pid for r in ranks} & warm
