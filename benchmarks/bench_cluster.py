@@ -91,7 +91,7 @@ class _Phases:
         self.bootstrap_s = math.nan
 
     def __enter__(self) -> _Phases:
-        from hvd_notebook.cluster import MPICluster
+        from hvd_notebook.cluster.cluster import MPICluster
 
         self._cls = MPICluster
         self._orig = MPICluster._bootstrap
@@ -173,7 +173,7 @@ def run(ctx: Context) -> Report:
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    from hvd_notebook.cluster import find_mpiexec
+    from hvd_notebook.cluster.placement import find_mpiexec
     from hvd_notebook.kernel.session import Session
 
     mpiexec = find_mpiexec(None)

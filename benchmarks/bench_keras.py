@@ -18,7 +18,8 @@ HERE = Path(__file__).resolve().parent
 
 def _run(n: int, ctx: Context) -> dict:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster import find_mpiexec, rank_environment
+    from hvd_notebook.cluster.launch import rank_environment
+    from hvd_notebook.cluster.placement import find_mpiexec
 
     # the ranks get what %hvd start's ranks get
     return run_worker(HERE / "mpi_keras_worker.py", n, ctx, mpiexec=find_mpiexec(None), env=rank_environment())

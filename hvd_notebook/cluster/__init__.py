@@ -16,19 +16,10 @@ kernel died) and ``rankwatch`` (a watcher that names a rank of a plain
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ..config import ClusterOptions
+from .errors import ClusterError
 
-# imported on first use, so that a rank can start its watcher (``rankwatch``) without the rest
-_LAZY = {"MPICluster": "cluster", "RankInfo": "cluster", "ClusterError": "errors",
-         "rank_environment": "launch", "find_mpiexec": "placement"}
-
-__all__ = ["ClusterError", "ClusterOptions", "MPICluster", "RankInfo", "find_mpiexec", "rank_environment"]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+# Nothing else is imported here: a rank starts its watcher (``rankwatch``) without the rest of the layer.
+# ``MPICluster`` is in ``cluster``, ``RankInfo`` in ``world``, ``find_mpiexec`` in ``placement``,
+# ``rank_environment`` in ``launch``.
+__all__ = ["ClusterError", "ClusterOptions"]

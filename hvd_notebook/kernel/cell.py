@@ -17,7 +17,8 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster import ClusterError, MPICluster, stacks
+from ..cluster import ClusterError, stacks
+from ..cluster.cluster import MPICluster
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..dashboard.message import RankEvent

@@ -10,7 +10,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ..cluster import RankInfo, stacks
+from ..cluster import stacks
+from ..cluster.world import RankInfo
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, rank_list, seconds
 from ..dashboard.formatting import text_table
 from .failures import HvdError

@@ -13,8 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..cluster import ClusterError, ClusterOptions, MPICluster, RankInfo
+from ..cluster import ClusterError, ClusterOptions
+from ..cluster.cluster import MPICluster
 from ..cluster.resets import run_with_resets
+from ..cluster.world import RankInfo
 from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from ..private import UnsafePathError

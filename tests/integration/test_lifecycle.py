@@ -473,7 +473,8 @@ def test_min_np_lets_a_resume_go_on_without_a_gpu_that_is_gone(session, run, tmp
 
 
 def test_without_min_np_a_gone_gpu_stops_the_restart_saying_what_to_do(monkeypatch, tmp_path):
-    from hvd_notebook.cluster import ClusterError, ClusterOptions, MPICluster, leases
+    from hvd_notebook.cluster import ClusterError, ClusterOptions, leases
+    from hvd_notebook.cluster.cluster import MPICluster
 
     monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "leases"))

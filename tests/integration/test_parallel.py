@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hvd_notebook.cluster import find_mpiexec
+from hvd_notebook.cluster.placement import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))

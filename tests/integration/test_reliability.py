@@ -156,7 +156,8 @@ def _heard(subs: list, seconds: float) -> list[bytes]:
 
 
 def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
-    from hvd_notebook.cluster import ClusterOptions, MPICluster
+    from hvd_notebook.cluster import ClusterOptions
+    from hvd_notebook.cluster.cluster import MPICluster
 
     cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
     cluster.start()

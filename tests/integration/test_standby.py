@@ -14,7 +14,8 @@ import time
 import pytest
 from conftest import CLI, assert_gone, figure, wait_for_standby
 
-from hvd_notebook.cluster import ClusterOptions, MPICluster, leases
+from hvd_notebook.cluster import ClusterOptions, leases
+from hvd_notebook.cluster.cluster import MPICluster
 
 # what a standby rank holds, run on it (as source: the engines cannot import this test module)
 WARM_RANK_FACTS = """

@@ -17,9 +17,10 @@ import psutil
 import pytest
 
 from hvd_notebook import cli
-from hvd_notebook.cluster import RankInfo, pids, rank_environment, reaper, workdir
-from hvd_notebook.cluster.launch import EngineWorld
+from hvd_notebook.cluster import pids, reaper, workdir
+from hvd_notebook.cluster.launch import EngineWorld, rank_environment
 from hvd_notebook.cluster.workdir import WorkDir
+from hvd_notebook.cluster.world import RankInfo
 
 
 @pytest.fixture
