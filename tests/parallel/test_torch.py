@@ -153,6 +153,8 @@ def test_errors_instead_of_hangs(thvd):
         first = thvd.allreduce_async(torch.ones(2), name="twice")
         with pytest.raises(ValueError, match="'twice' is already in flight"):  # refused at once, on this rank
             thvd.allreduce_async(torch.ones(2), name="twice")
+        with pytest.raises(ValueError, match="'twice' is already in flight"):  # the synchronous forms alike
+            thvd.allreduce(torch.ones(2), name="twice")
     thvd.barrier()
     if r != 0:
         first = thvd.allreduce_async(torch.ones(2), name="twice")

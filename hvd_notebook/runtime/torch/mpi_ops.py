@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -148,56 +149,55 @@ _handles: dict[int, _Pending] = {}
 _handle_ids = itertools.count(1)
 
 
-_here = threading.local()  # .inline: the synchronous forms run their call in the calling thread
+@dataclass(frozen=True)
+class _Call:
+    """One collective, checked, named and ordered in the calling thread: ``run`` makes it, here (``_now``:
+    the synchronous forms) or in a worker (``_start``: the asynchronous ones); ``names``: its tensors'."""
+
+    run: Callable[[], Any]
+    names: tuple[str, ...]
+
+    def first(self) -> _Call:
+        """The same call, giving the first of its results (the forms that take one tensor)."""
+        return _Call(lambda: self.run()[0], self.names)
 
 
-_in_flight: set[str] = set()  # names of this rank's asynchronous calls not finished yet
+_in_flight: set[str] = set()  # names of this rank's calls not finished yet
 _in_flight_lock = threading.Lock()
 
 
-def _start(fn: Callable[[], Any], names: list[str] | tuple[str, ...] = ()) -> int:
-    """Run ``fn`` (a call), in a worker or, for the synchronous forms, here; its handle. ``names``: the
-    call's tensor names, refused while a call of this rank under one of them is in flight."""
-    fn = _guarded(fn)
-    if names:
-        with _in_flight_lock:
-            taken = [n for n in names if n in _in_flight]
-            if taken:
-                raise ValueError(f"a collective named {taken[0]!r} is already in flight on rank "
-                                 f"{_world.current().rank}: synchronize it first, or give the second call "
-                                 "another name.")
-            _in_flight.update(names)
-        call = fn
+def _claimed(call: _Call) -> Callable[[], Any]:
+    """``call.run``, raising ``_torch_error``'s errors, with the call's names taken until it ends; refused
+    now where a call of this rank under one of them is in flight."""
+    run, names = _guarded(call.run), call.names
+    with _in_flight_lock:
+        taken = [n for n in names if n in _in_flight]
+        if taken:
+            raise ValueError(f"a collective named {taken[0]!r} is already in flight on rank "
+                             f"{_world.current().rank}: synchronize it first, or give the second call "
+                             "another name.")
+        _in_flight.update(names)
 
-        def fn() -> Any:
-            try:
-                return call()
-            finally:
-                with _in_flight_lock:
-                    _in_flight.difference_update(names)
-
-    handle = next(_handle_ids)
-    if getattr(_here, "inline", False):
-        pending = _Pending()
+    def claimed() -> Any:
         try:
-            pending.result = fn()
-        except BaseException as exc:  # raised by synchronize(), as from a worker
-            pending.error = exc
-        pending.done.set()
-        _handles[handle] = pending
-    else:
-        _handles[handle] = _workers.submit(fn)
+            return run()
+        finally:
+            with _in_flight_lock:
+                _in_flight.difference_update(names)
+
+    return claimed
+
+
+def _now(call: _Call) -> Any:
+    """Make ``call`` in this thread; its result."""
+    return _claimed(call)()
+
+
+def _start(call: _Call) -> int:
+    """Make ``call`` in a worker; its handle for ``synchronize``."""
+    handle = next(_handle_ids)
+    _handles[handle] = _workers.submit(_claimed(call))
     return handle
-
-
-def _now(start: Callable[..., int], *args: Any) -> Any:
-    """The result of the asynchronous form ``start(*args)``, its call run in this thread."""
-    before = getattr(_here, "inline", False)
-    _here.inline = True  # (_start then runs the call at once, here)
-    try:
-        return synchronize(start(*args))
-    finally:
-        _here.inline = before
 
 
 def poll(handle: int) -> bool:
@@ -272,42 +272,38 @@ def _checked(tensors: list[Any], call: str) -> list[torch.Tensor]:
     return checked
 
 
-def _allreduce_job(tensors: list[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
-                   postscale: float, process_set: Any, in_place: bool, call: str) -> Callable[[], list[torch.Tensor]]:
-    """An allreduce checked, named and ordered now (in the calling thread), to run now or in a worker."""
+def _allreduce_call(tensors: list[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
+                    postscale: float, process_set: Any, in_place: bool, call: str) -> _Call:
+    """An allreduce of ``tensors`` (their results, a list)."""
     tensors = _checked(list(tensors), call)
     op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
     ready = _ready(tensors, process_set, call, reducing=True)
-    job = _guarded(lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
-                                          tensors if in_place else None, call, ready))
-    job.names = names  # type: ignore[attr-defined]
-    return job
+    return _Call(lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
+                                        tensors if in_place else None, call, ready), tuple(names))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Any = global_process_set) -> int:
     """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
-    job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, False,
-                         "hvd.allreduce_async")
-    return _start(lambda: job()[0], job.names)
+    return _start(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set,
+                                  False, "hvd.allreduce_async").first())
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: Any = global_process_set) -> int:
     """As ``allreduce_async``, writing the result into ``tensor``."""
-    job = _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
-                         "hvd.allreduce_async_")
-    return _start(lambda: job()[0], job.names)
+    return _start(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set,
+                                  True, "hvd.allreduce_async_").first())
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: Any = global_process_set) -> torch.Tensor:
     """Reduce ``tensor`` over all ranks in place; returns ``tensor``."""
-    return _allreduce_job([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
-                          "hvd.allreduce_")()[0]
+    return _now(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
+                                "hvd.allreduce_").first())
 
 
 class _Allreduce(torch.autograd.Function):
@@ -317,7 +313,8 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: int, name: str | None, prescale: float, postscale: float,
                 process_set: Any) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return _allreduce_job([tensor], None, name, op, prescale, postscale, process_set, False, "hvd.allreduce")()[0]
+        return _now(_allreduce_call([tensor], None, name, op, prescale, postscale, process_set, False,
+                                    "hvd.allreduce").first())
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -338,8 +335,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     op = _reduce_op(op, average)
     if compression is Compression.none and not (tensor.requires_grad and torch.is_grad_enabled()):
         # nothing to differentiate or compress: the call itself, without autograd's bookkeeping
-        return _allreduce_job([tensor], None, name, op, prescale_factor, postscale_factor, process_set, False,
-                              "hvd.allreduce")()[0]
+        return _now(_allreduce_call([tensor], None, name, op, prescale_factor, postscale_factor, process_set,
+                                    False, "hvd.allreduce").first())
     compressed, ctx = compression.compress(tensor)
     reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor, process_set)
     return compression.decompress(reduced, ctx)
@@ -349,26 +346,24 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = global_process_set) -> int:
     """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
-    job = _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
-                         "hvd.grouped_allreduce_async")
-    return _start(job, job.names)
+    return _start(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
+                                  "hvd.grouped_allreduce_async"))
 
 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = global_process_set) -> int:
     """As ``grouped_allreduce_async``, writing each result into its tensor."""
-    job = _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
-                         "hvd.grouped_allreduce_async_")
-    return _start(job, job.names)
+    return _start(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
+                                  "hvd.grouped_allreduce_async_"))
 
 
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: Any = global_process_set) -> list[torch.Tensor]:
     """Reduce several tensors in place; returns them."""
-    return _allreduce_job(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
-                          "hvd.grouped_allreduce_")()
+    return _now(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
+                                "hvd.grouped_allreduce_"))
 
 
 class _GroupedAllreduce(torch.autograd.Function):
@@ -376,8 +371,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, op: int, name: str | None, prescale: float, postscale: float, process_set: Any,
                 *tensors: torch.Tensor) -> Any:
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_allreduce_job(tensors, None, name, op, prescale, postscale, process_set, False,
-                                    "hvd.grouped_allreduce")())
+        return tuple(_now(_allreduce_call(tensors, None, name, op, prescale, postscale, process_set, False,
+                                          "hvd.grouped_allreduce")))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -410,21 +405,22 @@ def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: A
     return [as_tensor(g, t) for g, t in zip(gathered, tensors)]
 
 
+def _allgather_call(tensors: list[Any], name: str | None, process_set: Any, call: str) -> _Call:
+    tensors = _checked(list(tensors), call)
+    names = _names(name, "allgather", len(tensors))
+    ready = _ready(tensors, process_set, call, reducing=False)
+    return _Call(lambda: _allgather_now(tensors, names, process_set, ready), tuple(names))
+
+
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> int:
     """Start concatenating ``tensor`` over ranks along its first dimension (which may differ by rank)."""
-    (tensor,) = _checked([tensor], "hvd.allgather_async")
-    names = _names(name, "allgather", 1)
-    ready = _ready([tensor], process_set, "hvd.allgather", reducing=False)
-    return _start(lambda: _allgather_now([tensor], names, process_set, ready)[0], names)
+    return _start(_allgather_call([tensor], name, process_set, "hvd.allgather_async").first())
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
                             process_set: Any = global_process_set) -> int:
     """Start ``allgather`` of several tensors in one call."""
-    tensors = _checked(list(tensors), "hvd.grouped_allgather_async")
-    names = _names(name, "allgather", len(tensors))
-    ready = _ready(tensors, process_set, "hvd.grouped_allgather", reducing=False)
-    return _start(lambda: _allgather_now(tensors, names, process_set, ready), names)
+    return _start(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather_async"))
 
 
 def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
@@ -439,7 +435,7 @@ class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> torch.Tensor:
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return _now(allgather_async, tensor, name, process_set)
+        return _now(_allgather_call([tensor], name, process_set, "hvd.allgather").first())
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -457,7 +453,7 @@ class _GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, name: str | None, process_set: Any, *tensors: torch.Tensor) -> Any:
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(_now(grouped_allgather_async, list(tensors), name, process_set))
+        return tuple(_now(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather")))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -487,35 +483,38 @@ def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str, process_set:
     return output.copy_(result)
 
 
+def _broadcast_call(tensor: Any, root_rank: int, name: str | None, process_set: Any, in_place: bool,
+                    call: str) -> _Call:
+    (tensor,) = _checked([tensor], call)
+    names = _names(name, "broadcast", 1)
+    ready = _ready([tensor], process_set, call, reducing=False)
+    return _Call(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor if in_place else None,
+                                        ready), tuple(names))
+
+
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: Any = global_process_set) -> int:
     """Start giving every rank ``root_rank``'s ``tensor``."""
-    (tensor,) = _checked([tensor], "hvd.broadcast_async")
-    names = _names(name, "broadcast", 1)
-    ready = _ready([tensor], process_set, "hvd.broadcast", reducing=False)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, None, ready), names)
+    return _start(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast_async"))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: Any = global_process_set) -> int:
     """As ``broadcast_async``, writing the result into ``tensor``."""
-    (tensor,) = _checked([tensor], "hvd.broadcast_async_")
-    names = _names(name, "broadcast", 1)
-    ready = _ready([tensor], process_set, "hvd.broadcast_", reducing=False)
-    return _start(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor, ready), names)
+    return _start(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_async_"))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
-    return _now(broadcast_async_, tensor, root_rank, name, process_set)
+    return _now(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_"))
 
 
 class _Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: Any) -> torch.Tensor:
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _now(broadcast_async, tensor, root_rank, name, process_set)
+        return _now(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast"))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -551,15 +550,19 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
                    process_set: Any = global_process_set) -> int:
     """Start sending rows ``splits[r]`` of ``tensor`` to rank r (equal parts where None); ``synchronize``
     returns what arrived and how many rows came from each rank."""
-    (tensor,) = _checked([tensor], "hvd.alltoall_async")
+    return _start(_alltoall_call(tensor, splits, name, process_set, "hvd.alltoall_async"))
+
+
+def _alltoall_call(tensor: Any, splits: Any, name: str | None, process_set: Any, call: str) -> _Call:
+    (tensor,) = _checked([tensor], call)
     names, split_array = _names(name, "alltoall", 1), _splits(splits)
-    return _start(lambda: _alltoall_now(tensor, split_array, names[0], process_set), names)
+    return _Call(lambda: _alltoall_now(tensor, split_array, names[0], process_set), tuple(names))
 
 
 class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: Any) -> Any:
-        out, received = _now(alltoall_async, tensor, splits, name, process_set)
+        out, received = _now(_alltoall_call(tensor, splits, name, process_set, "hvd.alltoall"))
         ctx.received, ctx.process_set = received, process_set
         ctx.mark_non_differentiable(received)
         return out, received
@@ -620,22 +623,25 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
                         process_set: Any = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
     """Start reducing ``tensor`` over ranks and keeping this rank's block of its first dimension."""
-    (tensor,) = _checked([tensor], "hvd.reducescatter_async")
-    op, names = _scatter_op(op), _names(name, "reducescatter", 1)
-    ready = _ready(_scaled([tensor], prescale_factor), process_set, "hvd.reducescatter", reducing=True)
-    return _start(lambda: _reducescatter_now([tensor], names, op, prescale_factor, postscale_factor,
-                                             process_set, ready)[0], names)
+    return _start(_reducescatter_call([tensor], name, op, process_set, prescale_factor, postscale_factor,
+                                      "hvd.reducescatter_async").first())
+
+
+def _reducescatter_call(tensors: list[Any], name: str | None, op: int, process_set: Any, prescale: float,
+                        postscale: float, call: str) -> _Call:
+    tensors = _checked(list(tensors), call)
+    op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
+    ready = _ready(_scaled(tensors, prescale), process_set, call, reducing=True)
+    return _Call(lambda: _reducescatter_now(tensors, names, op, prescale, postscale, process_set, ready),
+                 tuple(names))
 
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
                                 process_set: Any = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
     """Start ``reducescatter`` of several tensors."""
-    tensors = _checked(list(tensors), "hvd.grouped_reducescatter_async")
-    op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
-    ready = _ready(_scaled(tensors, prescale_factor), process_set, "hvd.grouped_reducescatter", reducing=True)
-    return _start(lambda: _reducescatter_now(tensors, names, op, prescale_factor, postscale_factor, process_set,
-                                             ready), names)
+    return _start(_reducescatter_call(tensors, name, op, process_set, prescale_factor, postscale_factor,
+                                      "hvd.grouped_reducescatter_async"))
 
 
 def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
@@ -649,7 +655,8 @@ class _Reducescatter(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: Any, prescale: float,
                 postscale: float) -> torch.Tensor:
         ctx.args = (op, prescale, postscale, process_set)
-        return _now(reducescatter_async, tensor, name, op, process_set, prescale, postscale)
+        return _now(_reducescatter_call([tensor], name, op, process_set, prescale, postscale,
+                                        "hvd.reducescatter").first())
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
@@ -671,7 +678,8 @@ class _GroupedReducescatter(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: int, process_set: Any, prescale: float, postscale: float,
                 *tensors: torch.Tensor) -> Any:
         ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_now(grouped_reducescatter_async, list(tensors), name, op, process_set, prescale, postscale))
+        return tuple(_now(_reducescatter_call(tensors, name, op, process_set, prescale, postscale,
+                                              "hvd.grouped_reducescatter")))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -712,7 +720,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
         out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
         return out / size if op == Average else out
 
-    handle = _start(run, names)
+    handle = _start(_Call(run, tuple(names)))
     return lambda: synchronize(handle)
 
 
