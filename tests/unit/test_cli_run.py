@@ -84,13 +84,16 @@ def test_unknown_horovodrun_options_are_refused_not_ignored(capsys):
     assert "--gloo: not an option of horovodrun" in err and "Gloo" in err
 
 
+PY = sys.executable  # (not "python": the unprivileged run's PATH has none)
+
+
 @pytest.mark.parametrize("args, says", [
-    (["-np", "0", "python", "train.py"], "at least one rank"),
-    (["-np", "2", "-H", "localhost:2", "--hostfile", "hosts.txt", "python", "train.py"], "not both"),
-    (["-np", "2", "python", "missing.py"], "missing.py: no such file"),
-    (["-np", "2", "--mpiexec", "no-such-mpiexec", "python", "train.py"], "was not found"),
+    (["-np", "0", PY, "train.py"], "at least one rank"),
+    (["-np", "2", "-H", "localhost:2", "--hostfile", "hosts.txt", PY, "train.py"], "not both"),
+    (["-np", "2", PY, "missing.py"], "missing.py: no such file"),
+    (["-np", "2", "--mpiexec", "no-such-mpiexec", PY, "train.py"], "was not found"),
     (["-np", "2"], "give the command"),
-    (["-np", "2", "--network-interface", "eth0", "python", "train.py"], "not an option"),
+    (["-np", "2", "--network-interface", "eth0", PY, "train.py"], "not an option"),
 ])
 def test_bad_input_is_refused_with_what_to_do_and_status_2(args, says, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
