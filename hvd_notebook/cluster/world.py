@@ -183,10 +183,15 @@ class World:
     def _check_shm(self) -> None:
         """``shm.ShmError`` where a process of the world here has another user's shared memory (or memory
         others may read) open or mapped."""
-        shm.check_world(self._engines.pid if self._engines is not None else None,
-                        (r.pid for r in self.ranks if r.here), gforker=self.placement.gforker, n=self.n)
+        shm.check_world(self.launcher_pid, (r.pid for r in self.ranks if r.here), gforker=self.placement.gforker,
+                        n=self.n)
 
     # ----------------------------------------------------------------- state
+    @property
+    def launcher_pid(self) -> int | None:
+        """The launcher's own process (``mpiexec`` or ``srun``), once launched."""
+        return self._engines.pid if self._engines is not None else None
+
     def pids(self) -> set[int]:
         """Every process of the world seen so far (controller, launcher, its helpers, engines and their
         nannies, the reaper)."""

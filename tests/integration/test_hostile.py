@@ -390,7 +390,10 @@ DRIVER = r'''
 import json, logging, os, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 import psutil
-from hvd_notebook.cluster.cluster import MPICluster
+try:
+    from hvd_notebook.cluster.cluster import MPICluster
+except ImportError:  # (an older package, under HVD_HOSTILE_SOURCE)
+    from hvd_notebook.cluster import MPICluster
 from hvd_notebook.config import ClusterOptions
 
 options = ClusterOptions(n=2, framework=sys.argv[1], timeout=float(sys.argv[2]))
@@ -402,9 +405,13 @@ def reply(**answer):
 
 
 def info():
-    world = cluster._world
+    world = getattr(cluster, "world", None)
+    if world is not None:
+        launcher = world.launcher_pid
+    else:  # (the package before cluster/world.py, under HVD_HOSTILE_SOURCE)
+        launcher = getattr(getattr(cluster, "_world", None), "pid", None)
     return dict(workdir=str(cluster.workdir), pids=sorted(cluster.pids()), ranks=[r.pid for r in cluster.ranks],
-                mpiexec=world.pid if world is not None else None)
+                mpiexec=launcher)
 
 
 def write_card():
