@@ -84,17 +84,17 @@ _noop.__module__ = "__main__"  # ipyparallel re-imports a function's module on t
 
 
 class _Phases:
-    """Times ``MPICluster._bootstrap`` (the TF import on the engines) inside
-    ``%hvd start`` by wrapping it; restores the method on exit."""
+    """Times ``World._bootstrap`` (the engines' bootstrap) inside ``%hvd start`` by wrapping it;
+    restores the method on exit."""
 
     def __init__(self) -> None:
         self.bootstrap_s = math.nan
 
     def __enter__(self) -> _Phases:
-        from hvd_notebook.cluster.cluster import MPICluster
+        from hvd_notebook.cluster.world import World
 
-        self._cls = MPICluster
-        self._orig = MPICluster._bootstrap
+        self._cls = World
+        self._orig = World._bootstrap
         phases = self
 
         def timed(cluster: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,7 +104,7 @@ class _Phases:
             finally:
                 phases.bootstrap_s = time.perf_counter() - t0
 
-        MPICluster._bootstrap = timed  # type: ignore[method-assign]
+        World._bootstrap = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
