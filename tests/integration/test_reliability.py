@@ -182,6 +182,7 @@ def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
             secret = f"secret-{os.getpid()}-{time.time_ns()}"
             ar = cluster.client[:].execute(f"print({secret!r})", block=False)
             ar.get(timeout=60)
+            ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
             assert all(secret in out for out in ar.stdout), ar.stdout  # the owner's client heard it: it was said
             heard = _heard(subs, 2.0)
         finally:
