@@ -55,6 +55,15 @@ def exit_code(exc: SystemExit) -> int:
     return 1
 
 
+def whole_lines() -> None:
+    """Under ``PYTHONUNBUFFERED`` (or ``python -u``) ``print`` writes its text and its newline
+    apart, and the launcher, which merges every rank's output, could put another rank's line
+    between them: each line goes out in one write instead, as soon as it ends, as before."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "write_through", False):
+            stream.reconfigure(write_through=False, line_buffering=True)
+
+
 def _end_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -69,6 +78,7 @@ def main() -> None:
     from . import stacks
 
     stacks.register(rank, size)  # hvd-notebook stacks
+    whole_lines()
     try:
         run(sys.argv[1:])
     except SystemExit as exc:

@@ -4,6 +4,8 @@ user's frames only."""
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
@@ -62,3 +64,18 @@ def test_an_interrupt_ends_as_usual_with_130(tmp_path):
     done = runner(tmp_path, "import atexit\natexit.register(print, 'atexit ran')\nraise KeyboardInterrupt\n")
     assert done.returncode == 130 and "KeyboardInterrupt" in done.stderr and "runpy" not in done.stderr
     assert "atexit ran" in done.stdout  # as usual: the launcher, not this rank, decides how the world ends
+
+
+def test_unbuffered_output_leaves_in_whole_lines(tmp_path):
+    """Two ranks' lines reach the launcher's one stream whole, even under PYTHONUNBUFFERED (CI's
+    environment), where print writes text and newline apart (ranks' lines were seen glued).
+    stdout is a packet socket here, so that each write is read back as one packet."""
+    (tmp_path / "s.py").write_text("print('first line')\nprint('second', end='')\nprint()\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        done = subprocess.run([*RUNNER, str(tmp_path / "s.py")], stdout=theirs, timeout=60,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        theirs.close()
+        writes = list(iter(lambda: ours.recv(4096), b""))
+    assert done.returncode == 0
+    assert writes == [b"first line\n", b"second\n"]
