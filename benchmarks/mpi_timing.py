@@ -33,3 +33,17 @@ def median_blocks(ours, raw, blocks: int, per_block: int, comm) -> tuple[float, 
         a += [timed(ours, comm) for _ in range(per_block)]
         b += [timed(raw, comm) for _ in range(per_block)]
     return statistics.median(a), statistics.median(b)
+
+
+def best_back_to_back(fn, calls: int, trials: int, comm) -> float:
+    """Seconds per call of ``calls`` calls in a row with no barrier between them (as a training
+    loop issues them, ranks a little apart), best of ``trials`` (one barrier before each trial)."""
+    fn()
+    best = float("inf")
+    for _ in range(trials):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / calls)
+    return best

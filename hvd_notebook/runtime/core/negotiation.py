@@ -199,11 +199,11 @@ class Negotiator:
 
     def _wait_or_break(self, done: Callable[[], bool], sig: Signature, name: str | None) -> None:
         """Wait until ``done()``; if the wait ends otherwise, refuse every later collective."""
-        sig = sig.named(name)
         try:
-            self.stall.wait(done, sig, self.seq)
+            self.stall.wait(done, sig, name, self.seq)
         except BaseException as exc:  # KeyboardInterrupt from a cell's interrupt, or StallError
             # the other ranks would pair this rank's next collectives with the wrong calls
+            sig = sig.named(name)
             self.broken = (
                 f"rank {self.rank} left {sig.describe()} (collective #{self.seq}) before every rank "
                 f"arrived ({type(exc).__name__}), so the ranks can no longer agree on collectives. "
@@ -246,9 +246,9 @@ class StallInspector:
                              f"HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}.")
         return True
 
-    def wait(self, done: Callable[[], bool], sig: Signature, seq: int) -> None:
-        """Wait until ``done()``, in collective number ``seq``: answer the others' queries,
-        warn of a stall, raise past the shutdown time."""
+    def wait(self, done: Callable[[], bool], sig: Signature, name: str | None, seq: int) -> None:
+        """Wait until ``done()``, in collective number ``seq`` (``sig`` labelled ``name``): answer the
+        others' queries, warn of a stall, raise past the shutdown time."""
         start = time.monotonic()
         spin_until = start + 2e-3  # spin first: a sleep wakes far later than a partner usually arrives
         pause = 10e-6
@@ -265,6 +265,8 @@ class StallInspector:
             pause = min(pause * 2, 5e-4)
             if now >= next_probe:
                 next_probe = now + 0.05
+                sig = sig.named(name)  # (labelled only here: a wait that ends sooner never needs it)
+                name = None
                 self._answer_queries(sig, seq)
                 if self.enabled and not warned and now - start >= self.check_s:
                     warned = True

@@ -61,8 +61,8 @@ def to_numpy(tensor: Any) -> np.ndarray:
     to the host once). The runtime only reads these arrays, never writes them."""
     if is_eager(tensor):
         try:
-            return np.asarray(tensor)  # shares the eager tensor's host buffer (``numpy()`` would copy)
-        except (TypeError, ValueError):
+            return tensor._numpy()  # shares the eager tensor's host buffer (``numpy()`` would copy)
+        except (TypeError, ValueError, AttributeError):
             pass
     if tensor.dtype in dlpack_dtypes() and tensor.device.endswith("CPU:0"):
         try:
