@@ -21,7 +21,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # lower layer, and no binding
 CORE_LAYERS = [
     {"ops", "exceptions", "events", "timeline", "topology"},
-    {"rules", "signatures", "fusion", "shared_memory"},
+    {"rules", "gradients", "signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},
     {"negotiation"},

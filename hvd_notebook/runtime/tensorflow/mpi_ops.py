@@ -7,7 +7,7 @@ through DLPack (``bridges``, no copy) and results come back the same way; GPU
 tensors go to ``nccl_backend`` (through ``nccl``) where the world has NCCL; in a graph a
 collective is a ``tf.numpy_function`` (allreduce packs its tensors in the
 graph first, so a step makes one call). Gradients are registered with
-``tf.custom_gradient`` as Horovod defines them.
+``tf.custom_gradient``; each is ``core/gradients``' rule of its collective.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import gradients as _gradients
 from ..core import objects as _objects
 from ..core import process_sets as _process_sets
 from ..core import world as _world
@@ -401,9 +402,7 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
             outs = _graph_grouped_allreduce(list(xs), names, op, prescale, postscale, backends)
 
         def grad(*dys: Any) -> Any:
-            # Horovod: the gradient of an allreduce is the same allreduce of the gradient
-            return grouped_allreduce(list(dys), op=op, prescale_factor=prescale, postscale_factor=postscale,
-                                     process_set=process_set)
+            return _gradients.allreduce(_TensorFlowOps(process_set, backends), list(dys), op, prescale, postscale)
 
         return outs, grad
 
@@ -559,14 +558,7 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
                       gpu_fn=lambda ts: _gpu(world).allgather(ts, names))
 
         def grad(*dys: Any) -> Any:
-            # Horovod (0.28): average the gradient over ranks, then keep this rank's rows
-            averaged = grouped_allreduce(list(dys), op=Average, process_set=process_set)
-            grads = []
-            for x, dy in zip(xs, averaged):
-                rows = tf.reshape(tf.shape(x)[0], [1])
-                all_rows = tf.reshape(allgather(rows, process_set=process_set), [world.size])
-                grads.append(tf.split(dy, all_rows, axis=0)[world.rank])
-            return grads
+            return _gradients.allgather(_TensorFlowOps(process_set, world), list(dys), [tf.shape(x)[0] for x in xs])
 
         return outs, grad
 
@@ -598,9 +590,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
                      gpu_fn=lambda ts: _gpu(world).broadcast(ts, root, names))[0]
 
         def grad(dy: Any) -> Any:
-            # Horovod (0.28): the averaged gradient flows back to the root only
-            averaged = allreduce(dy, op=Average, process_set=process_set)
-            return averaged if world.rank == root else averaged * 0
+            return _gradients.broadcast(_TensorFlowOps(process_set, world), dy, world.rank == root)
 
         return out, grad
 
@@ -710,8 +700,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
                                [[None] + x.shape[1:].as_list(), [world.size]])
 
         def grad(dy: Any, *_: Any) -> Any:
-            # Horovod: each rank's gradient rows go back to the rank they came from
-            return alltoall(dy, splits=received, process_set=process_set)[0]
+            return _gradients.alltoall(_TensorFlowOps(process_set, world), dy, received)
 
         return (out, received), grad
 
@@ -764,13 +753,43 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
                       gpu_fn=scaled(lambda ts: _gpu(world).reducescatter(ts, op, names)))
 
         def grad(*dys: Any) -> Any:
-            # Horovod: a Sum's gradient times the size, both scale factors, then every rank's rows gathered
-            scale = (world.size if op == Sum else 1) * prescale_factor * postscale_factor
-            return grouped_allgather([dy * scale if scale != 1 else dy for dy in dys], process_set=process_set)
+            return _gradients.reducescatter(_TensorFlowOps(process_set, world), list(dys), op, prescale_factor,
+                                            postscale_factor)
 
         return outs, grad
 
     return list(rs_tf(*tensors))
+
+
+class _TensorFlowOps:
+    """What ``core/gradients``' rules are made of, on TensorFlow tensors among the ranks of ``process_set``
+    (``backends``: its communicator and backends, see ``_backends``)."""
+
+    def __init__(self, process_set: Any, backends: Any) -> None:
+        self.process_set, self.backends, self.size = process_set, backends, backends.size
+
+    def grouped_allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float) -> list[Any]:
+        if len(tensors) == 1:
+            return [allreduce(tensors[0], op=op, prescale_factor=prescale, postscale_factor=postscale,
+                              process_set=self.process_set)]
+        return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                 process_set=self.process_set)
+
+    def grouped_allgather(self, tensors: list[Any]) -> list[Any]:
+        return grouped_allgather(tensors, process_set=self.process_set)
+
+    def alltoall(self, tensor: Any, splits: Any) -> Any:
+        return alltoall(tensor, splits=splits, process_set=self.process_set)[0]
+
+    def own_rows(self, gathered: Any, rows: Any) -> Any:
+        tf = _tf()
+        own = tf.reshape(rows, [1])
+        all_rows = tf.reshape(allgather(own, process_set=self.process_set), [self.size])
+        return tf.split(gathered, all_rows, axis=0)[self.backends.rank]
+
+    @staticmethod
+    def times(tensor: Any, factor: float) -> Any:
+        return tensor * factor
 
 
 join = not_converted(_objects.join)

@@ -8,8 +8,8 @@ the core's coordinator takes calls from any thread in any order and matches them
 ranks, so reductions started from several threads (``DistributedOptimizer``'s gradient hooks) that
 are ready in the same agreement round share one fused call. ``synchronize(handle)`` waits and
 returns the result (raising the call's error); ``poll(handle)`` says whether it is done. The plain
-forms are differentiable, with Horovod's gradients (an allreduce's gradient is the same allreduce of
-the gradient, and so on).
+forms are differentiable, with Horovod's gradients (``core/gradients``: an allreduce's gradient is the
+same allreduce of the gradient, and so on).
 
 Errors: a mismatch across ranks, or a call every rank refuses, raises ``CollectiveMismatchError`` or
 ``CollectiveRefusedError`` on every rank: the core's ``MismatchError``/``RefusedError`` (ValueError) that
@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import gradients as _gradients
 from ..core import objects as _objects
 from ..core import process_sets as _process_sets
 from ..core import world as _world
@@ -319,8 +320,8 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         op, prescale, postscale, process_set = ctx.args
-        return (allreduce(grad, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                          process_set=process_set), None, None, None, None, None)
+        (reduced,) = _gradients.allreduce(_TorchOps(process_set), [grad], op, prescale, postscale)
+        return reduced, None, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -377,9 +378,8 @@ class _GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
         op, prescale, postscale, process_set = ctx.args
-        reduced = grouped_allreduce(list(grads), op=op, prescale_factor=prescale, postscale_factor=postscale,
-                                    process_set=process_set)
-        return (None, None, None, None, None, *reduced)
+        return (None, None, None, None, None,
+                *_gradients.allreduce(_TorchOps(process_set), list(grads), op, prescale, postscale))
 
 
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -423,14 +423,6 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
     return _start(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather_async"))
 
 
-def _my_rows(grad: torch.Tensor, rows: int, process_set: Any) -> torch.Tensor:
-    """This rank's rows of an allgather's (averaged) gradient."""
-    all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
-    rank = _backends(process_set, "hvd.allgather").rank
-    offset = int(all_rows[:rank].sum())
-    return grad.narrow(0, offset, rows)
-
-
 class _Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> torch.Tensor:
@@ -439,8 +431,8 @@ class _Allgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        return _my_rows(reduced, ctx.rows, ctx.process_set), None, None
+        (mine,) = _gradients.allgather(_TorchOps(ctx.process_set), [grad], [ctx.rows])
+        return mine, None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
@@ -457,8 +449,7 @@ class _GroupedAllgather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        reduced = grouped_allreduce(list(grads), op=Average, process_set=ctx.process_set)
-        return (None, None, *(_my_rows(r, rows, ctx.process_set) for r, rows in zip(reduced, ctx.rows)))
+        return (None, None, *_gradients.allgather(_TorchOps(ctx.process_set), list(grads), ctx.rows))
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
@@ -518,10 +509,8 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        if _world.current().rank != ctx.root_rank:
-            reduced = reduced * 0
-        return reduced, None, None, None
+        is_root = _world.current().rank == ctx.root_rank
+        return _gradients.broadcast(_TorchOps(ctx.process_set), grad, is_root), None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -569,8 +558,7 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, _received_grad: Any) -> Any:
-        back, _ = _Alltoall.apply(grad, ctx.received, None, ctx.process_set)
-        return back, None, None, None
+        return _gradients.alltoall(_TorchOps(ctx.process_set), grad, ctx.received), None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
@@ -644,12 +632,6 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
                                       "hvd.grouped_reducescatter_async"))
 
 
-def _scatter_grad(grad: torch.Tensor, op: int, prescale: float, postscale: float, process_set: Any) -> torch.Tensor:
-    size = _backends(process_set, "hvd.reducescatter").size
-    factor = (size if op == Sum else 1.0) * prescale * postscale
-    return allgather(grad * factor if factor != 1.0 else grad, process_set=process_set)
-
-
 class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: Any, prescale: float,
@@ -660,7 +642,9 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        return _scatter_grad(grad, *ctx.args), None, None, None, None, None
+        op, prescale, postscale, process_set = ctx.args
+        (gathered,) = _gradients.reducescatter(_TorchOps(process_set), [grad], op, prescale, postscale)
+        return gathered, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
@@ -683,7 +667,9 @@ class _GroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        return (None, None, None, None, None, *(_scatter_grad(g, *ctx.args) for g in grads))
+        op, prescale, postscale, process_set = ctx.args
+        return (None, None, None, None, None,
+                *_gradients.reducescatter(_TorchOps(process_set), list(grads), op, prescale, postscale))
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
@@ -735,6 +721,44 @@ def join(device: int = -1) -> int:
 def barrier(process_set: Any = global_process_set) -> None:
     """Return once every rank (of ``process_set``) has called ``barrier()``."""
     _objects.barrier(process_set)
+
+
+# ------------------------------------------------------------------ gradients
+class _TorchOps:
+    """What ``core/gradients``' rules are made of, on torch tensors among the ranks of ``process_set``."""
+
+    def __init__(self, process_set: Any) -> None:
+        self.process_set = process_set
+
+    @property
+    def size(self) -> int:
+        return _backends(self.process_set, "hvd.reducescatter").size
+
+    def grouped_allreduce(self, tensors: list[torch.Tensor], op: int, prescale: float,
+                          postscale: float) -> list[torch.Tensor]:
+        if len(tensors) == 1:
+            return [allreduce(tensors[0], op=op, prescale_factor=prescale, postscale_factor=postscale,
+                              process_set=self.process_set)]
+        return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                                 process_set=self.process_set)
+
+    def grouped_allgather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if len(tensors) == 1:
+            return [allgather(tensors[0], process_set=self.process_set)]
+        return grouped_allgather(tensors, process_set=self.process_set)
+
+    def alltoall(self, tensor: torch.Tensor, splits: Any) -> torch.Tensor:
+        back, _ = _Alltoall.apply(tensor, splits, None, self.process_set)
+        return back
+
+    def own_rows(self, gathered: torch.Tensor, rows: int) -> torch.Tensor:
+        all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=self.process_set)
+        rank = _backends(self.process_set, "hvd.allgather").rank
+        return gathered.narrow(0, int(all_rows[:rank].sum()), rows)
+
+    @staticmethod
+    def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        return tensor * factor
 
 
 __all__ = [
