@@ -61,7 +61,10 @@ def to_numpy(tensor: Any) -> np.ndarray:
     to the host once). The runtime only reads these arrays, never writes them."""
     if is_eager(tensor):
         try:
-            return tensor._numpy()  # shares the eager tensor's host buffer (``numpy()`` would copy)
+            # shares the eager tensor's host buffer (``numpy()`` would copy); a scalar or a string comes as a
+            # numpy scalar or bytes, which np.asarray makes an array
+            arr = tensor._numpy()
+            return arr if type(arr) is np.ndarray else np.asarray(tensor)
         except (TypeError, ValueError, AttributeError):
             pass
     if tensor.dtype in dlpack_dtypes() and tensor.device.endswith("CPU:0"):
