@@ -5,8 +5,8 @@ A binding's differentiable collective (``tf.custom_gradient`` in ``tensorflow/``
 operations the rules are made of, on the binding's own tensors, among the ranks of the call's
 process set. The rules never see a framework:
 
-    def grad(*dys):  # inside a binding's custom gradient of grouped_allgather
-        return gradients.allgather(TensorFlowOps(process_set, world), list(dys), rows)
+    def grad(*dys):  # inside tensorflow/mpi_ops.py's custom gradient of grouped_allgather
+        return _gradients.allgather(_TensorFlowOps(process_set, world), list(dys), rows)
 """
 
 from __future__ import annotations

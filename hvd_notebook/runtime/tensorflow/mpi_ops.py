@@ -769,9 +769,6 @@ class _TensorFlowOps:
         self.process_set, self.backends, self.size = process_set, backends, backends.size
 
     def grouped_allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float) -> list[Any]:
-        if len(tensors) == 1:
-            return [allreduce(tensors[0], op=op, prescale_factor=prescale, postscale_factor=postscale,
-                              process_set=self.process_set)]
         return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
                                  process_set=self.process_set)
 

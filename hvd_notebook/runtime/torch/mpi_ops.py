@@ -736,15 +736,10 @@ class _TorchOps:
 
     def grouped_allreduce(self, tensors: list[torch.Tensor], op: int, prescale: float,
                           postscale: float) -> list[torch.Tensor]:
-        if len(tensors) == 1:
-            return [allreduce(tensors[0], op=op, prescale_factor=prescale, postscale_factor=postscale,
-                              process_set=self.process_set)]
         return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
                                  process_set=self.process_set)
 
     def grouped_allgather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        if len(tensors) == 1:
-            return [allgather(tensors[0], process_set=self.process_set)]
         return grouped_allgather(tensors, process_set=self.process_set)
 
     def alltoall(self, tensor: torch.Tensor, splits: Any) -> torch.Tensor:
