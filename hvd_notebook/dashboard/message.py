@@ -108,8 +108,8 @@ class ProgressUpdate:
 @dataclass
 class RankEvent:
     """Something a rank tells the kernel while a cell runs (``runtime/core/events.py``): its kind (``stall``,
-    ``warning``), the sentence to show, and its fields (a stall's ``missing``: the ranks that have not
-    arrived). Published as ``ProgressUpdate`` is, under its own ring of keys.
+    ``warning``, ``commit``), the sentence to show (a commit's summary), and its fields (a stall's
+    ``missing``: the ranks that have not arrived). Published as ``ProgressUpdate`` is, under its own ring of keys.
 
     >>> RankEvent.from_dict(RankEvent("stall", "stall: ...", {"missing": [1]}).to_dict()).fields["missing"]
     [1]

@@ -125,6 +125,7 @@ class RunningCell:
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
         self._told: dict[int, int] = {}  # per rank: the seq of the last of its events shown
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
+        self.commits: list[str] = []  # rank 0's hvd.elastic commit events, in order ("": the commit was removed)
         engine_ids = cluster.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
         targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
@@ -187,8 +188,9 @@ class RunningCell:
                 req.displayed = len(outputs)
 
     def _tell_events(self) -> None:
-        """The events of every rank (``runtime/core/events.py``: stalls, warnings) not shown yet, each as a
-        warning line of its rank; after a stall, where each rank it names as missing is."""
+        """The events of every rank (``runtime/core/events.py``) not taken yet: a stall or a warning as a
+        warning line of its rank (after a stall, where each rank it names as missing is), an ``hvd.elastic``
+        commit into ``commits``."""
         board = self.dashboard if self.copies else None
         for req in self.requests:
             data = dict(req.metadata.get("data") or {})
@@ -198,6 +200,9 @@ class RunningCell:
                 if event.seq <= self._told.get(req.rank, -1):
                     continue
                 self._told[req.rank] = event.seq
+                if event.kind == "commit":
+                    self.commits.append(event.text)
+                    continue
                 line = f"{WARNING_PREFIX}: {event.text}\n"
                 sys.stderr.write(f"[{req.rank}] {line}")
                 if board is not None:

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import private
 from ..cluster.workdir import clusters_dir
-from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
+from ..config import ELASTIC_DIR
 from .failures import HvdError
 
 
@@ -61,20 +60,6 @@ class ElasticCommits:
         if self.path is None:
             self.path = Path(tempfile.mkdtemp(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         return ELASTIC_DIR.name, str(self.path)
-
-    def committed_since(self, started: float) -> bool:
-        """Did rank 0 commit (in an ``hvd.elastic.run`` that has not returned) since ``started``?"""
-        try:
-            return self.path is not None and (self.path / ELASTIC_COMMIT_SUMMARY).stat().st_mtime >= started - 1.0
-        except OSError:
-            return False
-
-    def summary(self) -> str:
-        """The last commit in a few words (its values, when)."""
-        try:
-            return private.read_text(self.path / ELASTIC_COMMIT_SUMMARY).strip() if self.path is not None else ""
-        except OSError:
-            return ""
 
     def forget(self) -> None:
         """Drop the last commit: its cell has ended, and no later cell may resume from it."""

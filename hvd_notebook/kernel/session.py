@@ -34,9 +34,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Runs:
-    """What the runs of one cell share: the dashboard (a cell resumed after dead ranks goes on with it)."""
+    """What the runs of one cell share: the dashboard (a cell resumed after dead ranks goes on with it), and
+    rank 0's last ``hvd.elastic`` commit in any of them (its summary; None: none, or its run returned)."""
 
     dashboard: Dashboard | None = None
+    commit: str | None = None
 
 
 class Session:
@@ -213,15 +215,15 @@ class Session:
             mode = resolve_mode(progress)
         except ValueError as exc:
             raise HvdError(str(exc)) from None
-        started, runs = time.time(), _Runs()
+        runs = _Runs()
 
         def resumable(outcome: RankValue | RankDied | None) -> bool:
-            return isinstance(outcome, RankDied) and self.commits.committed_since(started)
+            return isinstance(outcome, RankDied) and runs.commit is not None
 
         try:
             outcome, resets = run_with_resets(
                 lambda: self._run_once(code, ranks, output_ranks, timeout, mode, runs, record), resumable,
-                lambda died, number: self._reset(died, number, runs.dashboard), self._max_resets())
+                lambda died, number: self._reset(died, number, runs), self._max_resets())
         except BaseException:  # (a failed reset too)
             self._cell_ended(runs)
             raise
@@ -265,6 +267,8 @@ class Session:
         except RankDied as died:
             return died
         finally:
+            if runs is not None and running.commits:
+                runs.commit = running.commits[-1] or None
             if running.cluster_lost:
                 self.cluster = None
                 self.tenancy.end()
@@ -276,11 +280,11 @@ class Session:
         """How often one cell under ``hvd.elastic.run`` is resumed after dead ranks (``--max-resets``)."""
         return self.options.max_resets if self.options is not None else 0
 
-    def _reset(self, died: RankDied, reset: int, dashboard: Dashboard | None) -> str:
+    def _reset(self, died: RankDied, reset: int, runs: _Runs) -> str:
         """After a dead rank, in a cell under ``hvd.elastic.run`` that committed: a new world, the
         set-up cells replayed, the event on the cell's dashboard; the loop then runs the cell again,
         whose ``hvd.elastic.run`` resumes from the commit. A line on this reset, for the history."""
-        commit = self.commits.summary()
+        commit, dashboard = runs.commit, runs.dashboard
         first = str(died).splitlines()[0]
         print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
               f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",

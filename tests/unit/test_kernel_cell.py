@@ -195,6 +195,22 @@ def test_the_events_of_every_rank_are_shown_once_as_its_warnings(capsys):
     assert "not shown" not in err
 
 
+def test_commit_events_are_taken_in_order_and_not_shown(capsys):
+    """Rank 0's hvd.elastic commits (an empty text: its run returned, the commit removed) reach ``commits``,
+    which the session's recovery loop reads; they are no warnings."""
+    parts = [part(), part()]
+    running = start(FakeCluster(parts))
+    events = [RankEvent("commit", "step=2, committed at 12:00:00", seq=0), RankEvent("commit", "", seq=1),
+              RankEvent("commit", "step=4, committed at 12:00:05", seq=2)]
+    parts[0].metadata["data"] = {RankEvent.key(e.seq): e.to_dict() for e in events}
+    for future in parts:
+        future.set_result(None)
+    running.wait()
+    running.pump(final=True)
+    assert running.commits == ["step=2, committed at 12:00:00", "", "step=4, committed at 12:00:05"]
+    assert "commit" not in capsys.readouterr().err
+
+
 def test_busy_engines():
     assert is_busy({"tasks": 1, "queue": 0}) and is_busy({"tasks": 0, "queue": 2})
     assert not is_busy({"tasks": 0, "queue": 0}) and not is_busy(None) and not is_busy("error")

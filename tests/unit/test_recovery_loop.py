@@ -68,14 +68,10 @@ class Client:
 
 
 class Commits:
-    def __init__(self, committed: bool) -> None:
-        self.committed, self.forgotten = committed, 0
+    """The session's commit folder; ``events``: the commit events each run of a cell sees (rank 0's)."""
 
-    def committed_since(self, started):
-        return self.committed
-
-    def summary(self):
-        return "step=4"
+    def __init__(self, events: list[str]) -> None:
+        self.events, self.forgotten = events, 0
 
     def forget(self):
         self.forgotten += 1
@@ -120,6 +116,7 @@ def world(monkeypatch):
     class Running:
         def __init__(self, cluster, code, ranks, show, timeout, mode, dashboard=None):
             self.code, self.dashboard, self.cluster_lost = code, dashboard, False
+            self.commits = list(session.commits.events) if code == "train" else []
             log.append(f"run {code}")
 
         def wait(self):
@@ -132,7 +129,7 @@ def world(monkeypatch):
     session = Session()
     session.cluster, session.options = World(log), ClusterOptions(n=2, max_resets=2)
     session.tenancy = Tenancy(log)
-    session.commits = Commits(committed=True)
+    session.commits = Commits(["step=4"])
     yield session, script, log
     session.cluster = None
 
@@ -161,7 +158,7 @@ def test_resets_used_up_fail_the_cell_with_its_history(world):
 @pytest.mark.parametrize("committed, max_resets", [(False, 2), (True, 0)])
 def test_without_a_commit_or_with_max_resets_0_a_dead_rank_fails_the_cell_as_before(world, committed, max_resets):
     session, script, log = world
-    session.commits.committed = committed
+    session.commits.events = ["step=4"] if committed else []
     session.options = ClusterOptions(n=2, max_resets=max_resets)
     script.update(train=[died()])
     with pytest.raises(RankDied) as failed:
@@ -192,20 +189,27 @@ def test_the_nodes_rules_do_not_stop_the_cluster_in_the_middle_of_a_resume(world
     assert session.cluster is None and "the lease is over" in capsys.readouterr().err
 
 
-def test_a_commit_counts_for_the_cell_that_made_it_and_is_forgotten_when_the_cell_ends(tmp_path, monkeypatch):
-    import time
+def test_a_commit_whose_run_returned_is_not_resumed(world):
+    """``hvd.elastic.run`` returned (its commit removed: an empty commit event) before the rank died: the cell
+    fails as it would without elastic, as the new world would have nothing to resume from."""
+    session, script, log = world
+    session.commits.events = ["step=4", ""]
+    script.update(train=[died()])
+    with pytest.raises(RankDied):
+        session.run_cell("train", progress=DashboardMode.NONE)
+    assert "restart" not in log
 
+
+def test_the_commit_folder_is_the_sessions_own_and_emptied_when_a_cell_ends(tmp_path, monkeypatch):
     from hvd_notebook.config import ELASTIC_COMMIT_SUMMARY
     from hvd_notebook.kernel import recovery
 
     monkeypatch.setattr(recovery, "clusters_dir", lambda: tmp_path)
     commits = recovery.ElasticCommits()
     name, folder = commits.environment()
-    assert name == "HVD_NOTEBOOK_ELASTIC_DIR" and not commits.committed_since(time.time())
+    assert name == "HVD_NOTEBOOK_ELASTIC_DIR" and (tmp_path / folder).stat().st_mode & 0o077 == 0
     (tmp_path / folder / ELASTIC_COMMIT_SUMMARY).write_text("step=4, committed at 12:00:00\n")
-    assert commits.committed_since(time.time()) and commits.summary() == "step=4, committed at 12:00:00"
-    assert not commits.committed_since(time.time() + 5)  # an earlier cell's commit is not this one's
     commits.forget()
-    assert not commits.committed_since(time.time()) and commits.summary() == ""
+    assert list((tmp_path / folder).iterdir()) == []
     commits.remove()
     assert not (tmp_path / folder).exists()

@@ -286,3 +286,25 @@ def test_alltoall_splits():
         alltoall_splits((4,), [4], 2, "x")
     with pytest.raises(ValueError, match="at least one dimension"):
         alltoall_splits((), None, 2, "x")
+
+
+def test_an_elastic_commit_is_an_event_once_on_disk_and_its_removal_too(tmp_path, monkeypatch, capsys):
+    """Rank 0's commit tells the listener its summary once the file is written, and an empty text once the
+    run that made it returned (the commit removed); where nobody listens, a commit is not printed, a warning is."""
+    from hvd_notebook.runtime.core import elastic, events
+
+    monkeypatch.setenv("HVD_NOTEBOOK_ELASTIC_DIR", str(tmp_path))
+    told: list[tuple[str, str, bool]] = []
+    events.listen(lambda kind, text, fields: told.append((kind, text, (tmp_path / elastic._Spill.FILE).exists())))
+    try:
+        spill = elastic._Spill()
+        spill.write({"values": {"step": 4}, "variables": []})
+        spill.thread.join()
+        spill.clear()
+    finally:
+        events.listen(None)
+    assert [(k, t.split(", committed at")[0], on_disk) for k, t, on_disk in told] == [
+        ("commit", "step=4", True), ("commit", "", False)]
+    events.emit(events.COMMIT, "step=5, committed at 12:00:00")
+    events.emit(events.WARNING, "a warning")
+    assert capsys.readouterr().err == f"{config.WARNING_PREFIX}: a warning\n"

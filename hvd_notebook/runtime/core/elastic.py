@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ... import config, private
-from . import basics
+from . import basics, events
 from . import world as _world
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .objects import broadcast_object
@@ -233,8 +233,9 @@ class _Spill:
             os.replace(partial, path)
             values = ", ".join(f"{k}={v!r}" for k, v in data.get("values", {}).items()
                                if isinstance(v, (int, float, str)) and len(repr(v)) <= 40)
-            private.write_text(path.parent / config.ELASTIC_COMMIT_SUMMARY,
-                               f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}")
+            summary = f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}"
+            private.write_text(path.parent / config.ELASTIC_COMMIT_SUMMARY, summary)
+            events.emit(events.COMMIT, summary)  # (on disk now: a world restarted after this resumes from it)
 
         self.thread = threading.Thread(target=write, name="hvd-elastic-commit", daemon=False)
         self.thread.start()
@@ -248,6 +249,7 @@ class _Spill:
         if path is not None:
             for name in (self.FILE, config.ELASTIC_COMMIT_SUMMARY):
                 (path.parent / name).unlink(missing_ok=True)
+            events.emit(events.COMMIT, "")  # (no commit holds now: nothing to resume from)
 
     def take_for_resume(self) -> dict[str, Any] | None:
         """Once per process: the commit an earlier launch of this job left, if any."""

@@ -1,8 +1,10 @@
 """What a rank tells whoever watches it, as typed events: a stall (with the ranks that have not arrived),
-another warning of the runtime. ``emit`` hands each to the listener that an engine installs
-(``engine/reporter.py`` publishes it to the notebook's kernel beside the progress updates, as a
-``dashboard.message.RankEvent``); without one (a plain ``mpiexec`` run, ``hvd-notebook run``) it is printed
-to stderr with the prefix of the runtime's warnings."""
+another warning of the runtime, an ``hvd.elastic`` commit (rank 0's, once it is on disk; its summary, or
+"" when the run returned and its commit was removed: nothing to resume from). ``emit`` hands
+each to the listener that an engine installs (``engine/reporter.py`` publishes it to the notebook's kernel
+beside the progress updates, as a ``dashboard.message.RankEvent``); without one (a plain ``mpiexec`` run,
+``hvd-notebook run``) a warning or stall is printed to stderr with the prefix of the runtime's warnings, and
+a commit is not (``hvd-notebook run`` finds the commit itself, on disk, when it relaunches)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from typing import Any
 
 from ... import config
 
-STALL, WARNING = "stall", "warning"
+STALL, WARNING, COMMIT = "stall", "warning", "commit"
+PRINTED = (STALL, WARNING)  # the kinds printed where nobody listens
 
 Listener = Callable[[str, str, dict[str, Any]], None]
 _listener: Listener | None = None
@@ -26,7 +29,7 @@ def listen(listener: Listener | None) -> None:
 
 def emit(kind: str, text: str, **fields: Any) -> None:
     """Tell the listener, or print ``text`` as a warning where there is none (or it fails: a warning is never
-    lost, and never breaks the collective that tells it)."""
+    lost, and never breaks the collective that tells it); an event of a kind not ``PRINTED`` is dropped then."""
     listener = _listener
     if listener is not None:
         try:
@@ -34,4 +37,5 @@ def emit(kind: str, text: str, **fields: Any) -> None:
             return
         except Exception:
             pass
-    print(f"{config.WARNING_PREFIX}: {text}", file=sys.stderr, flush=True)
+    if kind in PRINTED:
+        print(f"{config.WARNING_PREFIX}: {text}", file=sys.stderr, flush=True)
