@@ -308,3 +308,26 @@ def test_an_elastic_commit_is_an_event_once_on_disk_and_its_removal_too(tmp_path
     events.emit(events.COMMIT, "step=5, committed at 12:00:00")
     events.emit(events.WARNING, "a warning")
     assert capsys.readouterr().err == f"{config.WARNING_PREFIX}: a warning\n"
+
+
+def test_each_binding_raises_the_core_errors_as_its_frameworks_one_class_each():
+    """TensorFlow: a mismatch as FailedPreconditionError, a bad argument as InvalidArgumentError; PyTorch: both as
+    RuntimeErrors (Horovod's classes); the core's class stays a base, its attributes come along, and one class
+    serves every error of a kind (it is made once, not per call)."""
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("torch")
+    from hvd_notebook.runtime.core.exceptions import MismatchError, RefusedError, StallError
+    from hvd_notebook.runtime.tensorflow import mpi_ops as tf_ops
+    from hvd_notebook.runtime.torch import mpi_ops as torch_ops
+
+    first, second = (tf_ops._ERRORS.convert(MismatchError(f"rank 1 called {c}")) for c in ("allgather", "broadcast"))
+    assert isinstance(first, tf.errors.FailedPreconditionError) and isinstance(first, MismatchError)
+    assert type(first) is type(second) and first.message == "rank 1 called allgather" == str(first)
+    refused = tf_ops._ERRORS.convert(RefusedError("no Adasum", refused_here=True))
+    assert isinstance(refused, tf.errors.InvalidArgumentError) and isinstance(refused, RefusedError)
+    assert refused.refused_here and str(refused) == "no Adasum"
+    stall = StallError("waited")
+    assert tf_ops._ERRORS.convert(stall) is stall and torch_ops._ERRORS.convert(stall) is stall
+    refused = torch_ops._ERRORS.convert(RefusedError("no Adasum", refused_here=True))
+    assert type(refused) is torch_ops.CollectiveRefusedError and refused.refused_here and str(refused) == "no Adasum"
+    assert type(torch_ops._ERRORS.convert(MismatchError("x"))) is torch_ops.CollectiveMismatchError

@@ -24,7 +24,7 @@ from ..core import gradients as _gradients
 from ..core import objects as _objects
 from ..core import process_sets as _process_sets
 from ..core import world as _world
-from ..core.exceptions import MismatchError
+from ..core.exceptions import ErrorFamily, MismatchError
 from ..core.fusion import fused_label, fusion_groups
 from ..core.ops import Adasum, Average, Max, Min, Product, Sum
 from ..core.rules import auto_name, names, reject_unsupported, resolve_op
@@ -79,29 +79,28 @@ def _name(name: str | None, kind: str, tensor: Any = None) -> str:
     return auto_name(kind)
 
 
-def _tf_error(exc: MismatchError) -> Exception:
-    """Horovod raises FailedPreconditionError for mismatched tensors in TensorFlow."""
+def _tf_class(cls: type[BaseException]) -> type[BaseException] | None:
+    """As Horovod's TensorFlow ops fail: a mismatch across ranks as a ``FailedPreconditionError``, a bad
+    argument as an ``InvalidArgumentError`` (as a graph's numpy_function does); the error stays an instance
+    of its own class too, for code that catches that (None: as it is)."""
     tf = _tf()
+    if issubclass(cls, MismatchError):
+        base, name = tf.errors.FailedPreconditionError, "TensorMismatchError"
+    elif issubclass(cls, ValueError):
+        base, name = tf.errors.InvalidArgumentError, "InvalidArgumentError"
+    else:
+        return None
 
-    class TensorMismatchError(tf.errors.FailedPreconditionError, MismatchError):
-        def __init__(self, message: str) -> None:
-            tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+    def __init__(self: Any, message: str) -> None:
+        base.__init__(self, None, None, message)
 
-    return TensorMismatchError(str(exc))
-
-
-def _tf_invalid_argument(exc: ValueError) -> Exception:
-    """Horovod's ops fail with InvalidArgumentError on a bad argument (as a graph's numpy_function does);
-    the error stays an instance of ``exc``'s own class too, for code that catches that."""
-    tf = _tf()
     try:
-        class InvalidArgumentError(tf.errors.InvalidArgumentError, type(exc)):
-            def __init__(self, message: str) -> None:
-                tf.errors.InvalidArgumentError.__init__(self, None, None, message)
-
-        return InvalidArgumentError(str(exc))
+        return type(name, (base, cls), {"__init__": __init__})
     except TypeError:  # a built-in ValueError subclass with its own layout (UnicodeError): left as it is
-        return exc
+        return None
+
+
+_ERRORS = ErrorFamily(_tf_class)
 
 
 @functools.cache
@@ -170,7 +169,7 @@ def _backends(process_set: Any, call: str, tensor: Any = None) -> Any:
     except _process_sets.NotAMemberError as exc:
         if tensor is None or not _is_tf(tensor):
             raise
-        raise _tf_invalid_argument(exc) from None
+        raise _ERRORS.convert(exc) from None
 
 
 def _any_indexed_slices(tensors: list[Any]) -> bool:
@@ -220,10 +219,8 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
             if gpu_fn is not None and _on_gpus(tensors):
                 return list(gpu_fn(tensors))
             outs = fn([_to_numpy(t) for t in tensors])
-        except MismatchError as exc:
-            raise _tf_error(exc) from None
-        except ValueError as exc:
-            raise _tf_invalid_argument(exc) from None
+        except ValueError as exc:  # (a MismatchError too)
+            raise _ERRORS.convert(exc) from None
         results = [_to_tf(o, d) for o, d in zip(outs, out_dtypes)]
         return _back_on_devices(results, tensors) if gpu_fn is not None else results
 
@@ -350,10 +347,8 @@ def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, post
     arr = _to_numpy(tensor)
     try:
         out = world.mpi.allreduce_one(arr, op, prescale, postscale, name)
-    except MismatchError as exc:
-        raise _tf_error(exc) from None
-    except ValueError as exc:
-        raise _tf_invalid_argument(exc) from None
+    except ValueError as exc:  # (a MismatchError too)
+        raise _ERRORS.convert(exc) from None
     return None if out is None else _adopt(out)
 
 
@@ -418,14 +413,12 @@ def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
         try:
             return _gpu(world).allreduce(tensors, op, prescale, postscale, names)
         except MismatchError as exc:
-            raise _tf_error(exc) from None
+            raise _ERRORS.convert(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
     try:
         fused = world.mpi.allreduce_fused(arrays, op, prescale, postscale, names)
-    except MismatchError as exc:
-        raise _tf_error(exc) from None
-    except ValueError as exc:
-        raise _tf_invalid_argument(exc) from None
+    except ValueError as exc:  # (a MismatchError too)
+        raise _ERRORS.convert(exc) from None
     results: list[Any] = [None] * len(tensors)
     for group, buf, offsets in fused:
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)

@@ -53,7 +53,7 @@ from ..core.basics import (  # (Horovod's mpi_ops holds the process queries too:
     shutdown,
     size,
 )
-from ..core.exceptions import MismatchError, RefusedError
+from ..core.exceptions import ErrorFamily, MismatchError, RefusedError
 from ..core.ops import Average, Sum, check_op
 from ..core.process_sets import global_process_set
 from ..core.rules import names as _names
@@ -73,25 +73,25 @@ class CollectiveRefusedError(RefusedError, RuntimeError):
     """A rank refused its call, so every rank raises (a RuntimeError, as Horovod's PyTorch API raises)."""
 
 
-def _torch_error(exc: BaseException) -> BaseException:
-    """The core's agreement errors as the RuntimeErrors Horovod's PyTorch API raises; others as they are."""
-    if isinstance(exc, RefusedError) and not isinstance(exc, RuntimeError):
-        converted: BaseException = CollectiveRefusedError(str(exc), exc.refused_here)
-    elif isinstance(exc, MismatchError) and not isinstance(exc, RuntimeError):
-        converted = CollectiveMismatchError(str(exc))
-    else:
-        return exc
-    converted.__cause__ = None
-    return converted
+def _torch_class(cls: type[BaseException]) -> type[BaseException] | None:
+    """The class Horovod's PyTorch API raises for the core's error class ``cls`` (None: as it is)."""
+    if issubclass(cls, RuntimeError):
+        return None
+    if issubclass(cls, RefusedError):
+        return CollectiveRefusedError
+    return CollectiveMismatchError if issubclass(cls, MismatchError) else None
+
+
+_ERRORS = ErrorFamily(_torch_class)
 
 
 def _guarded(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` raising ``_torch_error``'s errors."""
+    """``fn`` raising the core's errors as Horovod's PyTorch API does (``_ERRORS``)."""
     def run() -> Any:
         try:
             return fn()
         except (MismatchError, RefusedError) as exc:
-            raise _torch_error(exc) from None
+            raise _ERRORS.convert(exc) from None
 
     return run
 
@@ -168,7 +168,7 @@ _in_flight_lock = threading.Lock()
 
 
 def _claimed(call: _Call) -> Callable[[], Any]:
-    """``call.run``, raising ``_torch_error``'s errors, with the call's names taken until it ends; refused
+    """``call.run``, raising ``_ERRORS``' errors, with the call's names taken until it ends; refused
     now where a call of this rank under one of them is in flight."""
     run, names = _guarded(call.run), call.names
     with _in_flight_lock:
