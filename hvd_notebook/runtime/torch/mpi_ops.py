@@ -253,10 +253,7 @@ def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, presc
     backends = _backends(process_set, call)
     if ready is not None:
         results = gpu.allreduce(backends.nccl, ready, tensors, op, prescale, postscale, names)
-    elif len(tensors) == 1 and (one := backends.mpi.allreduce_one(host_array(tensors[0], reducing=True), op,
-                                                                  prescale, postscale, names[0])) is not None:
-        results = [as_tensor(one, tensors[0])]  # the cached single-tensor path (see mpi_backend)
-    else:
+    else:  # (one tensor takes the backend's cached single-tensor path, where it can)
         reduced = backends.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
                                         names)
         results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
