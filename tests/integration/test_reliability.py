@@ -52,7 +52,9 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         figure(f"hvd-notebook clean: orphaned cluster gone {time.monotonic() - t0:.1f} s after the command started")
         assert all(psutil.pid_exists(pid) for pid in live.pids - {live.proc.pid}), "clean touched a live cluster"
         again = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=60)
-        assert "No orphaned clusters. 1 cluster(s) belong to running kernels." in again.stdout
+        # (the count of clusters left alone includes those of tests that run beside this one: make test's -n 2)
+        assert again.returncode == 0 and f"stopped {live.workdir.name}" not in again.stdout, again.stdout
+        assert all(psutil.pid_exists(pid) for pid in live.pids - {live.proc.pid}), "clean touched a live cluster"
     finally:
         for kernel in (orphan, live):
             kernel.close()
@@ -314,6 +316,5 @@ def test_a_running_worlds_shared_memory_is_kept_and_a_stopped_ones_removed(sessi
     result, out = run("%%hvd\nimport numpy as np\nprint('sum', int(hvd.allreduce(np.ones(1000), op=hvd.Sum)[0]))")
     assert result.success and "sum 2" in out, out
     run("%hvd stop")
-    left = {p for p in world if p.exists()}  # (younger than MIN_AGE_S: a starting world's are kept)
-    assert set(shm.remove_orphaned(min_age=0)) >= left
+    shm.remove_orphaned(min_age=0)  # (or a test beside this one removed them first: make test's -n 2)
     assert not any(p.exists() for p in world)
