@@ -39,9 +39,12 @@ demo: install
 # summary is the last line; run as any other user, the pytest run is already the unprivileged one and the
 # script only says so.
 TEST_UNPRIVILEGED ?= yes
+# the root run on two pytest-xdist workers (TEST_WORKERS=0: one process), a module's tests all on one worker
+# (--dist loadfile: a module's shared cluster starts once); its tests hold with another test running beside them
+TEST_WORKERS ?= 2
 test: install
 	@if [ "$(TEST_UNPRIVILEGED)" != no ]; then bash scripts/test-unprivileged.sh; fi
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # the unit tier: no MPI, no engines; well under a minute
 test-fast: install
@@ -53,7 +56,7 @@ test-fast: install
 COVERAGE_DIR := $(CURDIR)/build/coverage
 coverage: install
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
-	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest $(PYTEST_ARGS) || true
+	COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || true
 	cd $(COVERAGE_DIR) && $(CURDIR)/$(PY) -m coverage combine -q --keep . && \
 		$(CURDIR)/$(PY) -m coverage html -q -d . --rcfile=$(CURDIR)/pyproject.toml && \
 		$(CURDIR)/$(PY) -m coverage report --rcfile=$(CURDIR)/pyproject.toml --format=total | sed 's/^/line coverage of hvd_notebook: /;s/$$/%/'
