@@ -43,6 +43,7 @@ HARDENED = (2, 1)  # their highest values (protected_symlinks has no 2); systemd
 ALLREDUCE = "from mpi4py import MPI\nprint('allreduce', MPI.COMM_WORLD.allreduce(hvd.rank() + 1))"
 
 pytestmark = [
+    pytest.mark.alone,  # (its attacks would hit the worlds of tests running beside it: make test runs it after them)
     pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users (useradd) and acts as them (runuser): needs "
                        "root; the suite's root run covers it"),
     pytest.mark.skipif(not all(map(shutil.which, ("useradd", "runuser", "pkill", "pgrep"))),

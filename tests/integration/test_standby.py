@@ -35,8 +35,8 @@ facts = {"pid": os.getpid(), "tensorflow": "tensorflow" in sys.modules, "keras":
 def _on_ranks(cluster: MPICluster, code: str, name: str) -> list:
     """Run ``code`` on every engine of ``cluster`` and pull ``name`` (engines cannot import this module)."""
     view = cluster.client[:]
-    view.execute(code, block=True)
-    return view.pull(name, block=True)
+    view.execute(code, block=False).get(timeout=120)  # (a world that died fails the test, never hangs it)
+    return view.pull(name, block=False).get(timeout=120)
 
 
 @pytest.fixture
