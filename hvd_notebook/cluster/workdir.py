@@ -65,14 +65,17 @@ class WorkDir:
 
     @classmethod
     def create(cls, cluster_id: str) -> WorkDir:
-        """Make the directory (owner only) and record this process as the owning kernel."""
+        """Make the directory (owner only) and record this process as the owning kernel. It gets its name
+        with its owner recorded already: ``hvd-notebook clean`` stops a cluster whose directory names no
+        live owner, and must never find one that is only starting."""
         path = clusters_dir() / cluster_id
-        path.mkdir(mode=0o700)
-        private.check_dir(path)
-        workdir = cls(path)
+        making = path.with_name(f".{cluster_id}.making")  # (not a cluster's name: no one looks here)
+        making.mkdir(mode=0o700)
+        private.check_dir(making)
         me = psutil.Process()
-        workdir._write(OWNER_FILE, format_record((me.pid, me.create_time())))
-        return workdir
+        cls(making)._write(OWNER_FILE, format_record((me.pid, me.create_time())))
+        making.rename(path)
+        return cls(path)
 
     @property
     def profile(self) -> Path:

@@ -45,6 +45,22 @@ def test_a_new_cluster_directory_is_private_and_names_its_kernel(tmpdir_base):
     assert not made.path.exists()
 
 
+def test_a_starting_cluster_is_never_seen_without_its_owner(tmpdir_base, monkeypatch):
+    """hvd-notebook clean stops what names no live owner: a directory being made must not be found before its
+    owner is recorded (found once with two notebooks' clusters starting and cleaning side by side)."""
+    seen = []
+    write = WorkDir._write
+
+    def watched(self, name, text):
+        seen.append([w.path.name for w in workdir.find_workdirs(tmpdir_base)])
+        write(self, name, text)
+
+    monkeypatch.setattr(WorkDir, "_write", watched)
+    made = WorkDir.create(workdir.new_cluster_id())
+    assert seen == [[]] and [w.path for w in workdir.find_workdirs(tmpdir_base)] == [made.path]
+    assert made.owner() is not None and made.path.stat().st_mode & 0o777 == 0o700
+
+
 def test_pid_file_round_trip_skips_lines_that_are_not_records(tmpdir_base):
     made = WorkDir.create("c1")
     made.write_pids([(11, 1.5), (12, 2.25)])
