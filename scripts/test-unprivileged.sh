@@ -28,7 +28,6 @@ SAY="test-unprivileged:"
 # (test_sharing.py: the root run has them, and test_hostile.py runs clusters as two unprivileged users), and
 # the long remainder (cells, parallel, notebooks, browser), which the root run covers with the same code.
 TESTS=(
-  -n 2 --dist loadfile  # (as make test's root run: two pytest-xdist workers)
   tests/unit
   "tests/integration/test_lifecycle.py::test_start_table_status_restart_stop"
   "tests/integration/test_lifecycle.py::test_kernel_shutdown_stops_the_cluster"

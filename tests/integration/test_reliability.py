@@ -24,7 +24,8 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
     orphan, live = Kernel(), Kernel()
     try:
         orphan.wait_ready(), live.wait_ready()
-        assert orphan.workdir and live.workdir and orphan.workdir.stat().st_mode & 0o777 == 0o700
+        assert orphan.workdir and live.workdir, f"a kernel did not start its cluster: {orphan.error}{live.error}"
+        assert orphan.workdir.stat().st_mode & 0o777 == 0o700
         # the kernel dies so hard that neither its atexit nor its watchdog runs
         reapers = [p for p in psutil.process_iter(["cmdline"])
                    if "hvd_notebook.cluster.reaper" in " ".join(p.info["cmdline"] or []) and
