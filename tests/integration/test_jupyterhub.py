@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import figure, free_port, wait_for_server
+from conftest import figure, free_port, let_others_traverse, stop_others_traversing, wait_for_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -71,21 +71,6 @@ CELL_DONE = """(i) => {
 CELL_TEXT = "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].outputArea.node.innerText"
 
 
-def _traversable(*paths: Path) -> list[tuple[Path, int]]:
-    """Let other users reach ``paths`` (this suite's environment, and the interpreter it was made from,
-    which may lie under root's home): o+x on each folder above them that lacks it, for the test's
-    duration; the folders changed, with their old modes, to put back. (A real deployment installs into
-    a world-readable prefix: docs/jupyterhub.md.)"""
-    changed = []
-    for path in paths:
-        for folder in reversed(path.parents):
-            mode = folder.stat().st_mode & 0o7777
-            if not mode & 0o001 and folder not in dict(changed):
-                folder.chmod(mode | 0o001)
-                changed.append((folder, mode))
-    return changed
-
-
 def _remove_users() -> None:
     for user in USERS:
         subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
@@ -104,8 +89,7 @@ def hub():
     _remove_users()  # (a run killed before its clean-up)
     base = Path(tempfile.mkdtemp(prefix="hvd-hub-"))
     base.chmod(0o755)
-    changed = _traversable(ROOT / ".venv" / "bin", Path(os.path.realpath(sys.executable)),
-                           Path(sys.base_prefix) / "lib")
+    let_others_traverse([ROOT / ".venv" / "bin", Path(os.path.realpath(sys.executable)), Path(sys.base_prefix) / "lib"])
     proc = None
     try:
         for user in USERS:
@@ -164,8 +148,7 @@ c.JupyterHub.load_roles = [{{"name": "hvd-test", "services": ["hvd-test"],
             except subprocess.TimeoutExpired:
                 proc.kill()
         _remove_users()
-        for folder, mode in changed:
-            folder.chmod(mode)
+        stop_others_traversing()
         shutil.rmtree(base, ignore_errors=True)
 
 
