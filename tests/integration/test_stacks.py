@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import CLI, Kernel
+from conftest import CLI, Kernel, assert_gone
 
 BLOCKED_CELL = ("import time\n"
                 "if hvd.rank() == 0:\n"
@@ -38,8 +38,10 @@ def test_stacks_from_a_terminal_show_rank_0_blocked_in_the_barrier(tmp_path):
         assert everyone.stdout.count("== rank 0 of 2") >= 1 and "Thread 0x" in everyone.stdout
         missing = subprocess.run(CLI + ["stacks", "no-such-cluster"], capture_output=True, text=True, timeout=60)
         assert missing.returncode == 2 and kernel.workdir.name in missing.stderr
-    finally:
-        kernel.close()
+    finally:  # (the cell is still blocked: the kernel's death stops its cluster, as a crashed kernel's would)
+        kernel.proc.kill()
+        kernel.proc.wait()
+    assert_gone(kernel.pids, timeout=20)
 
 
 def test_hvd_stacks_magic_between_cells(ip, capsys):
