@@ -7,7 +7,7 @@
 #   - runs as that user, with HOME its home, TMPDIR a fresh folder in that home and a clean environment:
 #       1. pytest on the chosen tests below (or on this script's arguments), without pytest's cache and with
 #          --basetemp under its TMPDIR;
-#       2. `make demo` (the executed notebook goes under its TMPDIR: the clone is root's, not the user's);
+#       2. `make demo`, beside the pytest run (the executed notebook goes under its TMPDIR: the clone is root's);
 #       3. a check that it wrote nothing outside its home (so nothing outside HOME and TMPDIR);
 #   - kills whatever of the user's processes is left (pkill -u) and removes its TMPDIR.
 # Exits 1 where a part failed, so `make test` fails. Run as any other user, `make test`'s pytest run already
@@ -106,25 +106,32 @@ fi
 echo "$SAY make test's main pytest run is $(id -un)'s; this part runs as $U (uid $(id -u "$U")," \
      "HOME=$HOME_U, TMPDIR=$TMP_U), with no write access to the clone or .venv"
 RESULTS=()
-part() {  # part NAME COMMAND...: run COMMAND as the user, timed, and record the outcome
-  local name=$1 t0 status=0
-  shift
-  echo "$SAY as $U: $name: $*"
-  t0=$(date +%s)
-  as_user "$@" || status=$?
-  if [ "$status" = 0 ]; then
-    RESULTS+=("as $U: $name: passed in $(( $(date +%s) - t0 )) s")
+record() {  # record NAME STATUS T0: the outcome of a part, timed from T0
+  if [ "$2" = 0 ]; then
+    RESULTS+=("as $U: $1: passed in $(( $(date +%s) - $3 )) s")
   else
-    RESULTS+=("as $U: $name: FAILED (exit $status) after $(( $(date +%s) - t0 )) s")
+    RESULTS+=("as $U: $1: FAILED (exit $2) after $(( $(date +%s) - $3 )) s")
     FAILED=1
   fi
 }
 T0=$(date +%s)
-part pytest "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q \
-  "${TESTS[@]}"
 if [ "$DEMO" = yes ]; then
-  # the install is done (make test's own prerequisite): -o keeps make from trying it again as the user
-  part "make demo" make --no-print-directory -o .venv/.installed demo
+  # beside the pytest run (two at a time, as make test's root run; its output follows pytest's); the install is
+  # done (make test's own prerequisite): -o keeps make from trying it again as the user
+  echo "$SAY as $U: make demo, beside pytest (its output in $TMP_U/demo.log, shown after pytest's)"
+  as_user bash -c 'exec make --no-print-directory -o .venv/.installed demo >"$0" 2>&1' "$TMP_U/demo.log" &
+  DEMO_PID=$!
+fi
+echo "$SAY as $U: pytest: ${TESTS[*]}"
+status=0
+as_user "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q "${TESTS[@]}" || status=$?
+record pytest "$status" "$T0"
+if [ "$DEMO" = yes ]; then
+  status=0
+  wait "$DEMO_PID" || status=$?
+  echo "$SAY as $U: make demo:"
+  cat "$TMP_U/demo.log"
+  record "make demo (beside pytest)" "$status" "$T0"
 fi
 
 # nothing left running: the user's processes get 15 s to end, then are named, killed and fail the run
