@@ -1,12 +1,13 @@
-"""The progress update and the rank event a rank publishes and the notebook's kernel reads, defined once
-for both sides.
+"""What a rank tells the notebook's kernel while a cell runs, defined once for both sides: the progress update
+and the rank event (the runtime's stall, warning and commit, ``runtime/core/events.py``).
 
 Each rank publishes ``ProgressUpdate.to_dict()`` on its engine's IOPub channel
 under one of ``RING`` rotating keys ``KEY_PREFIX + str(seq % RING)``; the kernel
 reads the ones it has not seen (by ``seq``) with ``ProgressUpdate.from_dict``.
 Plain dicts travel, so the kernel needs nothing of the engine to read them.
 
-This module imports no display library: the engines import it.
+This module imports nothing of the package and no display library: the runtime, the engines, the kernel and
+the dashboard import it.
 """
 
 from __future__ import annotations
@@ -105,17 +106,25 @@ class ProgressUpdate:
         return f"{KEY_PREFIX}{seq % RING}"
 
 
+class EventKind(enum.StrEnum):
+    """What a ``RankEvent`` tells: a stall (its fields' ``missing``: the ranks that have not arrived), another
+    warning of the runtime, or an ``hvd.elastic`` commit (its summary; "" once there is none to resume from)."""
+
+    STALL = "stall"
+    WARNING = "warning"
+    COMMIT = "commit"
+
+
 @dataclass
 class RankEvent:
-    """Something a rank tells the kernel while a cell runs (``runtime/core/events.py``): its kind (``stall``,
-    ``warning``, ``commit``), the sentence to show (a commit's summary), and its fields (a stall's
-    ``missing``: the ranks that have not arrived). Published as ``ProgressUpdate`` is, under its own ring of keys.
+    """Something a rank tells the kernel while a cell runs (``runtime/core/events.py``): its kind, the sentence
+    to show (a commit's summary), and its fields. Published as ``ProgressUpdate`` is, under its own ring of keys.
 
-    >>> RankEvent.from_dict(RankEvent("stall", "stall: ...", {"missing": [1]}).to_dict()).fields["missing"]
+    >>> RankEvent.from_dict(RankEvent(EventKind.STALL, "stall: ...", {"missing": [1]}).to_dict()).fields["missing"]
     [1]
     """
 
-    kind: str
+    kind: EventKind
     text: str
     fields: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
@@ -126,7 +135,7 @@ class RankEvent:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankEvent:
-        return cls(kind=str(data["kind"]), text=str(data.get("text", "")), fields=dict(data.get("fields") or {}),
+        return cls(kind=EventKind(data["kind"]), text=str(data.get("text", "")), fields=dict(data.get("fields") or {}),
                    rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)))
 
     @staticmethod

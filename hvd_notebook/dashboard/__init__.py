@@ -1,7 +1,7 @@
 """The live dashboard of a ``%%hvd`` cell: a bar per rank, global samples/s,
 ETA, loss and metric curves; text where no widget front end is there.
 
-- ``message``: the update a rank publishes (also imported by the engines)
+- (the update a rank publishes lives in ``hvd_notebook.messages``: both sides import it)
 - ``model``: what the ranks' updates add up to (``ProgressModel``); ``curves``:
   each step's value from Keras' running means, and the smoothing
 - ``outputs``: each rank's stdout and stderr of the cell, for its tab
@@ -12,8 +12,8 @@ Importing this package loads no display library; the widget view imports
 ipywidgets and bqplot when it is made.
 """
 
+from ..messages import ProgressUpdate, RankState, RunKind
 from .live import Dashboard
-from .message import ProgressUpdate, RankState, RunKind
 from .mode import resolve_mode
 from .model import ProgressModel
 from .summary import static_bundle

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .message import RankState
+from ..messages import RankState
 from .model import ProgressModel, RankProgress, ResetEvent, Run
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..config import DashboardMode
+from ..messages import ProgressUpdate
 from .formatting import reset_text
-from .message import ProgressUpdate
 from .model import ProgressModel
 from .outputs import RankOutputs
 from .summary import outputs_bundle

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..messages import ProgressUpdate, RankState, RunKind
 from .curves import StepValues
-from .message import ProgressUpdate, RankState, RunKind
 
 STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler
 STRAGGLER_MIN_STEPS = 10  # ... once the median has done this many

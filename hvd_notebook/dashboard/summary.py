@@ -8,9 +8,9 @@ import html
 import io
 from typing import Any
 
+from ..messages import RankState
 from .curves import smooth
 from .formatting import event_lines, headline, rank_line
-from .message import RankState
 from .model import ProgressModel
 from .outputs import RankOutputs, output_html, outputs_text
 

@@ -13,9 +13,9 @@ import html
 from collections.abc import Callable
 from typing import Any
 
+from ..messages import RankState
 from .curves import smooth
 from .formatting import event_lines, headline, rank_line
-from .message import RankState
 from .model import ProgressModel, RankProgress
 from .outputs import RankOutputs, output_html
 from .summary import epoch_table_html, outputs_bundle, static_bundle

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..dashboard.message import RankState, RunKind
+from ..messages import RankState, RunKind
 from .reporter import RunReport, float_logs, reporting
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import keras
 
 from .. import keras_patches
-from ..dashboard.message import RankState, RunKind
+from ..messages import RankState, RunKind
 from .reporter import RunReport, float_logs, reporting
 
 

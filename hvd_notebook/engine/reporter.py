@@ -1,6 +1,6 @@
 """Engine side of the live dashboard: the reporter every progress adapter publishes through.
 
-While a ``%%hvd`` cell runs, each rank publishes small progress updates (``dashboard.message.ProgressUpdate``)
+While a ``%%hvd`` cell runs, each rank publishes small progress updates (``messages.ProgressUpdate``)
 on its engine's IOPub channel (ipyparallel's data publication, ``publish_data``); the notebook kernel reads
 them from the cell's results as they arrive and draws the dashboard (``hvd_notebook.dashboard``). Nothing
 is written to files. This module holds what every adapter shares: the engine's settings (rank, on or off for
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..dashboard.message import ProgressUpdate, RankEvent, RankState, RunKind
+from ..messages import ProgressUpdate, RankEvent, RankState, RunKind
 
 MAX_UPDATES_PER_S = 10
 KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost

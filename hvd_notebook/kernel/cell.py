@@ -21,7 +21,7 @@ from ..cluster import ClusterError, stacks
 from ..cluster.cluster import MPICluster
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
-from ..dashboard.message import RankEvent
+from ..messages import EventKind, RankEvent
 from . import failures
 
 log = logging.getLogger(__name__)
@@ -200,14 +200,14 @@ class RunningCell:
                 if event.seq <= self._told.get(req.rank, -1):
                     continue
                 self._told[req.rank] = event.seq
-                if event.kind == "commit":
+                if event.kind == EventKind.COMMIT:
                     self.commits.append(event.text)
                     continue
                 line = f"{WARNING_PREFIX}: {event.text}\n"
                 sys.stderr.write(f"[{req.rank}] {line}")
                 if board is not None:
                     board.output(req.rank, "stderr", line)
-                if event.kind == "stall":
+                if event.kind == EventKind.STALL:
                     self._locate(event.fields.get("missing") or [])
         sys.stderr.flush()
 

@@ -18,9 +18,9 @@ from hvd_notebook.dashboard import (
     resolve_mode,
     static_bundle,
 )
-from hvd_notebook.dashboard.message import KEY_PREFIX
 from hvd_notebook.dashboard.outputs import OUTPUT_TAIL_BYTES, RankOutputs, output_html
 from hvd_notebook.engine.reporter import Throttle
+from hvd_notebook.messages import KEY_PREFIX
 
 
 class Clock:

@@ -10,9 +10,9 @@ import pytest
 
 from hvd_notebook.cluster import ClusterError
 from hvd_notebook.config import DashboardMode
-from hvd_notebook.dashboard.message import RankEvent
 from hvd_notebook.kernel import cell, failures
 from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy
+from hvd_notebook.messages import RankEvent
 
 
 class RemoteError(Exception):

@@ -310,17 +310,17 @@ def process_violations(package_dir: Path, allowed: str) -> list[str]:
 # one way: kernel -> cluster / engine -> runtime, and progress engine -> (IOPub) -> dashboard
 MAY_IMPORT = {
     "config": set(),
+    "messages": set(),  # what a rank tells the kernel (progress updates, rank events): one side writes, one reads
     "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
     "keras_patches": set(),  # every global change to Keras, with undo; imported by the layers that patch
-    "runtime": {"runtime", "config", "private", "keras_patches"},
+    "runtime": {"runtime", "config", "private", "keras_patches", "messages"},
     "cluster": {"cluster", "engine", "config", "private"},  # engine: the bootstrap function it runs on new engines
-    "dashboard": {"dashboard", "config"},
-    "engine": {"engine", "runtime", "config", "private", "keras_patches"},
-    "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private"},
+    "dashboard": {"dashboard", "config", "messages"},
+    "engine": {"engine", "runtime", "config", "private", "keras_patches", "messages"},
+    "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages"},
 }
-# the engine <-> kernel update message is defined once, beside its reader, and written by the engine
-# and a rank starts its watcher (a process: the cluster's business) from hvd.init()
-MAY_ALSO_IMPORT = {"engine": {"dashboard.message"}, "runtime": {"cluster.rankwatch"}}
+# a rank starts its watcher (a process: the cluster's business) from hvd.init()
+MAY_ALSO_IMPORT = {"runtime": {"cluster.rankwatch"}}
 
 
 def layer_of(name: str) -> str | None:
@@ -530,9 +530,9 @@ def test_an_import_against_the_flow_is_found(tmp_path):
     pkg = write_package(tmp_path, {
         "runtime/basics.py": "from ..config import X\n",
         "runtime/bad.py": "def f():\n    from ..kernel import session\n",
-        "engine/ok.py": "from ..dashboard.message import Update\nfrom .. import runtime\n",
+        "engine/ok.py": "from ..messages import Update\nfrom .. import runtime\n",
         "engine/bad.py": "from ..dashboard import view\n",
-        "dashboard/message.py": "", "dashboard/view.py": "", "kernel/session.py": "", "config.py": "",
+        "messages.py": "", "dashboard/view.py": "", "kernel/session.py": "", "config.py": "",
     })
     assert direction_violations(pkg) == [
         "pkg.engine.bad (line 1): engine imports pkg.dashboard.view",

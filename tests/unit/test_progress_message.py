@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_notebook.dashboard.message import KEY_PREFIX, RING, ProgressUpdate, RankState, RunKind
+from hvd_notebook.messages import KEY_PREFIX, RING, ProgressUpdate, RankState, RunKind
 
 
 def test_round_trip_through_plain_types():

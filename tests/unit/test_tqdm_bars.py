@@ -8,8 +8,8 @@ import io
 
 import pytest
 
-from hvd_notebook.dashboard.message import ProgressUpdate, RankState
 from hvd_notebook.engine import custom_loops, reporter, tqdm_bars
+from hvd_notebook.messages import ProgressUpdate, RankState
 
 
 @pytest.fixture

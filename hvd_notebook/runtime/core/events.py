@@ -2,7 +2,7 @@
 another warning of the runtime, an ``hvd.elastic`` commit (rank 0's, once it is on disk; its summary, or
 "" when the run returned and its commit was removed: nothing to resume from). ``emit`` hands
 each to the listener that an engine installs (``engine/reporter.py`` publishes it to the notebook's kernel
-beside the progress updates, as a ``dashboard.message.RankEvent``); without one (a plain ``mpiexec`` run,
+beside the progress updates, as a ``messages.RankEvent``); without one (a plain ``mpiexec`` run,
 ``hvd-notebook run``) a warning or stall is printed to stderr with the prefix of the runtime's warnings, and
 a commit is not (``hvd-notebook run`` finds the commit itself, on disk, when it relaunches)."""
 
@@ -13,11 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ... import config
+from ...messages import EventKind
 
-STALL, WARNING, COMMIT = "stall", "warning", "commit"
+STALL, WARNING, COMMIT = EventKind.STALL, EventKind.WARNING, EventKind.COMMIT
 PRINTED = (STALL, WARNING)  # the kinds printed where nobody listens
 
-Listener = Callable[[str, str, dict[str, Any]], None]
+Listener = Callable[[EventKind, str, dict[str, Any]], None]
 _listener: Listener | None = None
 
 
@@ -27,7 +28,7 @@ def listen(listener: Listener | None) -> None:
     _listener = listener
 
 
-def emit(kind: str, text: str, **fields: Any) -> None:
+def emit(kind: EventKind, text: str, **fields: Any) -> None:
     """Tell the listener, or print ``text`` as a warning where there is none (or it fails: a warning is never
     lost, and never breaks the collective that tells it); an event of a kind not ``PRINTED`` is dropped then."""
     listener = _listener
