@@ -132,4 +132,7 @@ def _without_fused(original: Callable[..., Any]) -> Callable[..., Any]:
                              "pass fused=False or leave fused out.")
         original(self, *args, **kwargs)
 
+    # Keras's Layer.__new__ reads the signature (which follows __wrapped__) and the argument spec (which does
+    # not) of __init__ and must find them alike: this one's, which has *args
+    del __init__.__wrapped__
     return __init__

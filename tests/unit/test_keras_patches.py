@@ -73,3 +73,19 @@ def test_the_real_keras_patches_come_off_again():
     keras_patches.undo()
     assert all(getattr(keras.Model, name) is method for name, method in originals.items())
     assert owner.__dict__["compile"] is original_compile
+
+
+def test_batch_normalization_takes_horovods_fused_false_and_refuses_fused_true():
+    keras = pytest.importorskip("keras")
+    import numpy as np
+
+    keras_patches.patch_fused_batch_norm()
+    bn = keras.layers.BatchNormalization(axis=1, fused=False)  # (Horovod's SyncBatchNormalization test passes it)
+    out = bn(np.ones((4, 2), np.float32), training=True)
+    assert out.shape == (4, 2) and bn.get_config()["axis"] == 1
+    assert keras.layers.BatchNormalization(1, momentum=0.5).axis == 1  # positional arguments still pass
+    with pytest.raises(ValueError, match=r"fused=True\): Keras 3 has no fused batch normalization"):
+        keras.layers.BatchNormalization(fused=True)
+    keras_patches.undo()
+    with pytest.raises(ValueError, match="Unrecognized keyword arguments"):  # Keras 3's own again
+        keras.layers.BatchNormalization(fused=False)
