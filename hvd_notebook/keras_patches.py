@@ -1,14 +1,15 @@
 """Every global change hvd_notebook makes to Keras, in one place, with ``undo``.
 
-Three patches, each applied at most once per process:
+Four patches, each applied at most once per process:
 
 - ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
   ``ProgressCallback`` (``patch_progress``, from ``engine.keras_progress``);
 - ``compile`` switches XLA off where ``jit_compile="auto"`` would compile a
   ``DistributedOptimizer``'s host-side reduction (``patch_compile``, from the
   runtime's ``DistributedOptimizer``);
-- ``BatchNormalization`` takes Horovod's ``fused=False`` (``patch_fused_batch_norm``, from the TensorFlow
-  binding's ``hvd.init()``), which Keras 3 dropped.
+- for Horovod's TensorFlow code written against Keras 2 (``patch_keras2_idioms``, from the TensorFlow binding's
+  ``hvd.init()``): ``BatchNormalization`` takes ``fused=False``, which Keras 3 dropped, and a TF1 session
+  fetches a Keras variable (``session.run(layer.moving_mean)``), as it fetched Keras 2's ``tf.Variable``.
 
 ``patched()`` lists what is patched now; ``undo()`` puts the originals back.
 This module imports nothing of the package and imports Keras only when a patch
@@ -46,14 +47,15 @@ _applied: list[Patch] = []
 
 
 def patch(owner: type, name: str, wrap: Wrapper) -> bool:
-    """Replace ``owner.name`` with ``wrap(owner.name)``, once; False when it already is.
+    """Replace ``owner.name`` with ``wrap(owner.name)`` (``wrap(None)`` where it has none), once; False when it
+    already is.
 
     >>> patch(keras.Model, "fit", with_progress)
     True
     """
     if any(p.owner is owner and p.name == name for p in _applied):
         return False
-    current = getattr(owner, name)
+    current = getattr(owner, name, None)
     _applied.append(Patch(owner, name, owner.__dict__.get(name, _MISSING)))
     setattr(owner, name, wrap(current))
     return True
@@ -115,13 +117,23 @@ def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
     return compile
 
 
-def patch_fused_batch_norm() -> None:
-    """Keras 3's ``BatchNormalization`` has no ``fused`` argument (Keras 2's took ``fused=False`` for its
-    unfused kernel, the only one a synchronised batch norm can follow, and Horovod's code passes it). Accept
-    ``fused=False`` and ``None`` (Keras 3 has only that kernel) and refuse ``fused=True`` saying so."""
+def patch_keras2_idioms() -> None:
+    """Two things Horovod's TensorFlow code does that Keras 3 no longer takes:
+
+    - ``BatchNormalization(fused=False)``: Keras 2 took it for its unfused kernel, the only one a synchronised
+      batch norm can follow. Accept ``fused=False`` and ``None`` (Keras 3 has only that kernel) and refuse
+      ``fused=True`` saying so.
+    - ``session.run(variable)`` in a TF1 graph: a Keras 3 variable is no ``tf.Variable``, so a session cannot
+      fetch it. Give it the graph element of the ``tf.Variable`` it holds."""
     import keras
 
     patch(keras.layers.BatchNormalization, "__init__", _without_fused)
+    if keras.backend.backend() == "tensorflow":
+        patch(keras.Variable, "_as_graph_element", lambda _: _graph_element)
+
+
+def _graph_element(self: Any) -> Any:
+    return self.value._as_graph_element()
 
 
 def _without_fused(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -79,7 +79,7 @@ def test_batch_normalization_takes_horovods_fused_false_and_refuses_fused_true()
     keras = pytest.importorskip("keras")
     import numpy as np
 
-    keras_patches.patch_fused_batch_norm()
+    keras_patches.patch_keras2_idioms()
     bn = keras.layers.BatchNormalization(axis=1, fused=False)  # (Horovod's SyncBatchNormalization test passes it)
     out = bn(np.ones((4, 2), np.float32), training=True)
     assert out.shape == (4, 2) and bn.get_config()["axis"] == 1
@@ -89,3 +89,19 @@ def test_batch_normalization_takes_horovods_fused_false_and_refuses_fused_true()
     keras_patches.undo()
     with pytest.raises(ValueError, match="Unrecognized keyword arguments"):  # Keras 3's own again
         keras.layers.BatchNormalization(fused=False)
+
+
+def test_a_tf1_session_fetches_a_keras_variable():
+    tf = pytest.importorskip("tensorflow")
+    import keras
+
+    keras_patches.patch_keras2_idioms()
+    with tf.Graph().as_default():
+        bn = keras.layers.BatchNormalization()
+        out = bn(tf.ones((4, 2)), training=True)
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(out)
+            assert session.run(bn.moving_variance).tolist() == [1.0, 1.0]
+    keras_patches.undo()
+    assert "_as_graph_element" not in keras.Variable.__dict__

@@ -18,13 +18,13 @@ from .bridges import tf as _tf
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """``hvd.init`` (``core/basics.init``). Where TensorFlow is in use, Keras's ``BatchNormalization`` then
-    also takes Horovod's ``fused=False``, which Keras 3 dropped (``keras_patches.patch_fused_batch_norm``)."""
+    takes what Horovod's code written for Keras 2 does (``keras_patches.patch_keras2_idioms``)."""
     _basics.init(comm, process_sets)
     if "tensorflow" in sys.modules:
         try:
             from ... import keras_patches
 
-            keras_patches.patch_fused_batch_norm()
+            keras_patches.patch_keras2_idioms()
         except ImportError:  # TensorFlow without Keras: nothing to patch
             pass
 
