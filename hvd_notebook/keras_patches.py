@@ -9,7 +9,8 @@ Four patches, each applied at most once per process:
   runtime's ``DistributedOptimizer``);
 - for Horovod's TensorFlow code written against Keras 2 (``patch_keras2_idioms``, from the TensorFlow binding's
   ``hvd.init()``): ``BatchNormalization`` takes ``fused=False``, which Keras 3 dropped, and a TF1 session
-  fetches a Keras variable (``session.run(layer.moving_mean)``), as it fetched Keras 2's ``tf.Variable``.
+  fetches a Keras variable (``session.run(layer.moving_mean)``) and ``variable.ref()`` gives a hashable
+  reference, as for Keras 2's ``tf.Variable``.
 
 ``patched()`` lists what is patched now; ``undo()`` puts the originals back.
 This module imports nothing of the package and imports Keras only when a patch
@@ -118,22 +119,28 @@ def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def patch_keras2_idioms() -> None:
-    """Two things Horovod's TensorFlow code does that Keras 3 no longer takes:
+    """What Horovod's TensorFlow code does that Keras 3 no longer takes:
 
     - ``BatchNormalization(fused=False)``: Keras 2 took it for its unfused kernel, the only one a synchronised
       batch norm can follow. Accept ``fused=False`` and ``None`` (Keras 3 has only that kernel) and refuse
       ``fused=True`` saying so.
     - ``session.run(variable)`` in a TF1 graph: a Keras 3 variable is no ``tf.Variable``, so a session cannot
-      fetch it. Give it the graph element of the ``tf.Variable`` it holds."""
+      fetch it. Give it the graph element of the ``tf.Variable`` it holds.
+    - ``variable.ref()`` (a ``tf.Variable``'s hashable reference, a dict key): the held ``tf.Variable``'s."""
     import keras
 
     patch(keras.layers.BatchNormalization, "__init__", _without_fused)
     if keras.backend.backend() == "tensorflow":
         patch(keras.Variable, "_as_graph_element", lambda _: _graph_element)
+        patch(keras.Variable, "ref", lambda _: _ref)
 
 
 def _graph_element(self: Any) -> Any:
     return self.value._as_graph_element()
+
+
+def _ref(self: Any) -> Any:
+    return self.value.ref()
 
 
 def _without_fused(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -91,7 +91,7 @@ def test_batch_normalization_takes_horovods_fused_false_and_refuses_fused_true()
         keras.layers.BatchNormalization(fused=False)
 
 
-def test_a_tf1_session_fetches_a_keras_variable():
+def test_a_tf1_session_fetches_a_keras_variable_and_ref_gives_a_dict_key():
     tf = pytest.importorskip("tensorflow")
     import keras
 
@@ -103,5 +103,7 @@ def test_a_tf1_session_fetches_a_keras_variable():
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(out)
             assert session.run(bn.moving_variance).tolist() == [1.0, 1.0]
+    v = keras.Variable([1.0])
+    assert {v.ref(): "v"}[v.ref()] == "v" and v.ref() != keras.Variable([1.0]).ref()
     keras_patches.undo()
-    assert "_as_graph_element" not in keras.Variable.__dict__
+    assert "_as_graph_element" not in keras.Variable.__dict__ and not hasattr(v, "ref")
