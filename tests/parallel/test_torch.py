@@ -202,6 +202,18 @@ def test_async_calls_from_worker_threads_are_agreed_and_recorded(thvd, tmp_path_
     assert moved == 6, layers
 
 
+def test_nameless_async_calls_pair_by_their_automatic_names(thvd):
+    """Horovod's test_horovod_reducescatter_async_fused: nameless asynchronous calls of different shapes, issued
+    back to back; their worker threads reach the agreement in any order, so each must pair by its automatic
+    name, never by arrival (a lone call per rank, of another shape on each, once failed as a mismatch)."""
+    rank, size = thvd.rank(), thvd.size()
+    for _ in range(3):
+        tensors = [torch.arange(float((size * 4) ** dim)).reshape([size * 4] * dim) for dim in (1, 2, 3) * 4]
+        handles = [thvd.reducescatter_async(t, op=thvd.Sum) for t in tensors]
+        for t, h in zip(tensors, handles):
+            assert torch.equal(thvd.synchronize(h), t[rank * 4:(rank + 1) * 4] * size)
+
+
 def test_broadcast_parameters_and_optimizer_state(thvd):
     r = thvd.rank()
     torch.manual_seed(r)  # different initial weights on every rank

@@ -1,5 +1,8 @@
 """The decision every rank takes alike from all ranks' waiting collectives (runtime/core/matching.py)."""
 
+import threading
+
+from hvd_notebook.runtime.core import coordinator
 from hvd_notebook.runtime.core.matching import Entry, decide
 from hvd_notebook.runtime.core.signatures import JOIN, Signature, allgather_signature, allreduce_signature
 
@@ -42,6 +45,29 @@ def test_lone_automatic_names_pair_by_call_order_even_where_they_drifted():
     rank1 = [_allreduce("allreduce.noname.9", by_order=True)]
     (verdict,) = decide([rank0, rank1], [False, False]).verdicts
     assert verdict.positions == (0, 0) and verdict.error is None
+
+
+def test_automatic_names_of_asynchronous_calls_pair_by_name_only():
+    """A binding's worker threads (torch's *_async) reach the agreement in any order, differently on each rank:
+    a lone call there is no program order, and pairing the lone calls would pair two different calls (Horovod's
+    test_horovod_reducescatter_async_fused once failed so, shapes (8,) against (8, 8))."""
+    signature = allreduce_signature(1, "float32", ((4,),), 1.0, 1.0, "allreduce.noname.3")
+    in_program_order = coordinator.Request(signature, "allreduce.noname.3", 5, False)
+    assert in_program_order.by_order and in_program_order.round_hash(alone=True) == 5 ^ 0
+    seen = []
+
+    def worker():
+        coordinator.calls_here_are_unordered()
+        request = coordinator.Request(signature, "allreduce.noname.3", 5, False)
+        seen.append((request.by_order, request.round_hash(alone=True) != 5))
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [(False, True)]  # paired by name, and the name is in the lone call's hash
+    rank0 = [_allreduce("reducescatter.noname.3", (8,))]
+    rank1 = [_allreduce("reducescatter.noname.4", (8, 8))]
+    assert decide([rank0, rank1], [False, False]).verdicts == []  # they wait for their partners
 
 
 def test_lone_automatic_calls_of_different_kinds_fail_at_once():

@@ -55,15 +55,26 @@ class Work(Protocol):
         """Move this request's data and the followers' in one call, and mark the followers done."""
 
 
+_thread = threading.local()
+
+
+def calls_here_are_unordered() -> None:
+    """Mark the calling thread as one that runs a binding's asynchronous calls (its worker). Several such
+    threads reach the agreement in any order, differently on each rank: their calls are paired by name only,
+    never by call order, however they were named (as Horovod pairs every call)."""
+    _thread.unordered = True
+
+
 def _by_order(key: str) -> bool:
-    """A call without a name of its own (an automatic ``kind.noname.N``): paired by call order when alone."""
-    return not key or ".noname." in key
+    """A call without a name of its own (an automatic ``kind.noname.N``), made in program order (not in an
+    asynchronous call's worker): paired by call order when alone."""
+    return (not key or ".noname." in key) and not getattr(_thread, "unordered", False)
 
 
-def _round_hash(h: int, key: str, alone: bool) -> int:
+def _round_hash(h: int, key: str, by_order: bool) -> int:
     """A call's part of a round's hash: the name counts, except for a lone call paired by
-    call order (so that drifted automatic names still pair)."""
-    if alone and _by_order(key):
+    call order (``by_order``: so that drifted automatic names still pair)."""
+    if by_order:
         return h
     return h ^ (zlib.crc32(key.encode()) << 31)
 
@@ -83,7 +94,7 @@ class Request:
 
     def round_hash(self, alone: bool) -> int:
         # (whether it is fusable counts: every rank must fuse alike)
-        return _round_hash(self.hash, self.key, alone) ^ (_FUSABLE if self.work is not None else 0)
+        return _round_hash(self.hash, self.key, alone and self.by_order) ^ (_FUSABLE if self.work is not None else 0)
 
     def labelled(self) -> Signature:
         """The signature labelled with the request's name (for messages)."""
@@ -265,7 +276,7 @@ class Coordinator(_Turns):
             return False
         # the common case, no other call waiting here: one round for this call alone
         key = signature.name if name is None else name
-        round_hash = _round_hash(h, key, alone=True) ^ (_WITH_DATA if data is not None else 0)
+        round_hash = _round_hash(h, key, _by_order(key)) ^ (_WITH_DATA if data is not None else 0)
         try:
             agreed = self.negotiator.exchange(round_hash, signature, key, data)
         except BaseException as exc:

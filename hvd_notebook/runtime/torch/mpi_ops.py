@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import coordinator as _coordinator
 from ..core import gradients as _gradients
 from ..core import objects as _objects
 from ..core import process_sets as _process_sets
@@ -131,6 +132,7 @@ class _Workers:
         return pending
 
     def _work(self) -> None:
+        _coordinator.calls_here_are_unordered()
         while True:
             with self.lock:
                 while not self.jobs:
