@@ -43,9 +43,8 @@ SYSCTLS = ("/proc/sys/fs/protected_regular", "/proc/sys/fs/protected_symlinks")
 HARDENED = (2, 1)  # their highest values (protected_symlinks has no 2); systemd hosts have (1 or 2, 1)
 ALLREDUCE = "from mpi4py import MPI\nprint('allreduce', MPI.COMM_WORLD.allreduce(hvd.rank() + 1))"
 
-# Tests marked `alone` run after the others, by themselves (make test): their attacks reach past the victim (MPICH's
-# segment names and the rank watchers' claims of the PIDs to come, whoever gets those PIDs; the node's sysctls).
 pytestmark = [
+    pytest.mark.alone,  # (its attacks would hit the worlds of tests running beside it: make test runs it after them)
     pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users (useradd) and acts as them (runuser): needs "
                        "root; the suite's root run covers it"),
     pytest.mark.skipif(not all(map(shutil.which, ("useradd", "runuser", "pkill", "pgrep"))),
@@ -1113,7 +1112,6 @@ def _foreign_mappings(pids: list[int], uid: int) -> list[str]:
     return sorted(set(foreign))
 
 
-@pytest.mark.alone
 @pytest.mark.parametrize("mode", ["666", "600"])
 def test_mpich_segments_the_attacker_made_first_are_never_used(people, workspace, victim_cluster, mode):
     """The attacker makes, mode 0666 (to read and change what the ranks exchange) or 0600 (to block their
@@ -1169,7 +1167,7 @@ def test_mpich_segments_the_attacker_made_first_are_never_used(people, workspace
 
 # ------------------------------------------------------------------ 5. leases (and 6. the register): sysctls 0 and 2
 @pytest.fixture(params=[(0, 0), HARDENED], ids=["protected-0", "protected-2-1"])
-def protected(request):  # (node-wide settings: the tests that take it are marked `alone`)
+def protected(request):
     """fs.protected_regular and fs.protected_symlinks at 0 (this machine's default) or at 2 and 1 (their
     highest: systemd hosts have 1 or 2, and 1); always put back. The test's id: "0" or "2-1"."""
     old = {path: Path(path).read_text().strip() for path in SYSCTLS}
@@ -1243,7 +1241,6 @@ def _lease_folder(workspace: Workspace, name: str, protected: str) -> Path:
     return folder
 
 
-@pytest.mark.alone
 def test_a_lease_folder_the_attacker_made_first_is_refused(people, workspace, protected):
     victim, mallory = people
     folder = _lease_folder(workspace, "made-first", protected)
@@ -1274,7 +1271,6 @@ def test_a_lease_folder_the_attacker_made_first_is_refused(people, workspace, pr
     fail_if(problems, f"a lease folder the attacker made first was used (protected_* = {protected})")
 
 
-@pytest.mark.alone
 @pytest.mark.parametrize("plant", ["symlink", "attacker-0600"])
 def test_a_lock_file_the_attacker_planted_is_not_followed_nor_blocks(people, workspace, protected, plant):
     """In the root-made lease folder, the attacker makes ``gpu0.lock`` first: a symbolic link to a file of the
@@ -1314,7 +1310,6 @@ def test_a_lock_file_the_attacker_planted_is_not_followed_nor_blocks(people, wor
     fail_if(problems, f"the attacker's gpu0.lock ({plant}, protected_* = {protected}) was used")
 
 
-@pytest.mark.alone
 def test_two_users_share_the_root_made_lease_folder(people, workspace, protected):
     """Both users lease different GPUs; the second lease of one GPU is refused naming its holder; a GPU one
     user leased once is leased by the other afterwards (``fs.protected_regular`` must not lose it)."""
@@ -1350,7 +1345,6 @@ def test_two_users_share_the_root_made_lease_folder(people, workspace, protected
 
 
 # ------------------------------------------------------------------ 6. the register jammed
-@pytest.mark.alone
 def test_a_jammed_register_hangs_and_misleads_no_reader(people, workspace, sleepers, victim_cluster, protected):
     victim, mallory = people
     register = Path(mallory.tool("register-folder")["folder"])
@@ -1424,7 +1418,6 @@ RANK_DIES = textwrap.dedent("""\
 """)
 
 
-@pytest.mark.alone
 def test_a_dead_rank_is_named_though_the_attacker_took_the_claim_first(people, planted):
     """The attacker takes first the claim of the rank watchers of the victim's next jobs (abstract socket
     names, held; and claim files in the attacker-made /tmp folder); a rank of the victim's plain mpiexec job
