@@ -1,6 +1,6 @@
 """Every global change hvd_notebook makes to Keras, in one place, with ``undo``.
 
-Four patches, each applied at most once per process:
+The patches, each applied at most once per process:
 
 - ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
   ``ProgressCallback`` (``patch_progress``, from ``engine.keras_progress``);
