@@ -5,9 +5,7 @@ kernel processes (``Kernel``), and proof by PID that every process a test starte
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import getpass
-import json
 import os
 import re
 import socket
@@ -99,46 +97,26 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, what: str, time
             time.sleep(0.3)
 
 
-# which folders' modes to put back, and for whom (in the clone, not /tmp: no other user can plant a link there)
-_TRAVERSE_STATE = Path(__file__).resolve().parents[1] / "build" / "test-traversable.json"
-
-
-def _traversal(change) -> None:
-    _TRAVERSE_STATE.parent.mkdir(exist_ok=True)
-    with open(_TRAVERSE_STATE.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        state = json.loads(_TRAVERSE_STATE.read_text()) if _TRAVERSE_STATE.exists() else {"holders": [], "modes": {}}
-        change(state)
-        _TRAVERSE_STATE.write_text(json.dumps(state))
-        _TRAVERSE_STATE.chmod(0o600)
-
-
-def let_others_traverse(paths: Iterable[Path]) -> None:
+def let_others_traverse(paths: Iterable[Path]) -> list[tuple[Path, int]]:
     """Let other users reach ``paths`` (the suite's environment, and the interpreter it was made from, which may
     lie under root's home): o+x (traverse only, not read) on each folder above them that lacks it, as
-    scripts/test-unprivileged.sh gives its user, until ``stop_others_traversing()``. Tests on two pytest-xdist
-    workers may do it at once: the old modes are put back when the last of them stops (their PIDs in a locked
-    file; a killed run's are dropped)."""
-    def enter(state):
-        state["holders"].append(os.getpid())
-        for path in paths:
-            for folder in reversed(Path(path).parents):
-                mode = folder.stat().st_mode & 0o7777
-                if not mode & 0o001:
-                    folder.chmod(mode | 0o001)
-                    state["modes"].setdefault(str(folder), mode)
-    _traversal(enter)
+    scripts/test-unprivileged.sh gives its user; the folders changed, with their old modes, for
+    ``put_modes_back``. (Its two users, the hub test and the hostile module, never run at the same time: the
+    hostile module is marked ``alone``.)"""
+    changed: list[tuple[Path, int]] = []
+    for path in paths:
+        for folder in reversed(Path(path).parents):
+            mode = folder.stat().st_mode & 0o7777
+            if not mode & 0o001 and folder not in dict(changed):
+                folder.chmod(mode | 0o001)
+                changed.append((folder, mode))
+    return changed
 
 
-def stop_others_traversing() -> None:
-    def leave(state):
-        state["holders"].remove(os.getpid())
-        state["holders"] = [pid for pid in state["holders"] if psutil.pid_exists(pid)]
-        if not state["holders"]:
-            for folder, mode in state["modes"].items():
-                os.chmod(folder, mode)
-            state["modes"] = {}
-    _traversal(leave)
+def put_modes_back(changed: list[tuple[Path, int]]) -> None:
+    for folder, mode in reversed(changed):
+        folder.chmod(mode)
+
 
 @pytest.fixture
 def sleeper():

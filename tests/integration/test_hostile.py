@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import let_others_traverse, stop_others_traversing
+from conftest import let_others_traverse, put_modes_back
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -649,8 +649,8 @@ def people(workspace):
     _remove_what_they_left(uids, homes)
     base = subprocess.run([str(PYTHON), "-c", "import sys; print(sys.base_prefix)"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    let_others_traverse([ROOT / ".venv" / "bin", Path(os.path.realpath(PYTHON)), Path(base) / "lib" / "x",
-                         SOURCE / "hvd_notebook"])
+    changed = let_others_traverse([ROOT / ".venv" / "bin", Path(os.path.realpath(PYTHON)), Path(base) / "lib" / "x",
+                                  SOURCE / "hvd_notebook"])
     try:
         for user in (victim, mallory):
             done = user.run([str(PYTHON), "-c", "import hvd_notebook, zmq, psutil; print(hvd_notebook.__file__)"])
@@ -660,7 +660,7 @@ def people(workspace):
     finally:
         left = _kill_all_of([VICTIM, MALLORY])
         _remove_what_they_left(uids, homes)
-        stop_others_traversing()
+        put_modes_back(changed)
         assert not left, f"processes of the test's users still ran after SIGKILL:\n{left}"
 
 

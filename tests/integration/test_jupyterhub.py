@@ -29,7 +29,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import figure, free_port, let_others_traverse, stop_others_traversing, wait_for_server
+from conftest import figure, free_port, let_others_traverse, put_modes_back, wait_for_server
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -89,7 +89,8 @@ def hub():
     _remove_users()  # (a run killed before its clean-up)
     base = Path(tempfile.mkdtemp(prefix="hvd-hub-"))
     base.chmod(0o755)
-    let_others_traverse([ROOT / ".venv" / "bin", Path(os.path.realpath(sys.executable)), Path(sys.base_prefix) / "lib"])
+    changed = let_others_traverse([ROOT / ".venv" / "bin", Path(os.path.realpath(sys.executable)),
+                                   Path(sys.base_prefix) / "lib"])
     proc = None
     try:
         for user in USERS:
@@ -148,7 +149,7 @@ c.JupyterHub.load_roles = [{{"name": "hvd-test", "services": ["hvd-test"],
             except subprocess.TimeoutExpired:
                 proc.kill()
         _remove_users()
-        stop_others_traversing()
+        put_modes_back(changed)
         shutil.rmtree(base, ignore_errors=True)
 
 

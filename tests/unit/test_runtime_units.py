@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from hvd_notebook import config
+from hvd_notebook.messages import EventKind
 from hvd_notebook.runtime.core import fusion, ops, signatures
 from hvd_notebook.runtime.core.exceptions import MismatchError
 from hvd_notebook.runtime.core.signatures import describe_mismatch
@@ -305,8 +306,8 @@ def test_an_elastic_commit_is_an_event_once_on_disk_and_its_removal_too(tmp_path
         events.listen(None)
     assert [(k, t.split(", committed at")[0], on_disk) for k, t, on_disk in told] == [
         ("commit", "step=4", True), ("commit", "", False)]
-    events.emit(events.COMMIT, "step=5, committed at 12:00:00")
-    events.emit(events.WARNING, "a warning")
+    events.emit(EventKind.COMMIT, "step=5, committed at 12:00:00")
+    events.emit(EventKind.WARNING, "a warning")
     assert capsys.readouterr().err == f"{config.WARNING_PREFIX}: a warning\n"
 
 

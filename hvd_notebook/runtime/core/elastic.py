@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ... import config, private
+from ...messages import EventKind
 from . import basics, events
 from . import world as _world
 from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -235,7 +236,7 @@ class _Spill:
                                if isinstance(v, (int, float, str)) and len(repr(v)) <= 40)
             summary = f"{values + ', ' if values else ''}committed at {time.strftime('%H:%M:%S')}"
             private.write_text(path.parent / config.ELASTIC_COMMIT_SUMMARY, summary)
-            events.emit(events.COMMIT, summary)  # (on disk now: a world restarted after this resumes from it)
+            events.emit(EventKind.COMMIT, summary)  # (on disk now: a world restarted after this resumes from it)
 
         self.thread = threading.Thread(target=write, name="hvd-elastic-commit", daemon=False)
         self.thread.start()
@@ -249,7 +250,7 @@ class _Spill:
         if path is not None:
             for name in (self.FILE, config.ELASTIC_COMMIT_SUMMARY):
                 (path.parent / name).unlink(missing_ok=True)
-            events.emit(events.COMMIT, "")  # (no commit holds now: nothing to resume from)
+            events.emit(EventKind.COMMIT, "")  # (no commit holds now: nothing to resume from)
 
     def take_for_resume(self) -> dict[str, Any] | None:
         """Once per process: the commit an earlier launch of this job left, if any."""

@@ -15,8 +15,7 @@ from typing import Any
 from ... import config
 from ...messages import EventKind
 
-STALL, WARNING, COMMIT = EventKind.STALL, EventKind.WARNING, EventKind.COMMIT
-PRINTED = (STALL, WARNING)  # the kinds printed where nobody listens
+PRINTED = (EventKind.STALL, EventKind.WARNING)  # the kinds printed where nobody listens
 
 Listener = Callable[[EventKind, str, dict[str, Any]], None]
 _listener: Listener | None = None

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ... import config
+from ...messages import EventKind
 from . import events, ops
 from .fusion import aligned_offsets, fused_label, fusion_groups
 from .negotiation import Negotiator
@@ -291,7 +292,7 @@ def start(comm: Any, local_rank: int, negotiator: Negotiator, timeline: Timeline
     with_gpu = comm.allgather(device_id >= 0)
     if not all(with_gpu):
         if any(with_gpu) and comm.Get_rank() == 0:
-            events.emit(events.WARNING, "only some ranks have a GPU; NCCL is off and every collective goes "
+            events.emit(EventKind.WARNING, "only some ranks have a GPU; NCCL is off and every collective goes "
                         "through MPI on the host.")
         return None
     return NcclBackend(comm, negotiator, timeline, device_id)

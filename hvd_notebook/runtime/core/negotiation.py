@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ... import config
+from ...messages import EventKind
 from . import events
 from .coordinator import Coordinator, Work
 from .exceptions import HorovodInternalError, MismatchError, RefusedError, StallError
@@ -238,7 +239,7 @@ class StallInspector:
             lacking = [r for r, entries in enumerate(lists) if key not in {e.key for e in entries}]
             missing.append(f"{sig.describe()} missing on rank(s) {lacking}")
             absent.update(lacking)
-        events.emit(events.STALL, f"stall: for {waited:.0f} s no collective has been issued under the same "
+        events.emit(EventKind.STALL, f"stall: for {waited:.0f} s no collective has been issued under the same "
                     f"name on every rank: {'; '.join(missing)}. Collectives are matched by name: check that "
                     "every rank issues each of them (named alike).", missing=sorted(absent))
         if self.shutdown_s > 0 and waited >= self.shutdown_s:
@@ -330,7 +331,7 @@ class StallInspector:
         elsewhere = [f"rank {r} waits in collective #{theirs} {where}"
                      for r, (theirs, where) in sorted(collected.items()) if theirs != seq]
         events.emit(
-            events.STALL,
+            EventKind.STALL,
             f"stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
             f"(collective #{seq}); rank(s) {missing} have not arrived"
             + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
