@@ -123,14 +123,7 @@ def own_cluster_dirs() -> list[Path]:
     names = {p.name for p in candidates}
     found = set(candidates) | {Path(c.workdir).parent for c in registry.read_all()
                                if c.user == private.user_name() and c.workdir}
-    safe = []
-    for path in sorted(p for p in found if p.name in names):
-        try:
-            private.check_dir(path)
-        except OSError:
-            continue
-        safe.append(path)
-    return safe
+    return [path for path in sorted(found) if path.name in names and private.is_private_dir(path)]
 
 
 def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
@@ -441,14 +434,10 @@ def clean_own(dry_run: bool, bases: list[Path]) -> int:
         remove_stale_elastic_dirs(base)  # (and the hvd.elastic commits of kernels and jobs that were killed)
     clean([c for base in bases for c in find_clusters(base)], dry_run)
     remove_stale_cards(private.user_name(), dry_run)
-    if not dry_run:
-        _say_segments(shm.remove_orphaned())
-    return 0
-
-
-def _say_segments(removed: list[Path]) -> None:
+    removed = [] if dry_run else shm.remove_orphaned()
     if removed:
         print(f"removed {len(removed)} shared-memory segment(s) that killed ranks left in {removed[0].parent}")
+    return 0
 
 
 if __name__ == "__main__":

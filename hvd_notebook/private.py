@@ -64,10 +64,12 @@ def describe(st: os.stat_result) -> str:
     return f"{kind} owned by {_owner(st)}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def check_dir(path: Path, uid: int | None = None) -> os.stat_result:
+def check_dir(path: Path, uid: int | None = None, narrow: bool = False) -> os.stat_result:
     """``path``'s stat, where it is a directory (reached without following a symbolic link at its
     end) that ``uid`` (this process's effective uid) owns and that no one else may enter; else
-    ``UnsafePathError``. ``FileNotFoundError`` where it does not exist."""
+    ``UnsafePathError``. ``FileNotFoundError`` where it does not exist. With ``narrow``, a folder of
+    ``uid``'s that others could read but never write (as earlier versions made them) is made owner-only
+    first: nobody else can have put anything in it."""
     uid = os.geteuid() if uid is None else uid
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
@@ -79,12 +81,25 @@ def check_dir(path: Path, uid: int | None = None) -> os.stat_result:
                               f"{_advice(path)}") from None
     try:
         st = os.fstat(fd)
+        if narrow and st.st_uid == uid and st.st_mode & 0o077 and not st.st_mode & 0o022:
+            os.fchmod(fd, 0o700)
+            log.info("made %s owner-only (it was %04o)", path, stat.S_IMODE(st.st_mode))
+            st = os.fstat(fd)
     finally:
         os.close(fd)
     if st.st_uid != uid or st.st_mode & 0o077:
         raise UnsafePathError(f"{path} is {describe(st)}; it must be {user_name(uid)}'s with no access for "
                               f"others: {_advice(path)}")
     return st
+
+
+def is_private_dir(path: Path) -> bool:
+    """Does ``check_dir`` pass ``path`` (this user's own folder, with no access for others)?"""
+    try:
+        check_dir(path)
+    except OSError:
+        return False
+    return True
 
 
 def _advice(path: Path) -> str:
@@ -95,35 +110,13 @@ def _advice(path: Path) -> str:
 
 def ensure_dir(path: Path, uid: int | None = None) -> Path:
     """``path``, made owner-only where it does not exist (its parent must), and checked
-    (``check_dir``) either way. A folder of this user's that others could read but never write (as
-    earlier versions made them) is narrowed to owner-only: nobody else can have put anything in it."""
+    (``check_dir``, narrowing a folder of this user's that others could only read) either way."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    try:
-        check_dir(path, uid)
-    except UnsafePathError:
-        if not _narrow(path, os.geteuid() if uid is None else uid):
-            raise
+    check_dir(path, uid, narrow=True)
     return path
-
-
-def _narrow(path: Path, uid: int) -> bool:
-    """Make ``path`` owner-only where it is ``uid``'s folder that no one else may write; whether it was."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
-    except OSError:  # (a link, not a folder)
-        return False
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != uid or st.st_mode & 0o022:
-            return False
-        os.fchmod(fd, 0o700)
-        log.info("made %s owner-only (it was %04o)", path, stat.S_IMODE(st.st_mode))
-        return True
-    finally:
-        os.close(fd)
 
 
 def parent_is_safe(path: Path) -> bool:

@@ -44,10 +44,7 @@ class MPICluster:
 
     def __init__(self, options: ClusterOptions) -> None:
         self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() takes the free ones
-        try:
-            self.rules = policy.load()  # the node's fair-sharing rules, read afresh at each start
-        except policy.PolicyError as exc:
-            raise ClusterError(str(exc)) from None
+        self.rules = policy.load()  # the node's fair-sharing rules, read afresh at each start
         if options.timeout <= 0:
             raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
         self.placement = choose_placement(options)
@@ -55,7 +52,7 @@ class MPICluster:
         self.options = options if n is None else replace(options, n=n)
         self.mpiexec = self.placement.command
         self.standby_choice = choose(options, self.placement)
-        self._standby: WarmStandby | None = None
+        self.standby: WarmStandby | None = None  # the warm standby world that the next restart promotes
         self.gpus: list[str] = []
         self.world: World | None = None  # the world cells run on, while there is one
         self._lease: leases.Lease | None = None
@@ -127,7 +124,7 @@ class MPICluster:
 
     def _start_standby(self) -> None:
         if wanted(self.standby_choice, self.placement, self.n):
-            self._standby = WarmStandby(lambda: World(self.placement, self.n, self.gpus, self.options))
+            self.standby = WarmStandby(lambda: World(self.placement, self.n, self.gpus, self.options))
 
     def _promote(self, warm: World) -> bool:
         """Make the launched standby ``warm`` this cluster's world and finish every rank's bootstrap:
@@ -153,18 +150,13 @@ class MPICluster:
     def pids(self) -> set[int]:
         """Every process of this cluster seen so far (controller, mpiexec, its
         helpers, engines and their nannies, the reaper; its standby's)."""
-        standby = self._standby.pids() if self._standby is not None else set()
+        standby = self.standby.pids() if self.standby is not None else set()
         return (self.world.pids() if self.world is not None else set()) | standby
-
-    @property
-    def standby(self) -> WarmStandby | None:
-        """The warm standby world that the next restart promotes, where there is one."""
-        return self._standby
 
     @property
     def standby_state(self) -> str:
         """The warm standby: ``off``, ``starting``, ``ready`` or ``failed: why``."""
-        return self._standby.state if self._standby is not None else "off"
+        return self.standby.state if self.standby is not None else "off"
 
     def mpiexec_output_tail(self, lines: int = 20) -> str:
         """The last lines mpiexec and the engines wrote to the launcher's log."""
@@ -190,7 +182,7 @@ class MPICluster:
         on the same GPUs (every rank's state is lost): the warm standby where there is one
         (waiting for it where it is still starting), else a cold start. A fresh controller
         means no stale registrations of the old engines can be mistaken for the new ones."""
-        standby, self._standby = self._standby, None
+        standby, self.standby = self.standby, None
         warm = standby.take(self.options.timeout) if standby is not None else None
         self._end_world()  # the same GPUs (the lease is kept): the standby's ranks are pinned to them
         try:
@@ -263,9 +255,9 @@ class MPICluster:
     def stop(self) -> None:
         """Stop every process of the cluster, its standby's too (each world killed by PID, its directory
         removed), and release the lease."""
-        if self._standby is not None:
-            self._standby.cancel()
-            self._standby = None
+        if self.standby is not None:
+            self.standby.cancel()
+            self.standby = None
         self._end_world()
         if self._lease is not None:
             self._lease.release()

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engine.bootstrap import address_towards
+from .errors import ClusterError
 
 
-class HostError(ValueError):
+class HostError(ClusterError, ValueError):
     """A host list, hostfile or allocation that cannot work; the message says why."""
 
 

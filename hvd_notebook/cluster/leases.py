@@ -273,11 +273,15 @@ def _aside(name: str) -> str:
     return f"{name}.moved-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def _own_folder(path: Path) -> list[str]:
+def _lstat(name: str | Path, dir_fd: int | None = None) -> os.stat_result | None:
     try:
-        st = os.lstat(path)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        st = None
+        return None
+
+
+def _own_folder(path: Path) -> list[str]:
+    st = _lstat(path)
     said = []
     if st is not None:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
@@ -294,10 +298,7 @@ def _own_folder(path: Path) -> list[str]:
 
 
 def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        st = None
+    st = _lstat(name, dir_fd)
     said = []
     if st is not None:
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size <= LOCK_MAX_BYTES:
@@ -312,10 +313,7 @@ def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
 
 
 def _own_register(path: Path, dir_fd: int) -> list[str]:
-    try:
-        st = os.stat(REGISTER, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        st = None
+    st = _lstat(REGISTER, dir_fd)
     said = []
     if st is not None:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .. import config
 from ..private import UnsafePathError, describe
+from .errors import ClusterError
 
 DEFAULT_NAME = "hvd_notebook-gpu-leases"
 REGISTER = "register"  # the register's sticky subfolder (registry.py)
@@ -23,7 +24,7 @@ SETUP = "sudo hvd-notebook setup-node"
 FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-class LeaseError(RuntimeError):
+class LeaseError(ClusterError):
     """The GPUs asked for are held by other clusters, or cannot be leased here."""
 
 

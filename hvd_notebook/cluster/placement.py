@@ -25,7 +25,7 @@ from . import hosts as hostlib
 from . import keycopy, leases, shm
 from .diagnosis import diagnose_launch, names_a_host, telling_line
 from .errors import ClusterError
-from .policy import Policy, PolicyError
+from .policy import Policy
 
 # MPI between ranks of one host over shared memory only: UCX (MPICH's default
 # netmod in the wheel) otherwise opens a TCP listener on the host's network
@@ -179,13 +179,10 @@ class OneHost(Placement):
                   rules: Policy | None = None) -> tuple[list[str], leases.Lease | None]:
         """GPUs held by other notebooks' clusters are skipped; the node's ``rules`` cap what one user's
         clusters hold together (GPUs, or CPU ranks where the ranks have none)."""
-        try:
-            room = rules.room(bool(host_gpus), n) if rules is not None else None
-            if not host_gpus:
-                return [], None
-            lease = leases.acquire(host_gpus, n, owner, at_most=room)
-        except (leases.LeaseError, PolicyError) as exc:
-            raise ClusterError(str(exc)) from None
+        room = rules.room(bool(host_gpus), n) if rules is not None else None
+        if not host_gpus:
+            return [], None
+        lease = leases.acquire(host_gpus, n, owner, at_most=room)
         return lease.gpus, lease
 
 
@@ -194,23 +191,13 @@ class HostList(Placement):
 
     def __init__(self, options: ClusterOptions) -> None:
         super().__init__(options)
-        try:
-            self.hosts = hostlib.parse_hosts(options.hosts) if options.hosts else hostlib.read_hostfile(
-                options.hostfile)
-        except hostlib.HostError as exc:
-            raise ClusterError(str(exc)) from None
+        self.hosts = hostlib.parse_hosts(options.hosts) if options.hosts else hostlib.read_hostfile(options.hostfile)
 
     def ranks(self, host_gpus: list[str]) -> int | None:
-        try:
-            return _at_least_one(hostlib.check_slots(self.hosts, self.options.n))
-        except hostlib.HostError as exc:
-            raise ClusterError(str(exc)) from None
+        return _at_least_one(hostlib.check_slots(self.hosts, self.options.n))
 
     def controller_ip(self) -> str:
-        try:
-            return hostlib.controller_address([h.name for h in self.hosts], self.options.ip)
-        except hostlib.HostError as exc:
-            raise ClusterError(str(exc)) from None
+        return hostlib.controller_address([h.name for h in self.hosts], self.options.ip)
 
     def without(self, hosts: list[str]) -> HostList:
         """The same placement on the other hosts only (``-n`` then their slots)."""
@@ -243,15 +230,11 @@ class HostList(Placement):
 
     def diagnose(self, output: str) -> list[str]:
         found = diagnose_launch(output)
-        return found if names_a_host(found) else found + self.probe_hosts()
-
-    def probe_hosts(self, timeout: float = 30.0) -> list[str]:
-        """One trivial rank on each host alone, all at once, to tell which hosts fail
-        and why (a host without the environment makes hydra fail without naming it)."""
-        return list(self.host_failures(timeout).values())
+        return found if names_a_host(found) else found + list(self.host_failures().values())
 
     def host_failures(self, timeout: float = 30.0) -> dict[str, str]:
-        """``probe_hosts``' findings by host: each failing host's name -> why."""
+        """One trivial rank on each host alone, all at once, to tell which hosts fail and why (a host
+        without the environment makes hydra fail without naming it): each failing host's name -> why."""
         env = {**os.environ, **dict(self.options.env)}
         probes = {}
         for host in self.hosts:
@@ -302,10 +285,7 @@ class SlurmAllocation(Placement):
         return _at_least_one(n)
 
     def controller_ip(self) -> str:
-        try:
-            return hostlib.controller_address(hostlib.slurm_nodes(), self.options.ip)
-        except hostlib.HostError as exc:
-            raise ClusterError(str(exc)) from None
+        return hostlib.controller_address(hostlib.slurm_nodes(), self.options.ip)
 
     def _placement_args(self) -> list[str]:
         # MPICH's wheel speaks PMI-2 with Slurm; the ranks inherit the kernel's environment

@@ -31,12 +31,13 @@ from pathlib import Path
 
 from .. import config
 from . import registry
+from .errors import ClusterError
 
 SYSTEM_FILE = Path("/etc/hvd_notebook/policy.toml")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class PolicyError(ValueError):
+class PolicyError(ClusterError, ValueError):
     """A rule that cannot be read; says where it was and what to write instead."""
 
 

@@ -129,7 +129,7 @@ def check_hosts(placement: Placement, timeout: float) -> None:
     this environment (as ``horovodrun`` checks ssh to each host), within ``timeout`` seconds."""
     if not isinstance(placement, HostList) or all(hostlib.is_this_host(h.name) for h in placement.hosts):
         return
-    failed = placement.probe_hosts(timeout)
+    failed = placement.host_failures(timeout).values()
     if failed:
         listed = "".join(f"\n  - {f}" for f in failed)
         raise ClusterError(f"not every host can start a rank:{listed}\nFix those hosts, or raise --start-timeout.")
@@ -326,8 +326,6 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     check_command(job.command)
     placement = choose_placement(job.options)
     n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
-    if n is None:
-        raise ClusterError("give the number of ranks with -np, e.g. -np 2")
     placement.check_room(n)
     check_hosts(placement, job.options.timeout)
     env = world_environment(placement)

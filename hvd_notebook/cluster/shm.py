@@ -333,17 +333,12 @@ def remove_world(launcher_pid: int, nodes: int = 1, uid: int | None = None, shm_
     return removed
 
 
-def _mapped(paths: set[str]) -> set[str]:
-    """Those of ``paths`` that some process (of this user; all, for root) maps now."""
+def _mapped(paths: set[str], shm_dir: Path) -> set[str]:
+    """Those of ``paths`` (in ``shm_dir``) that some process (of this user; all, for root) maps now."""
     found: set[str] = set()
     for proc in psutil.process_iter():
         try:
-            with open(f"/proc/{proc.pid}/maps", errors="replace") as maps:
-                for line in maps:
-                    if PREFIX in line:
-                        path = line.split(None, 5)[-1].strip()
-                        if path in paths:
-                            found.add(path)
+            found.update(path for _, path, _ in _maps_in(proc.pid, str(shm_dir)) if path in paths)
         except OSError:  # gone, or another user's
             continue
     return found
@@ -364,7 +359,7 @@ def remove_orphaned(shm_dir: Path = SHM_DIR, min_age: float = MIN_AGE_S, uid: in
     if not candidates:
         return []
     removed = []
-    for name in set(candidates) - _mapped(set(candidates)):
+    for name in set(candidates) - _mapped(set(candidates), shm_dir):
         try:
             candidates[name].unlink()
             removed.append(candidates[name])

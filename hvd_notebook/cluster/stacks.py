@@ -8,10 +8,9 @@ import re
 import time
 from pathlib import Path
 
-import psutil
-
 from .. import private
 from ..engine.stacks import SIGNAL, remove_files, stacks_dir
+from .pids import same_process
 
 
 def _who(folder: Path, pid: int) -> str | None:
@@ -19,10 +18,9 @@ def _who(folder: Path, pid: int) -> str | None:
     where it ended."""
     try:
         who, created = private.read_text(folder / f"{pid}.who", max_bytes=256).split("\n")
-        proc = psutil.Process(pid)
-        if abs(proc.create_time() - float(created)) < 0.01 and proc.uids().real == os.getuid():
+        if same_process((pid, float(created))) is not None:
             return who
-    except (OSError, ValueError, psutil.Error):
+    except (OSError, ValueError):
         pass
     remove_files(folder, pid)  # ended without its atexit (killed): what it left
     return None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import psutil
 
@@ -21,6 +21,9 @@ from .. import config
 from ..config import ClusterOptions, Standby
 from .errors import ClusterError
 from .placement import OneHost, Placement, SlurmAllocation
+
+if TYPE_CHECKING:
+    from .world import World
 
 # host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS
 # measured here), rounded up; ``auto`` wants room for the standby and as much again free
@@ -49,15 +52,6 @@ def wanted(choice: Standby, placement: Placement, n: int) -> bool:
     return isinstance(placement, OneHost) and psutil.virtual_memory().available >= 2 * n * STANDBY_BYTES_PER_RANK
 
 
-class StandbyWorld(Protocol):
-    """What a standby needs of the world it launches (``world.World``)."""
-
-    def warm_up(self, cancelled: threading.Event) -> None: ...
-    def pids(self) -> set[int]: ...
-    def engines_whole(self) -> bool: ...
-    def stop(self) -> None: ...
-
-
 class WarmStandby:
     """One standby world, launched in a background thread as soon as it is made.
 
@@ -66,7 +60,7 @@ class WarmStandby:
     >>> world = standby.take(timeout)   # the launched world, or None (then it is stopped)
     """
 
-    def __init__(self, make_world: Callable[[], StandbyWorld]) -> None:
+    def __init__(self, make_world: Callable[[], World]) -> None:
         self.world = make_world()  # not launched: warm_up brings it up
         self.error: str | None = None
         self._cancelled = threading.Event()
@@ -90,7 +84,7 @@ class WarmStandby:
         """Its processes so far."""
         return self.world.pids()
 
-    def take(self, timeout: float) -> StandbyWorld | None:
+    def take(self, timeout: float) -> World | None:
         """The standby's world, once launched (waiting up to ``timeout`` seconds for a standby still
         starting), where all of it still runs; else None, and nothing of it is left running."""
         self._thread.join(timeout)

@@ -136,15 +136,8 @@ def find_workdirs(base: Path | None = None) -> list[WorkDir]:
 
 
 def _private_subdirs(base: Path, prefix: str) -> list[str]:
-    names = []
-    for entry in sorted(os.scandir(base), key=lambda e: e.name):
-        if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False):
-            try:
-                private.check_dir(Path(entry.path))
-            except OSError:
-                continue
-            names.append(entry.name)
-    return names
+    return [entry.name for entry in sorted(os.scandir(base), key=lambda e: e.name) if entry.name.startswith(prefix)
+            and entry.is_dir(follow_symlinks=False) and private.is_private_dir(Path(entry.path))]
 
 
 def remove_stale_elastic_dirs(base: Path | None = None) -> list[Path]:

@@ -74,14 +74,6 @@ def address_towards(address: str) -> str:
         return s.getsockname()[0]
 
 
-def _address_towards(host: str) -> str:
-    """This host's address on the route to ``host``; empty where there is none."""
-    try:
-        return address_towards(host)
-    except OSError:
-        return ""
-
-
 def _pin_device(gpus: list[str], world_rank: int, local_rank: int) -> str:
     """Make this rank's GPU (by local rank) the only one the framework sees, or none; the device's label."""
     if not gpus:
@@ -142,7 +134,10 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     from . import stacks
 
     stacks.register(hvd.rank(), hvd.size())  # %hvd stacks, hvd-notebook stacks
-    ip = _address_towards(controller_ip)
+    try:
+        ip = address_towards(controller_ip)  # (this host's address on the route to the controller)
+    except OSError:
+        ip = ""
     framework_label = frameworks.label(chosen)
     if chosen is Framework.TORCH:
         group = frameworks.init_torch_distributed(hvd, ip)

@@ -173,10 +173,8 @@ class RunningCell:
     def pump(self, final: bool = False) -> None:
         """Forward new output, progress and rich displays; ``final`` also forwards unfinished lines. (The
         lines first: what was printed before the dashboard or the output tabs appear stays above them.)"""
-        for req, stream in self.streams:
+        for req, stream in (*self.streams, *self.copies):
             stream.update(req.metadata[stream.name] or "", final)
-        for req, copy in self.copies:
-            copy.update(req.metadata[copy.name] or "", final)
         self._tell_events()
         if self.dashboard is not None:
             self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)

@@ -36,6 +36,13 @@ class _Parser(argparse.ArgumentParser):
         raise _HelpShown()
 
 
+def _split(prog: str, line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"{prog}: cannot parse {line!r}: {exc}.") from None
+
+
 def _join_option_values(argv: list[str], option: str) -> list[str]:
     """``--mpi-args "-bind-to core"``: argparse would read the quoted value, which
     starts with a dash, as an option of its own; bind it to its option instead."""
@@ -173,10 +180,7 @@ class HvdMagics(Magics):
             return None
 
     def _line(self, line: str) -> Any:
-        try:
-            argv = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"%hvd: cannot parse {line!r}: {exc}.") from None
+        argv = _split("%hvd", line)
         if not argv or argv[0] in ("help", "--help", "-h"):
             print(usage())
             return None
@@ -197,7 +201,6 @@ class HvdMagics(Magics):
             if args.replay:
                 print(f"Replayed {session.replay()} cell(s).")
         elif args.command == "replay":
-            session.require()
             print(f"Replayed {session.replay()} cell(s).")
         elif args.command == "status":
             rows = session.status()
@@ -221,11 +224,7 @@ class HvdMagics(Magics):
         return None
 
     def _cell(self, line: str, cell: str) -> Any:
-        try:
-            argv = shlex.split(line)
-        except ValueError as exc:
-            raise UsageError(f"%%hvd: cannot parse {line!r}: {exc}.") from None
-        args = _build_cell_parser().parse_args(argv)
+        args = _build_cell_parser().parse_args(_split("%%hvd", line))
         session = Session.get()
         output_ranks = args.output_ranks
         if args.all_output:

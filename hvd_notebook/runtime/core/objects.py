@@ -8,6 +8,7 @@ from typing import Any
 from . import process_sets as _process_sets
 from . import world as _world
 from .rules import auto_name
+from .signatures import BARRIER
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
@@ -25,7 +26,8 @@ def allgather_object(obj: Any, name: str | None = None, process_set: Any = None)
 
 def barrier(process_set: Any = None) -> None:
     """Return once every rank (of ``process_set``) has called ``barrier()``."""
-    _process_sets.backends(process_set, "hvd.barrier").barrier()
+    # agreement needs every rank's contribution: it is a barrier in itself
+    _process_sets.backends(process_set, "hvd.barrier").negotiator.check(BARRIER)
 
 
 def join() -> int:
@@ -37,7 +39,7 @@ def join() -> int:
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
     """Record every collective's phases on every rank until ``stop_timeline()``;
     ``mark_cycles`` also marks each agreement round."""
-    _world.current().start_timeline(file_path, mark_cycles)
+    _world.current().timeline.start(file_path, mark_cycles)
 
 
 def stop_timeline() -> None:

@@ -22,7 +22,6 @@ from . import nccl_backend
 from . import world as _world
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
-from .signatures import BARRIER
 
 # what Horovod's process_set_included_op returns instead of 0 or 1
 PROCESS_SET_ERROR_INIT = -1  # hvd.init() not called
@@ -170,9 +169,6 @@ class SetBackends:
         except ValueError:
             raise ValueError(f"root_rank={root_rank!r} is not in the process set (ranks {list(self.ranks)}).") \
                 from None
-
-    def barrier(self) -> None:
-        self.negotiator.check(BARRIER)
 
     def free(self) -> None:
         """Release NCCL and the communicators (collective over the set)."""

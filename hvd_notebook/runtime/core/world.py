@@ -21,7 +21,7 @@ from ...cluster.rankwatch import RankWatch
 from . import nccl_backend, rules
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
-from .signatures import BARRIER, AllreduceCall, Signature
+from .signatures import AllreduceCall, Signature
 from .timeline import Timeline, write_trace
 
 NOT_INITIALIZED = "hvd_notebook's runtime has not been initialized; call hvd.init() first."
@@ -85,10 +85,6 @@ class World:
             c.Free()
 
     # ----------------------------------------------------------- timeline
-    def start_timeline(self, path: str, mark_cycles: bool = False) -> None:
-        """Record every collective's phases (and agreement rounds with ``mark_cycles``)."""
-        self.timeline.start(path, mark_cycles)
-
     def stop_timeline(self) -> None:
         """Stop recording; rank 0 writes every rank's events (collective)."""
         path, events = self.timeline.take()
@@ -96,11 +92,7 @@ class World:
         if self.rank == 0 and path is not None:
             write_trace(path, gathered)
 
-    # ------------------------------------------------------- join, barrier
-    def barrier(self) -> None:
-        # agreement needs every rank's contribution: it is a barrier in itself
-        self.negotiator.check(BARRIER)
-
+    # ------------------------------------------------------------------ join
     def join(self) -> int:
         """Take part, with zeros, in the other ranks' allreduces until every rank
         has joined; return the rank that joined last."""
@@ -147,7 +139,7 @@ def init(comm: Any = None) -> None:
         _watch_this_rank(_current)
     path = config.TIMELINE.text()
     if path:
-        _current.start_timeline(path, mark_cycles=config.TIMELINE_MARK_CYCLES.flag())
+        _current.timeline.start(path, config.TIMELINE_MARK_CYCLES.flag())
 
 
 def _name_the_rank_in_uncaught_errors(rank: int, size: int) -> None:
