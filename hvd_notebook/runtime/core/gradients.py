@@ -5,8 +5,8 @@ A binding's differentiable collective (``tf.custom_gradient`` in ``tensorflow/``
 operations the rules are made of, on the binding's own tensors, among the ranks of the call's
 process set. The rules never see a framework:
 
-    def grad(*dys):  # inside tensorflow/mpi_ops.py's custom gradient of grouped_allgather
-        return _gradients.allgather(_TensorFlowOps(process_set, world), list(dys), rows)
+    # tensorflow/mpi_ops.py's grouped_allgather: the rule its custom gradient calls
+    lambda ops, dys, xs: _gradients.allgather(ops, dys, [tf.shape(x)[0] for x in xs])
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class Ops(Protocol):
 
     size: int  # of the process set
 
-    def grouped_allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float) -> list[Any]:
+    def grouped_allreduce(self, tensors: list[Any], *, op: int, prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
         """The binding's (differentiable) grouped allreduce."""
 
     def grouped_allgather(self, tensors: list[Any]) -> list[Any]:
@@ -33,26 +34,23 @@ class Ops(Protocol):
     def own_rows(self, gathered: Any, rows: Any) -> Any:
         """This rank's block of a tensor gathered along its first dimension, where its own part had ``rows`` rows."""
 
-    def times(self, tensor: Any, factor: float) -> Any:
-        """``tensor * factor``."""
-
 
 def allreduce(ops: Ops, grads: list[Any], op: int, prescale: float, postscale: float) -> list[Any]:
     """The gradient of an allreduce is the same allreduce of the gradient."""
-    return ops.grouped_allreduce(grads, op, prescale, postscale)
+    return ops.grouped_allreduce(grads, op=op, prescale_factor=prescale, postscale_factor=postscale)
 
 
 def allgather(ops: Ops, grads: list[Any], rows: list[Any]) -> list[Any]:
     """The gradient of an allgather: averaged over the ranks, then each rank keeps its own rows
     (``rows``: how many each input had)."""
-    averaged = ops.grouped_allreduce(grads, Average, 1.0, 1.0)
+    averaged = ops.grouped_allreduce(grads, op=Average)
     return [ops.own_rows(g, r) for g, r in zip(averaged, rows)]
 
 
 def broadcast(ops: Ops, grad: Any, is_root: bool) -> Any:
     """The gradient of a broadcast: averaged over the ranks, and it flows back to the root only."""
-    averaged = ops.grouped_allreduce([grad], Average, 1.0, 1.0)[0]
-    return averaged if is_root else ops.times(averaged, 0)
+    averaged = ops.grouped_allreduce([grad], op=Average)[0]
+    return averaged if is_root else averaged * 0
 
 
 def alltoall(ops: Ops, grad: Any, received: Any) -> Any:
@@ -65,4 +63,4 @@ def reducescatter(ops: Ops, grads: list[Any], op: int, prescale: float, postscal
     """The gradient of a reducescatter: every rank's rows gathered, times the size for a Sum and both scale
     factors."""
     factor = (ops.size if op == Sum else 1) * prescale * postscale
-    return ops.grouped_allgather([g if factor == 1 else ops.times(g, factor) for g in grads])
+    return ops.grouped_allgather([g if factor == 1 else g * factor for g in grads])

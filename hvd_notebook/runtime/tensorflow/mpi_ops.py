@@ -520,6 +520,33 @@ def _allreduce_with_slices(tensors: list[Any], op: int, compression: Any, presca
     return out
 
 
+def _differentiable(tensors: list[Any], call: str, world: Any, process_set: Any, collective: Any, shape: Any,
+                    rule: Any, scaled: Any = lambda run: run) -> list[Any]:
+    """``collective(backend, tensors)`` (an allgather, broadcast or reducescatter) of ``tensors`` among ``world``:
+    cupy arrays through NCCL (``call`` names it where there is none), numpy arrays through MPI, TensorFlow
+    tensors as one op of output shapes ``shape(x)`` whose gradients are ``rule(ops, grads, inputs)``
+    (``core/gradients``); ``scaled`` wraps each way of running it."""
+    on_host = scaled(lambda arrays: collective(world.mpi, arrays))
+    if _is_cupy(tensors[0]):
+        return scaled(lambda arrays: collective(_nccl_of(world, call), arrays))(list(tensors))
+    if not _is_tf(tensors[0]):
+        return on_host([np.asarray(t) for t in tensors])
+    tf = _tf()
+
+    @tf.custom_gradient
+    def run(*xs: Any) -> Any:
+        outs = _on_tf(on_host, list(xs), [x.dtype for x in xs], [shape(x) for x in xs],
+                      gpu_fn=scaled(lambda ts: collective(_gpu(world), ts)))
+        return outs, lambda *dys: rule(_TensorFlowOps(process_set, world), list(dys), xs)
+
+    return list(run(*[tf.convert_to_tensor(t) for t in tensors]))
+
+
+def _any_rows(x: Any) -> list[Any]:
+    """``x``'s static shape, with any number of rows."""
+    return [None] + x.shape[1:].as_list()
+
+
 # ------------------------------------------------------------------ allgather
 @not_converted
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
@@ -534,28 +561,9 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
         return []
     world = _backends(process_set, "hvd.grouped_allgather", tensors[0])
     names = _names(name, "allgather", tensors)
-
-    def gather_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return world.mpi.allgather(arrays, names)
-
-    if _is_cupy(tensors[0]):
-        return _nccl_of(world, "hvd.allgather").allgather(list(tensors), names)
-    if not _is_tf(tensors[0]):
-        return gather_np([np.asarray(t) for t in tensors])
-    tf = _tf()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-
-    @tf.custom_gradient
-    def gather_tf(*xs: Any) -> Any:
-        outs = _on_tf(gather_np, list(xs), [x.dtype for x in xs], [[None] + x.shape[1:].as_list() for x in xs],
-                      gpu_fn=lambda ts: _gpu(world).allgather(ts, names))
-
-        def grad(*dys: Any) -> Any:
-            return _gradients.allgather(_TensorFlowOps(process_set, world), list(dys), [tf.shape(x)[0] for x in xs])
-
-        return outs, grad
-
-    return list(gather_tf(*tensors))
+    return _differentiable(
+        tensors, "hvd.allgather", world, process_set, lambda b, xs: b.allgather(xs, names), _any_rows,
+        lambda ops, dys, xs: _gradients.allgather(ops, dys, [_tf().shape(x)[0] for x in xs]))
 
 
 # ------------------------------------------------------------------ broadcast
@@ -566,28 +574,9 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     world = _backends(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
     root = _process_sets.root_of(world, root_rank)  # (Horovod's root_rank is a global rank)
-
-    def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return world.mpi.broadcast(arrays, root, names)
-
-    if _is_cupy(tensor):
-        return _nccl_of(world, "hvd.broadcast").broadcast([tensor], root, names)[0]
-    if not _is_tf(tensor):
-        return bcast_np([np.asarray(tensor)])[0]
-    tf = _tf()
-    tensor = tf.convert_to_tensor(tensor)
-
-    @tf.custom_gradient
-    def bcast_tf(x: Any) -> Any:
-        out = _on_tf(bcast_np, [x], [x.dtype], [x.shape],
-                     gpu_fn=lambda ts: _gpu(world).broadcast(ts, root, names))[0]
-
-        def grad(dy: Any) -> Any:
-            return _gradients.broadcast(_TensorFlowOps(process_set, world), dy, world.rank == root)
-
-        return out, grad
-
-    return bcast_tf(tensor)
+    return _differentiable(
+        [tensor], "hvd.broadcast", world, process_set, lambda b, xs: b.broadcast(xs, root, names), lambda x: x.shape,
+        lambda ops, dys, _: [_gradients.broadcast(ops, dys[0], world.rank == root)])[0]
 
 
 @not_converted
@@ -729,29 +718,9 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
 
         return run
 
-    rs_np = scaled(lambda arrays: world.mpi.reducescatter(arrays, op, names))
-
-    if _is_cupy(tensors[0]):
-        return scaled(lambda arrays: _nccl_of(world, "hvd.reducescatter").reducescatter(arrays, op, names))(
-            list(tensors))
-    if not _is_tf(tensors[0]):
-        return rs_np([np.asarray(t) for t in tensors])
-    tf = _tf()
-    tensors = [tf.convert_to_tensor(t) for t in tensors]
-
-    @tf.custom_gradient
-    def rs_tf(*xs: Any) -> Any:
-        outs = _on_tf(rs_np, list(xs), [x.dtype for x in xs],
-                      [[None] + x.shape[1:].as_list() for x in xs],
-                      gpu_fn=scaled(lambda ts: _gpu(world).reducescatter(ts, op, names)))
-
-        def grad(*dys: Any) -> Any:
-            return _gradients.reducescatter(_TensorFlowOps(process_set, world), list(dys), op, prescale_factor,
-                                            postscale_factor)
-
-        return outs, grad
-
-    return list(rs_tf(*tensors))
+    return _differentiable(
+        tensors, "hvd.reducescatter", world, process_set, lambda b, xs: b.reducescatter(xs, op, names), _any_rows,
+        lambda ops, dys, _: _gradients.reducescatter(ops, dys, op, prescale_factor, postscale_factor), scaled)
 
 
 class _TensorFlowOps:
@@ -760,13 +729,8 @@ class _TensorFlowOps:
 
     def __init__(self, process_set: Any, backends: Any) -> None:
         self.process_set, self.backends, self.size = process_set, backends, backends.size
-
-    def grouped_allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float) -> list[Any]:
-        return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                                 process_set=self.process_set)
-
-    def grouped_allgather(self, tensors: list[Any]) -> list[Any]:
-        return grouped_allgather(tensors, process_set=self.process_set)
+        self.grouped_allreduce = functools.partial(grouped_allreduce, process_set=process_set)
+        self.grouped_allgather = functools.partial(grouped_allgather, process_set=process_set)
 
     def alltoall(self, tensor: Any, splits: Any) -> Any:
         return alltoall(tensor, splits=splits, process_set=self.process_set)[0]
@@ -776,10 +740,6 @@ class _TensorFlowOps:
         own = tf.reshape(rows, [1])
         all_rows = tf.reshape(allgather(own, process_set=self.process_set), [self.size])
         return tf.split(gathered, all_rows, axis=0)[self.backends.rank]
-
-    @staticmethod
-    def times(tensor: Any, factor: float) -> Any:
-        return tensor * factor
 
 
 join = not_converted(_objects.join)

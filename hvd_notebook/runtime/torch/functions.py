@@ -9,7 +9,7 @@ state at all) receives the root's state whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,27 +77,13 @@ class _Slot:
     dtype: torch.dtype
 
 
-def _hollow(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """``value`` with each tensor replaced by a ``_Slot`` (the tensors appended to ``tensors``)."""
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return _Slot(len(tensors) - 1, tuple(value.shape), value.dtype)
+def _walk(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``value`` (dicts, lists and tuples, nested) with each of its leaves ``x`` replaced by ``leaf(x)``."""
     if isinstance(value, dict):
-        return {k: _hollow(v, tensors) for k, v in value.items()}
+        return {k: _walk(v, leaf) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_hollow(v, tensors) for v in value)
-    return value
-
-
-def _fill(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """The inverse of ``_hollow``."""
-    if isinstance(value, _Slot):
-        return tensors[value.index]
-    if isinstance(value, dict):
-        return {k: _fill(v, tensors) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_fill(v, tensors) for v in value)
-    return value
+        return type(value)(_walk(v, leaf) for v in value)
+    return leaf(value)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
@@ -111,34 +97,31 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     backends = _process_sets.backends(process_set, "hvd.broadcast_optimizer_state")
     root = _process_sets.root_of(backends, root_rank)
     tensors: list[torch.Tensor] = []
-    structure = _hollow(optimizer.state_dict(), tensors) if backends.rank == root else None
+
+    def hollow(x: Any) -> Any:
+        """A tensor as a ``_Slot`` (appended to ``tensors``)."""
+        if not isinstance(x, torch.Tensor):
+            return x
+        tensors.append(x)
+        return _Slot(len(tensors) - 1, tuple(x.shape), x.dtype)
+
+    structure = _walk(optimizer.state_dict(), hollow) if backends.rank == root else None
     structure = _objects.broadcast_object(structure, root_rank, name="broadcast_optimizer_state.structure",
                                               process_set=process_set)
     if backends.rank != root:
         slots: list[_Slot] = []
-        _collect_slots(structure, slots)
+        _walk(structure, lambda x: slots.append(x) if isinstance(x, _Slot) else x)
         tensors = [torch.empty(s.shape, dtype=s.dtype) for s in sorted(slots, key=lambda s: s.index)]
     _broadcast_into(tensors, [f"broadcast_optimizer_state.{i}" for i in range(len(tensors))], root_rank,
                     process_set)
     if backends.rank != root:
-        optimizer.load_state_dict(_fill(structure, tensors))
+        optimizer.load_state_dict(_walk(structure, lambda x: tensors[x.index] if isinstance(x, _Slot) else x))
     # as Horovod, which steps an optimizer without state once on zero gradients to create it: every
     # parameter that takes a gradient has one afterwards (zeros where it had none)
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad and p.grad is None:
                 p.grad = torch.zeros_like(p)
-
-
-def _collect_slots(value: Any, slots: list[_Slot]) -> None:
-    if isinstance(value, _Slot):
-        slots.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect_slots(v, slots)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            _collect_slots(v, slots)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

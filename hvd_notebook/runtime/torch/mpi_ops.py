@@ -19,6 +19,7 @@ name still in flight on this rank raises ``ValueError`` at once, as Horovod's do
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -56,6 +57,7 @@ from ..core.basics import (  # (Horovod's mpi_ops holds the process queries too:
 )
 from ..core.exceptions import ErrorFamily, MismatchError, RefusedError
 from ..core.ops import Average, Sum, check_op
+from ..core.process_sets import backends as _backends
 from ..core.process_sets import global_process_set
 from ..core.rules import names as _names
 from ..core.rules import resolve_op
@@ -84,17 +86,6 @@ def _torch_class(cls: type[BaseException]) -> type[BaseException] | None:
 
 
 _ERRORS = ErrorFamily(_torch_class)
-
-
-def _guarded(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """``fn`` raising the core's errors as Horovod's PyTorch API does (``_ERRORS``)."""
-    def run() -> Any:
-        try:
-            return fn()
-        except (MismatchError, RefusedError) as exc:
-            raise _ERRORS.convert(exc) from None
-
-    return run
 
 
 # ------------------------------------------------------------------ handles
@@ -172,7 +163,7 @@ _in_flight_lock = threading.Lock()
 def _claimed(call: _Call) -> Callable[[], Any]:
     """``call.run``, raising ``_ERRORS``' errors, with the call's names taken until it ends; refused
     now where a call of this rank under one of them is in flight."""
-    run, names = _guarded(call.run), call.names
+    run, names = call.run, call.names
     with _in_flight_lock:
         taken = [n for n in names if n in _in_flight]
         if taken:
@@ -184,6 +175,8 @@ def _claimed(call: _Call) -> Callable[[], Any]:
     def claimed() -> Any:
         try:
             return run()
+        except (MismatchError, RefusedError) as exc:
+            raise _ERRORS.convert(exc) from None
         finally:
             with _in_flight_lock:
                 _in_flight.difference_update(names)
@@ -227,8 +220,27 @@ def synchronize(handle: int) -> Any:
 
 
 # ------------------------------------------------------------------ the calls
-def _backends(process_set: Any, call: str) -> Any:
-    return _process_sets.backends(process_set, call)
+class _Differentiable(torch.autograd.Function):
+    """A collective as autograd sees it: ``make(tensors)`` is its ``_Call`` (made in ``forward``), ``rule(grads)``
+    its gradients (its collective's rule in ``core/gradients``)."""
+
+    @staticmethod
+    def forward(ctx: Any, make: Callable[[Any], _Call], rule: Callable[[list], list], *tensors: torch.Tensor) -> Any:
+        ctx.rule = rule
+        return tuple(_now(make(tensors)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        return (None, None, *ctx.rule(list(grads)))
+
+
+def _differentiable(tensors: list[torch.Tensor], make: Callable[[Any], _Call], rule: Callable[[list], list],
+                    compression: Any = Compression.none) -> list[torch.Tensor]:
+    """The results of ``make``'s collective of ``tensors``, sent compressed by ``compression``, whose gradients
+    are ``rule``'s."""
+    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    outs = _Differentiable.apply(make, rule, *compressed)
+    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
 def _ready(tensors: list[torch.Tensor], process_set: Any, call: str, reducing: bool) -> gpu.Ready | None:
@@ -306,23 +318,6 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                                 "hvd.allreduce_").first())
 
 
-class _Allreduce(torch.autograd.Function):
-    """An allreduce whose gradient is the same allreduce of the gradient (Horovod's)."""
-
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, op: int, name: str | None, prescale: float, postscale: float,
-                process_set: Any) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale, process_set)
-        return _now(_allreduce_call([tensor], None, name, op, prescale, postscale, process_set, False,
-                                    "hvd.allreduce").first())
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        op, prescale, postscale, process_set = ctx.args
-        (reduced,) = _gradients.allreduce(_TorchOps(process_set), [grad], op, prescale, postscale)
-        return reduced, None, None, None, None, None
-
-
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: Any = global_process_set) -> torch.Tensor:
@@ -337,9 +332,16 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         # nothing to differentiate or compress: the call itself, without autograd's bookkeeping
         return _now(_allreduce_call([tensor], None, name, op, prescale_factor, postscale_factor, process_set,
                                     False, "hvd.allreduce").first())
-    compressed, ctx = compression.compress(tensor)
-    reduced = _Allreduce.apply(compressed, op, name, prescale_factor, postscale_factor, process_set)
-    return compression.decompress(reduced, ctx)
+    return _reduced([tensor], name, compression, op, prescale_factor, postscale_factor, process_set,
+                    "hvd.allreduce")[0]
+
+
+def _reduced(tensors: list[torch.Tensor], name: str | None, compression: Any, op: int, prescale: float,
+             postscale: float, process_set: Any, call: str) -> list[torch.Tensor]:
+    """The differentiable allreduce of ``tensors`` (checked)."""
+    return _differentiable(
+        tensors, lambda ts: _allreduce_call(ts, None, name, op, prescale, postscale, process_set, False, call),
+        lambda grads: _gradients.allreduce(_TorchOps(process_set), grads, op, prescale, postscale), compression)
 
 
 def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -366,21 +368,6 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
                                 "hvd.grouped_allreduce_"))
 
 
-class _GroupedAllreduce(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, op: int, name: str | None, prescale: float, postscale: float, process_set: Any,
-                *tensors: torch.Tensor) -> Any:
-        ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_now(_allreduce_call(tensors, None, name, op, prescale, postscale, process_set, False,
-                                          "hvd.grouped_allreduce")))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        op, prescale, postscale, process_set = ctx.args
-        return (None, None, None, None, None,
-                *_gradients.allreduce(_TorchOps(process_set), list(grads), op, prescale, postscale))
-
-
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                       compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = global_process_set) -> list[torch.Tensor]:
@@ -388,10 +375,8 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
     tensors = _checked(list(tensors), "hvd.grouped_allreduce")
     if not tensors:
         return []
-    op = _reduce_op(op, average)
-    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
-    reduced = _GroupedAllreduce.apply(op, name, prescale_factor, postscale_factor, process_set, *compressed)
-    return [compression.decompress(r, c) for r, c in zip(reduced, ctxs)]
+    return _reduced(tensors, name, compression, _reduce_op(op, average), prescale_factor, postscale_factor,
+                    process_set, "hvd.grouped_allreduce")
 
 
 # ------------------------------------------------------------------ allgather
@@ -422,101 +407,76 @@ def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None
     return _start(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather_async"))
 
 
-class _Allgather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: Any) -> torch.Tensor:
-        ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return _now(_allgather_call([tensor], name, process_set, "hvd.allgather").first())
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        (mine,) = _gradients.allgather(_TorchOps(ctx.process_set), [grad], [ctx.rows])
-        return mine, None, None
-
-
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
     """``tensor`` concatenated over ranks along its first dimension; differentiable."""
     check_tensor(tensor, "hvd.allgather")
-    return _Allgather.apply(tensor, name, process_set)
-
-
-class _GroupedAllgather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, name: str | None, process_set: Any, *tensors: torch.Tensor) -> Any:
-        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(_now(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather")))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        return (None, None, *_gradients.allgather(_TorchOps(ctx.process_set), list(grads), ctx.rows))
+    return _gathered([tensor], name, process_set, "hvd.allgather")[0]
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
                       process_set: Any = global_process_set) -> list[torch.Tensor]:
     """``allgather`` of several tensors in one call; differentiable."""
     tensors = _checked(list(tensors), "hvd.grouped_allgather")
-    return list(_GroupedAllgather.apply(name, process_set, *tensors)) if tensors else []
+    return _gathered(tensors, name, process_set, "hvd.grouped_allgather") if tensors else []
+
+
+def _gathered(tensors: list[torch.Tensor], name: str | None, process_set: Any, call: str) -> list[torch.Tensor]:
+    """The differentiable allgather of ``tensors`` (checked)."""
+    rows = [t.shape[0] for t in tensors]
+    return _differentiable(tensors, lambda ts: _allgather_call(ts, name, process_set, call),
+                           lambda grads: _gradients.allgather(_TorchOps(process_set), grads, rows))
 
 
 # ------------------------------------------------------------------ broadcast
-def _broadcast_now(tensor: torch.Tensor, root_rank: int, name: str, process_set: Any,
-                   output: torch.Tensor | None, ready: gpu.Ready | None = None) -> torch.Tensor:
+def _broadcast_now(tensors: list[torch.Tensor], root_rank: int, names: list[str], process_set: Any,
+                   outputs: list[torch.Tensor] | None, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     backends = _backends(process_set, "hvd.broadcast")
     root = _process_sets.root_of(backends, root_rank)
     if ready is not None:
-        (result,) = gpu.broadcast(backends.nccl, ready, [tensor], root, [name])
+        results = gpu.broadcast(backends.nccl, ready, tensors, root, names)
     else:
-        (received,) = backends.mpi.broadcast([host_array(tensor, reducing=False)], root, [name])
-        result = as_tensor(received, tensor)
-    if output is None:
-        return result
-    return output.copy_(result)
+        received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+        results = [as_tensor(r, t) for r, t in zip(received, tensors)]
+    if outputs is None:
+        return results
+    return [out.copy_(r) for out, r in zip(outputs, results)]
 
 
 def _broadcast_call(tensor: Any, root_rank: int, name: str | None, process_set: Any, in_place: bool,
                     call: str) -> _Call:
-    (tensor,) = _checked([tensor], call)
+    """A broadcast of ``tensor`` (its result, a list of one)."""
+    tensors = _checked([tensor], call)
     names = _names(name, "broadcast", 1)
-    ready = _ready([tensor], process_set, call, reducing=False)
-    return _Call(lambda: _broadcast_now(tensor, root_rank, names[0], process_set, tensor if in_place else None,
+    ready = _ready(tensors, process_set, call, reducing=False)
+    return _Call(lambda: _broadcast_now(tensors, root_rank, names, process_set, tensors if in_place else None,
                                         ready), tuple(names))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: Any = global_process_set) -> int:
     """Start giving every rank ``root_rank``'s ``tensor``."""
-    return _start(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast_async"))
+    return _start(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast_async").first())
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: Any = global_process_set) -> int:
     """As ``broadcast_async``, writing the result into ``tensor``."""
-    return _start(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_async_"))
+    return _start(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_async_").first())
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
-    return _now(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_"))
-
-
-class _Broadcast(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: Any) -> torch.Tensor:
-        ctx.root_rank, ctx.process_set = root_rank, process_set
-        return _now(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast"))
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        is_root = _world.current().rank == ctx.root_rank
-        return _gradients.broadcast(_TorchOps(ctx.process_set), grad, is_root), None, None, None
+    return _now(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_").first())
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: Any = global_process_set) -> torch.Tensor:
     """``root_rank``'s ``tensor`` on every rank, as a new tensor; differentiable."""
     check_tensor(tensor, "hvd.broadcast")
-    return _Broadcast.apply(tensor, root_rank, name, process_set)
+    return _differentiable(
+        [tensor], lambda ts: _broadcast_call(ts[0], root_rank, name, process_set, False, "hvd.broadcast"),
+        lambda grads: [_gradients.broadcast(_TorchOps(process_set), grads[0], _world.current().rank == root_rank)])[0]
 
 
 # ------------------------------------------------------------------ alltoall
@@ -601,11 +561,6 @@ def _scaled(tensors: list[torch.Tensor], prescale: float) -> list[torch.Tensor]:
     return [scale(t, prescale) for t in tensors]
 
 
-def _scatter_op(op: int) -> int:
-    check_op(op)
-    return op
-
-
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
                         process_set: Any = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
@@ -617,7 +572,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 def _reducescatter_call(tensors: list[Any], name: str | None, op: int, process_set: Any, prescale: float,
                         postscale: float, call: str) -> _Call:
     tensors = _checked(list(tensors), call)
-    op, names = _scatter_op(op), _names(name, "reducescatter", len(tensors))
+    check_op(op)
+    names = _names(name, "reducescatter", len(tensors))
     ready = _ready(_scaled(tensors, prescale), process_set, call, reducing=True)
     return _Call(lambda: _reducescatter_now(tensors, names, op, prescale, postscale, process_set, ready),
                  tuple(names))
@@ -631,44 +587,13 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
                                       "hvd.grouped_reducescatter_async"))
 
 
-class _Reducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: Any, prescale: float,
-                postscale: float) -> torch.Tensor:
-        ctx.args = (op, prescale, postscale, process_set)
-        return _now(_reducescatter_call([tensor], name, op, process_set, prescale, postscale,
-                                        "hvd.reducescatter").first())
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        op, prescale, postscale, process_set = ctx.args
-        (gathered,) = _gradients.reducescatter(_TorchOps(process_set), [grad], op, prescale, postscale)
-        return gathered, None, None, None, None, None
-
-
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
                   op: int = Average, process_set: Any = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
     """``tensor`` reduced over ranks, this rank's block of its first dimension; differentiable."""
     check_tensor(tensor, "hvd.reducescatter")
-    compressed, ctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, _scatter_op(op), process_set, prescale_factor, postscale_factor)
-    return compression.decompress(out, ctx)
-
-
-class _GroupedReducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, name: str | None, op: int, process_set: Any, prescale: float, postscale: float,
-                *tensors: torch.Tensor) -> Any:
-        ctx.args = (op, prescale, postscale, process_set)
-        return tuple(_now(_reducescatter_call(tensors, name, op, process_set, prescale, postscale,
-                                              "hvd.grouped_reducescatter")))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        op, prescale, postscale, process_set = ctx.args
-        return (None, None, None, None, None,
-                *_gradients.reducescatter(_TorchOps(process_set), list(grads), op, prescale, postscale))
+    return _scattered([tensor], name, compression, op, process_set, prescale_factor, postscale_factor,
+                      "hvd.reducescatter")[0]
 
 
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
@@ -678,10 +603,16 @@ def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, 
     tensors = _checked(list(tensors), "hvd.grouped_reducescatter")
     if not tensors:
         return []
-    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
-    outs = _GroupedReducescatter.apply(name, _scatter_op(op), process_set, prescale_factor, postscale_factor,
-                                       *compressed)
-    return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
+    return _scattered(tensors, name, compression, op, process_set, prescale_factor, postscale_factor,
+                      "hvd.grouped_reducescatter")
+
+
+def _scattered(tensors: list[torch.Tensor], name: str | None, compression: Any, op: int, process_set: Any,
+               prescale: float, postscale: float, call: str) -> list[torch.Tensor]:
+    """The differentiable reducescatter of ``tensors`` (checked)."""
+    return _differentiable(
+        tensors, lambda ts: _reducescatter_call(ts, name, op, process_set, prescale, postscale, call),
+        lambda grads: _gradients.reducescatter(_TorchOps(process_set), grads, op, prescale, postscale), compression)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
@@ -728,18 +659,12 @@ class _TorchOps:
 
     def __init__(self, process_set: Any) -> None:
         self.process_set = process_set
+        self.grouped_allreduce = functools.partial(grouped_allreduce, process_set=process_set)
+        self.grouped_allgather = functools.partial(grouped_allgather, process_set=process_set)
 
     @property
     def size(self) -> int:
         return _backends(self.process_set, "hvd.reducescatter").size
-
-    def grouped_allreduce(self, tensors: list[torch.Tensor], op: int, prescale: float,
-                          postscale: float) -> list[torch.Tensor]:
-        return grouped_allreduce(tensors, op=op, prescale_factor=prescale, postscale_factor=postscale,
-                                 process_set=self.process_set)
-
-    def grouped_allgather(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        return grouped_allgather(tensors, process_set=self.process_set)
 
     def alltoall(self, tensor: torch.Tensor, splits: Any) -> torch.Tensor:
         back, _ = _Alltoall.apply(tensor, splits, None, self.process_set)
@@ -749,10 +674,6 @@ class _TorchOps:
         all_rows = allgather(torch.tensor([rows], dtype=torch.int64), process_set=self.process_set)
         rank = _backends(self.process_set, "hvd.allgather").rank
         return gathered.narrow(0, int(all_rows[:rank].sum()), rows)
-
-    @staticmethod
-    def times(tensor: torch.Tensor, factor: float) -> torch.Tensor:
-        return tensor * factor
 
 
 __all__ = [
