@@ -39,11 +39,12 @@ demo: install
 # end the output; run as any other user, the pytest run is already the unprivileged one and the script only
 # says so.
 TEST_UNPRIVILEGED ?= yes
-# the root run on two pytest-xdist workers (TEST_WORKERS=0: one process), a module's tests all on one worker
+# the root run on three pytest-xdist workers on the 2-core VM (most tests wait on MPI worlds, kernels and
+# browsers more than they compute: 15.5 min against 18.4 with two; TEST_WORKERS=0: one process), a module's tests all on one worker
 # (--dist loadfile: a module's shared cluster starts once); its tests hold with another test running beside
 # them, except those marked `alone` (the hostile user's attacks hit any world that starts meanwhile), run after
 # (pytest's 5: none of them selected by PYTEST_ARGS)
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: install
 	@if [ "$(TEST_UNPRIVILEGED)" != no ]; then bash scripts/test-unprivileged.sh; fi
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
