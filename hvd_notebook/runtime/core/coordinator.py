@@ -133,9 +133,10 @@ def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_O
     return outcomes
 
 
-class _Turns:
-    """The requests of one communicator waiting for their turn, the agreed order
-    (``schedule``) and the hand-over from one turn to the next."""
+class Coordinator:
+    """The requests of one communicator waiting for their turn, the rounds that agree
+    on their order (``schedule``) and the hand-over from one turn to the next (built
+    by ``Negotiator``)."""
 
     def __init__(self, negotiator: Any) -> None:
         self.negotiator = negotiator  # a negotiation.Negotiator: the rounds' hash exchange and stall reports
@@ -239,10 +240,6 @@ class _Turns:
         self.schedule.clear()
         self.busy = False
         self.cv.notify_all()
-
-
-class Coordinator(_Turns):
-    """Requests, rounds and turns on one communicator (built by ``Negotiator``)."""
 
     # ------------------------------------------------------------- turns
     def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False,
@@ -350,7 +347,9 @@ class Coordinator(_Turns):
                 return True
         else:
             decision = self._gathered_decision(snapshot)
-        return self._apply_decision(snapshot, decision)
+        outcomes = _outcomes(snapshot, decision, self.negotiator.rank)
+        self._apply(snapshot, outcomes)
+        return bool(outcomes)
 
     def _gathered_decision(self, snapshot: list[Request]) -> Decision:
         stuck = time.monotonic() - self.changed >= _UNMATCHED_GRACE_S
@@ -360,11 +359,6 @@ class Coordinator(_Turns):
         if not decision.verdicts and not decision.all_joined and not self.warned:
             self.warned = self.negotiator.stall.report_unmatched(lists, time.monotonic() - self.changed)
         return decision
-
-    def _apply_decision(self, snapshot: list[Request], decision: Decision) -> bool:
-        outcomes = _outcomes(snapshot, decision, self.negotiator.rank)
-        self._apply(snapshot, outcomes)
-        return bool(outcomes)
 
     def _apply(self, snapshot: list[Request], outcomes: list[_Outcome]) -> None:
         """Schedule, fail or serve the decided requests (in the agreed order)."""

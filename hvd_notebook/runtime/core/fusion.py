@@ -96,8 +96,3 @@ class BufferPool:
 
 
 pool = BufferPool()  # one per process: results outlive worlds (a tensor may hold one after shutdown)
-
-
-def aligned_empty(size: int, dtype: Any) -> np.ndarray:
-    """An uninitialised 1-D array whose data starts on a 64-byte boundary (pooled)."""
-    return pool.empty(size, dtype)

@@ -58,14 +58,13 @@ def decide(lists: list[list[Entry]], stuck: list[bool]) -> Decision:
         return Decision([], all_joined=True)
     active = [r for r, j in enumerate(joined) if not j]
     any_joined = len(active) < len(lists)
+    firsts = tuple(None if j else 0 for j in joined)  # each active rank's first request
     if all(len(lists[r]) == 1 and lists[r][0].by_order for r in active):
-        positions = tuple(None if joined[r] else 0 for r in range(len(lists)))
-        return Decision([_verdict(lists, positions, any_joined)])
+        return Decision([_verdict(lists, firsts, any_joined)])
     verdicts = [_verdict(lists, positions, any_joined) for positions in _matched_by_name(lists, active)]
     if not verdicts and all(stuck[r] and len(lists[r]) == 1 for r in active):
-        positions = tuple(None if joined[r] else 0 for r in range(len(lists)))
         signatures = [lists[r][0].signature if not joined[r] else JOIN for r in range(len(lists))]
-        return Decision([Verdict(positions, error=_unmatched(signatures))])
+        return Decision([Verdict(firsts, error=_unmatched(signatures))])
     return Decision(verdicts)
 
 

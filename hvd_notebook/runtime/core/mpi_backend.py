@@ -239,9 +239,7 @@ class MpiBackend:
             label = fused_label([names[i] for i in group])
             sig = allreduce_signature(op, dtype_name(members[0].dtype), shapes or tuple(a.shape for a in members),
                                       prescale, postscale, label)
-            why = ops.dtype_refusal(members[0].dtype, reducing=True)
-            if why:
-                self.negotiator.refuse(sig, f"allreduce of '{label}': {why}")
+            self._refuse_dtype(sig, "allreduce", label, members[0].dtype, reducing=True)
             work = _AllreduceWork(self, members, op, prescale, postscale, label)
             self.negotiator.run(sig, work, allow_joined=True)
             out.append((group, *work.result))

@@ -53,8 +53,8 @@ class _Turn:
 
     __slots__ = ("negotiator", "args")
 
-    def __init__(self, negotiator: Negotiator, sig: Signature, allow_joined: bool, name: str | None) -> None:
-        self.negotiator, self.args = negotiator, (sig, allow_joined, None, name)
+    def __init__(self, negotiator: Negotiator, sig: Signature, allow_joined: bool) -> None:
+        self.negotiator, self.args = negotiator, (sig, allow_joined)
 
     def __enter__(self) -> None:
         self.negotiator.acquire(*self.args)
@@ -94,17 +94,16 @@ class Negotiator:
         return h
 
     # ------------------------------------------------------------ requests
-    def check(self, sig: Signature, allow_joined: bool = False, h: int | None = None,
-              name: str | None = None) -> None:
+    def check(self, sig: Signature) -> None:
         """Agree on ``sig`` with every rank and return (a collective with no data: a barrier)."""
-        self.acquire(sig, allow_joined, h, name)
+        self.acquire(sig)
         self.release()
 
-    def turn(self, sig: Signature, allow_joined: bool = False, name: str | None = None) -> _Turn:
+    def turn(self, sig: Signature, allow_joined: bool = False) -> _Turn:
         """``with negotiator.turn(sig):`` the block moves this call's data once every rank
         has agreed on it and its turn has come (raises ``MismatchError`` where the ranks
         disagree; ``allow_joined``: ranks that have joined take part with zeros)."""
-        return _Turn(self, sig, allow_joined, name)
+        return _Turn(self, sig, allow_joined)
 
     def run(self, sig: Signature, work: Work, allow_joined: bool = False) -> None:
         """Agree on ``sig`` and run ``work`` in its turn, fused with the requests right

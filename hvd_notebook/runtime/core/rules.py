@@ -48,7 +48,7 @@ def names(name: str | None, kind: str, count: int) -> list[str]:
     """One name per tensor of a call: ``name`` itself for a single tensor, ``name.i`` for several, the
     counter's for a nameless call."""
     if not name:
-        return auto_names(kind, count) if count != 1 else [auto_name(kind)]
+        return auto_names(kind, count)
     return [str(name)] if count == 1 else [f"{name}.{i}" for i in range(count)]
 
 

@@ -12,6 +12,7 @@ marks its background thread's cycles.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -37,7 +38,7 @@ class Timeline:
         self.mark_cycles = mark_cycles
         self.events = []
 
-    def phase(self, name: str, tensors: str, nbytes: int) -> _Phase | _NoPhase:
+    def phase(self, name: str, tensors: str, nbytes: int) -> _Phase | contextlib.nullcontext[None]:
         """Record one phase of a collective (a Chrome-trace complete event) as a ``with`` block."""
         if self.path is None:
             return _NO_PHASE
@@ -56,17 +57,7 @@ class Timeline:
         return path, events
 
 
-class _NoPhase:
-    """What ``phase`` returns while the timeline is off: no object per call."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-_NO_PHASE = _NoPhase()
+_NO_PHASE = contextlib.nullcontext()  # what ``phase`` returns while the timeline is off: no object per call
 
 
 class _Phase:

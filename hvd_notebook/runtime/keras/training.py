@@ -71,6 +71,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
 def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dict[str, Any], k: int,
                                  average_aggregated_gradients: bool, scale_local_gradients: bool) -> Any:
     """A copy of a Keras 3 optimizer, of a subclass of its class whose update reduces the gradients first."""
+    from ... import keras_patches
+
     base = type(optimizer)
 
     class _Distributed(base):  # type: ignore[misc, valid-type]
@@ -105,7 +107,8 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
                     grads = [None if g is None else g * self._hvd_passes for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
 
-    _install_compile_hook()
+    # Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches
+    keras_patches.patch_compile()
     _Distributed.__name__ = _Distributed.__qualname__ = f"Distributed{base.__name__}"
     config = optimizer.get_config()
     if k > 1:
@@ -113,13 +116,6 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
     if name:
         config["name"] = name
     return _Distributed.from_config(config)
-
-
-def _install_compile_hook() -> None:
-    """Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches."""
-    from ... import keras_patches
-
-    keras_patches.patch_compile()
 
 
 class LocalVariables:

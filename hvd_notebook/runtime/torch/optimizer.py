@@ -135,15 +135,11 @@ class _DistributedOptimizer:
                 with torch.no_grad():
                     key.grad.zero_().add_(output)
                 continue
-            output = synchronize(handle)
-            if isinstance(key, tuple):
-                for p, (c, compressed) in zip(key, ctx):
-                    _set_grad(p, self._compression.decompress(compressed, c))
-            else:
-                c, compressed = ctx
-                _set_grad(key, self._compression.decompress(compressed, c))
-        for p in self._passes_left:
-            self._passes_left[p] = self.backward_passes_per_step
+            synchronize(handle)
+            # (a group's parameters with their contexts, or the one parameter's)
+            for p, (c, compressed) in (zip(key, ctx) if isinstance(key, tuple) else [(key, ctx)]):
+                _set_grad(p, self._compression.decompress(compressed, c))
+        self.set_backward_passes_per_step(self.backward_passes_per_step)
         for g in self._group_ready:
             self._group_ready[g] = 0
         self._handles.clear()
