@@ -244,7 +244,6 @@ class RunningCell:
                 next_liveness_check = time.monotonic() + LIVENESS_S
                 dead = [r for r, ok in self.cluster.alive().items() if not ok and r in self.ranks]
                 if dead:
-                    self.pump(final=True)
                     raise self._ranks_died(dead)
             if self.deadline is not None and time.monotonic() > self.deadline:
                 running, note = self._stop_running()
@@ -257,7 +256,6 @@ class RunningCell:
                 self.dashboard.fail(req.rank, failures.describe(req.error), _traceback_text(req.error))
         died = [req for req in failed if failures.is_engine_death(req.error)]
         if died:
-            self.pump(final=True)
             # MPI ends the other ranks when one dies: name the one(s) that died first
             raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at])
         time.sleep(SIMULTANEOUS_FAILURE_S)
@@ -322,6 +320,9 @@ class RunningCell:
         while not all(r in ended for r in dead) and time.monotonic() < deadline:
             time.sleep(0.1)  # mpiexec's last words reach its log a moment after it exits
             ended = self.cluster.exit_reports()
+        # what the ranks sent before they ended can arrive after the death was seen (on a loaded machine, rank 0's
+        # hvd.elastic commit event did: the cell was then not resumed)
+        self.pump(final=True)
         last_lines = []
         for req in self.requests:
             if req.rank in dead:
