@@ -48,8 +48,7 @@ TEST_UNPRIVILEGED ?= yes
 TEST_WORKERS ?= 3
 test: install
 	@if [ "$(TEST_UNPRIVILEGED)" != no ]; then bash scripts/test-unprivileged.sh; fi
-	HVD_TEST_PHASE=beside $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
-		$(PYTEST_ARGS) || [ $$? = 5 ]
+	HVD_TEST_PHASE=beside $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? = 5 ]
 	HVD_TEST_PHASE=alone $(PY) -m pytest $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # the unit tier: no MPI, no engines; well under a minute
@@ -63,7 +62,7 @@ COVERAGE_DIR := $(CURDIR)/build/coverage
 coverage: install
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	HVD_TEST_PHASE=beside COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest \
-		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || true
+		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || true
 	HVD_TEST_PHASE=alone COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest $(PYTEST_ARGS) || true
 	cd $(COVERAGE_DIR) && $(CURDIR)/$(PY) -m coverage combine -q --keep . && \
 		$(CURDIR)/$(PY) -m coverage html -q -d . --rcfile=$(CURDIR)/pyproject.toml && \

@@ -33,14 +33,6 @@ os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 # `make test`'s two pytest runs: "beside" (the tests that hold with others running beside them, on the
 # xdist workers) and "alone" (those marked alone, after); unset, every test. An -m of one's own still applies.
 PHASE = os.environ.get("HVD_TEST_PHASE", "")
-# the modules that take longest, longest first (test time in make test on 2026-12-03: 600 s for the first,
-# 75 s for the last): handed to the xdist workers first (make test passes --no-loadscope-reorder), so that the
-# three workers end together (the rest follow in pytest's order)
-SLOWEST_FIRST = ["integration/test_lifecycle", "integration/test_reliability", "integration/test_parallel",
-                 "integration/test_benchmarks", "integration/test_notebooks", "integration/test_sharing",
-                 "integration/test_jupyterhub", "integration/test_standby", "integration/test_multihost",
-                 "integration/test_horovod_imports", "integration/test_cells", "integration/test_torch",
-                 "integration/test_browser"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -53,13 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         (kept if (item.get_closest_marker("alone") is not None) == (PHASE == "alone") else dropped).append(item)
     config.hook.pytest_deselected(items=dropped)
-    order = {module: i for i, module in enumerate(SLOWEST_FIRST)}
-    items[:] = sorted(kept, key=lambda item: order.get(_module(item), len(order)))  # (stable: pytest's order)
-
-
-def _module(item: pytest.Item) -> str:
-    """``integration/test_cells`` for a test of tests/integration/test_cells.py."""
-    return item.path.relative_to(ROOT_DIR / "tests").with_suffix("").as_posix()
+    items[:] = kept
 
 
 ROOT_DIR = Path(__file__).resolve().parent.parent  # the clone
