@@ -48,7 +48,7 @@ from .cluster.pids import is_alive, live_processes
 from .cluster.privileges import as_user
 from .cluster.reaper import reap
 from .cluster.run import Job, run_job
-from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_stale_elastic_dirs
+from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
 from .config import (
     FUSION_THRESHOLD,
     STALL_CHECK_DISABLE,
@@ -431,7 +431,7 @@ def clean_own(dry_run: bool, bases: list[Path]) -> int:
     left (stack files, elastic commits, cards, shared-memory segments) removed."""
     stacks.registered_pids()  # (drops the stack files of ranks that were killed)
     for base in bases:
-        remove_stale_elastic_dirs(base)  # (and the hvd.elastic commits of kernels and jobs that were killed)
+        remove_leftovers(base)  # (the hvd.elastic commits and half-made folders of killed kernels and jobs)
     clean([c for base in bases for c in find_clusters(base)], dry_run)
     remove_stale_cards(private.user_name(), dry_run)
     removed = [] if dry_run else shm.remove_orphaned()

@@ -140,14 +140,19 @@ def _private_subdirs(base: Path, prefix: str) -> list[str]:
             and entry.is_dir(follow_symlinks=False) and private.is_private_dir(Path(entry.path))]
 
 
-def remove_stale_elastic_dirs(base: Path | None = None) -> list[Path]:
-    """The ``elastic-PID-*`` folders (hvd.elastic commits of a session or a job) whose process is
-    gone, removed; those removed."""
+def remove_leftovers(base: Path | None = None) -> list[Path]:
+    """What killed processes left, removed: the ``elastic-PID-*`` folders (hvd.elastic commits of a session
+    or a job) whose process is gone, and the ``.ID.making`` folders of cluster directories whose making (a
+    matter of milliseconds) began over a minute ago; those removed."""
     removed = []
     base = base or clusters_dir()
     for path in (base / name for name in _private_subdirs(base, "elastic-")):
         pid = path.name.split("-")[1]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
+    for path in (base / name for name in _private_subdirs(base, f".{CLUSTER_PREFIX}")):
+        if path.name.endswith(".making") and time.time() - path.stat().st_mtime > 60:
+            removed.append(path)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
     return removed

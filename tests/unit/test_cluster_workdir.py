@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -178,7 +179,7 @@ def test_engine_world_reads_the_log_while_running_and_ipyparallels_copy_after(tm
     assert world.output() == "kept by ipyparallel" and world.exit_code() == 7
 
 
-def test_only_cluster_directories_are_clusters_and_stale_elastic_folders_go(tmp_path):
+def test_only_cluster_directories_are_clusters_and_what_killed_processes_left_goes(tmp_path):
     import os
 
     ended = subprocess.Popen(["true"])  # a process that has ended: its PID names no process
@@ -189,6 +190,11 @@ def test_only_cluster_directories_are_clusters_and_stale_elastic_folders_go(tmp_
     (tmp_path / "hvd-1-3").mkdir(mode=0o755)
     (tmp_path / "hvd-1-4").symlink_to(tmp_path / "hvd-1-2")
     (tmp_path / f"elastic-{ended.pid}-ghi").symlink_to(tmp_path / "stacks")
+    # a cluster directory whose making was cut short by a kill two minutes ago, and one being made now
+    (tmp_path / ".hvd-1-5.making").mkdir(mode=0o700)
+    os.utime(tmp_path / ".hvd-1-5.making", (time.time() - 120,) * 2)
+    (tmp_path / ".hvd-1-6.making").mkdir(mode=0o700)
     assert [w.path.name for w in workdir.find_workdirs(tmp_path)] == ["hvd-1-2"]
-    assert workdir.remove_stale_elastic_dirs(tmp_path) == [tmp_path / f"elastic-{ended.pid}-def"]
+    assert workdir.remove_leftovers(tmp_path) == [tmp_path / f"elastic-{ended.pid}-def", tmp_path / ".hvd-1-5.making"]
     assert (tmp_path / f"elastic-{os.getpid()}-abc").exists() and (tmp_path / "stacks").is_dir()
+    assert not (tmp_path / ".hvd-1-5.making").exists() and (tmp_path / ".hvd-1-6.making").is_dir()
