@@ -125,7 +125,7 @@ def let_others_traverse(paths: Iterable[Path]) -> list[tuple[Path, int]]:
     for path in paths:
         for folder in reversed(Path(path).parents):
             mode = folder.stat().st_mode & 0o7777
-            if not mode & 0o001 and folder not in dict(changed):
+            if not mode & 0o001:  # (a folder already changed has it now: changed once)
                 folder.chmod(mode | 0o001)
                 changed.append((folder, mode))
     return changed
