@@ -8,7 +8,7 @@ Two kinds of settings:
   builds the ``argparse`` options from them (``%hvd restart`` reuses the
   options object).
 - Environment variables are ``EnvSetting`` objects below, read where they
-  act; ``env_flag`` is the one parser of boolean flags.
+  act; ``EnvSetting.flag`` is the one parser of boolean flags.
 
 This module imports nothing of the package, so every layer may use it.
 """
@@ -20,7 +20,7 @@ import enum
 import os
 import shlex
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 WARNING_PREFIX = "[hvd_notebook] WARNING"  # rank-side warnings; the kernel shows them from every rank
@@ -77,29 +77,6 @@ def choices(kind: type[enum.Enum]) -> list[str]:
     return [m.value for m in kind]
 
 
-def env_flag(name: str, default: bool, environ: Mapping[str, str] | None = None) -> bool:
-    """A boolean environment variable: 1/true/yes/on or 0/false/no/off (any case;
-    empty means false); unset, or a value that is neither, gives ``default``."""
-    value = (os.environ if environ is None else environ).get(name)
-    if value is None:
-        return default
-    value = value.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    return default
-
-
-def env_number(name: str, default: float, environ: Mapping[str, str] | None = None) -> float:
-    """A numeric environment variable; unset or unreadable gives ``default``."""
-    value = (os.environ if environ is None else environ).get(name)
-    try:
-        return type(default)(value) if value is not None else default
-    except ValueError:
-        return default
-
-
 @dataclass(frozen=True)
 class EnvSetting:
     """An environment variable the package reads, with its default and what it does."""
@@ -108,14 +85,22 @@ class EnvSetting:
     default: Any
     help: str
 
-    def flag(self, environ: Mapping[str, str] | None = None) -> bool:
-        return env_flag(self.name, self.default, environ)
-
-    def number(self, environ: Mapping[str, str] | None = None) -> Any:
-        return env_number(self.name, self.default, environ)
-
     def text(self, environ: Mapping[str, str] | None = None) -> str | None:
         return (os.environ if environ is None else environ).get(self.name, self.default)
+
+    def flag(self, environ: Mapping[str, str] | None = None) -> bool:
+        """1/true/yes/on or 0/false/no/off (any case; empty means false); unset, or a value that is
+        neither, gives the default."""
+        value = (os.environ if environ is None else environ).get(self.name)
+        value = value.strip().lower() if value is not None else None
+        return True if value in _TRUE else False if value in _FALSE else self.default
+
+    def number(self, environ: Mapping[str, str] | None = None) -> Any:
+        """The value as a number of the default's type; unset or unreadable gives the default."""
+        try:
+            return type(self.default)(self.text(environ))
+        except ValueError:
+            return self.default
 
 
 # ----------------------------------------------------------------- kernel side
@@ -172,14 +157,15 @@ ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_P
 
 
 # ------------------------------------------------------------ option parsers
-def int_at_least(minimum: int, complaint: str) -> Any:
-    """An argparse type: a whole number of at least ``minimum``, else ``complaint``."""
+def at_least(minimum: int, complaint: str, kind: type = int) -> Any:
+    """An argparse type: a whole number (or another ``kind``, e.g. float) of at least ``minimum``,
+    else ``complaint``."""
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {'whole ' if kind is int else ''}number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(complaint.format(value=value))
         return value
@@ -187,8 +173,8 @@ def int_at_least(minimum: int, complaint: str) -> Any:
     return parse
 
 
-positive_int = int_at_least(1, "{value} must be at least 1")
-non_negative_int = int_at_least(0, "{value} is negative; ranks start at 0")
+positive_int = at_least(1, "{value} must be at least 1")
+non_negative_int = at_least(0, "{value} is negative; ranks start at 0")
 
 
 def seconds(text: str) -> float:
@@ -275,7 +261,7 @@ class ClusterOptions:
         for f in fields(cls):
             kwargs = {k: v for k, v in f.metadata["argparse"].items() if k != "convert"}
             default = [] if kwargs.get("action") == "append" else f.default
-            if f.default is not MISSING and isinstance(default, tuple):
+            if isinstance(default, tuple):
                 default = ""
             parser.add_argument(*f.metadata["flags"], dest=f.name, default=default, help=f.metadata["help"],
                                 **kwargs)

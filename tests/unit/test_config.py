@@ -12,8 +12,6 @@ from hvd_notebook import config
 from hvd_notebook.config import (
     ClusterOptions,
     EnvSetting,
-    env_flag,
-    env_number,
     env_pair,
     non_negative_int,
     positive_int,
@@ -22,7 +20,15 @@ from hvd_notebook.config import (
 )
 
 
-# ------------------------------------------------------------------ env_flag
+def env_flag(name: str, default: bool, environ: dict[str, str] | None = None) -> bool:
+    return EnvSetting(name, default, "").flag(environ)
+
+
+def env_number(name: str, default: float, environ: dict[str, str] | None = None) -> float:
+    return EnvSetting(name, default, "").number(environ)
+
+
+# ------------------------------------------------------------------ EnvSetting.flag
 @pytest.mark.parametrize("value", ["1", "true", "TRUE", "True", "yes", "YES", "on", "On", " 1 ", "true\n"])
 @pytest.mark.parametrize("default", [True, False])
 def test_env_flag_true_spellings(value, default):
@@ -50,7 +56,7 @@ def test_env_flag_reads_os_environ_by_default(monkeypatch):
     assert env_flag("HVD_TEST_FLAG", True) is True
 
 
-# ------------------------------------------------------------------ env_number
+# ------------------------------------------------------------------ EnvSetting.number
 def test_env_number_keeps_the_default_type():
     assert env_number("N", 60.0, {"N": "2.5"}) == 2.5
     assert env_number("N", 128, {"N": "4096"}) == 4096
