@@ -37,7 +37,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,8 +57,8 @@ from .config import (
     TIMELINE_MARK_CYCLES,
     ClusterOptions,
     Launcher,
+    at_least,
     choices,
-    int_at_least,
     seconds,
 )
 from .dashboard.formatting import text_table
@@ -71,7 +70,7 @@ class ClusterDir:
 
     workdir: WorkDir
     kernel_pid: int | None
-    kernel_alive: bool
+    orphaned: bool  # the kernel that started the cluster is gone
     live_pids: list[int]
 
     @property
@@ -79,18 +78,13 @@ class ClusterDir:
         """The cluster's directory."""
         return self.workdir.path
 
-    @property
-    def orphaned(self) -> bool:
-        """The kernel that started the cluster is gone."""
-        return not self.kernel_alive
-
 
 def find_clusters(base: Path | None = None) -> list[ClusterDir]:
     """This user's clusters, with their kernel and the processes still theirs."""
     found = []
     for workdir in find_workdirs(base):
         owner = workdir.owner()
-        found.append(ClusterDir(workdir, owner[0] if owner else None, owner is not None and is_alive(owner),
+        found.append(ClusterDir(workdir, owner[0] if owner else None, owner is None or not is_alive(owner),
                                 [p.pid for p in live_processes(workdir.read_pids())]))
     return found
 
@@ -146,16 +140,9 @@ def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
             print(f"left alone: {_describe(c)}")
 
 
-def remove_stale_cards(user: str, dry_run: bool) -> None:
-    """Remove the register's cards of ``user`` whose kernel is gone."""
-    for card in registry.read_all():
-        if card.user == user and not card.kernel_alive and not dry_run:
-            registry.remove(path=card.path)
-
-
 def _describe(c: ClusterDir) -> str:
     owner = f"kernel {c.kernel_pid}" if c.kernel_pid else "unknown kernel"
-    state = "running" if c.kernel_alive else "gone"
+    state = "gone" if c.orphaned else "running"
     role = ", the warm standby of its other cluster" if c.workdir.is_standby else ""
     return f"{c.path.name}: {owner} ({state}){role}, {len(c.live_pids)} live process(es)"
 
@@ -173,8 +160,8 @@ def kernel_source() -> Path:
     raise SystemExit(f"hvd-notebook: the {KERNEL_NAME} kernelspec is not installed with this package.")
 
 
-def install_kernel(name: str, display_name: str | None, env: list[str], user: bool, prefix: str | None) -> Path:
-    """Install the kernelspec (this Python, the extension preloaded, ``env`` set)."""
+def install_kernel(name: str, display_name: str | None, env: list[str], prefix: str | None) -> Path:
+    """Install the kernelspec (this Python, the extension preloaded, ``env`` set) under ``prefix``, else the user's."""
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -190,7 +177,7 @@ def install_kernel(name: str, display_name: str | None, env: list[str], user: bo
                 raise SystemExit(f"hvd-notebook install-kernel: --env {pair!r} is not KEY=VALUE.")
             spec.setdefault("env", {})[key] = value
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
-        return Path(KernelSpecManager().install_kernel_spec(str(spec_dir), kernel_name=name, user=user,
+        return Path(KernelSpecManager().install_kernel_spec(str(spec_dir), kernel_name=name, user=prefix is None,
                                                             prefix=prefix))
 
 
@@ -221,27 +208,13 @@ CYCLE_TIME_VARIABLE = "HOROVOD_CYCLE_TIME"
 LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"
 UNSUPPORTED = ("Horovod's options for Gloo, autotuning, ssh, network interfaces, and elastic training's host "
                "discovery and sizes (--min-np, --max-np, --host-discovery-script) are not supported")
-
-
-def non_negative(kind: type) -> Callable[[str], float]:
-    """An argparse type: a number of ``kind`` that is 0 or more."""
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"{text} is negative; give 0 or more")
-        return value
-
-    return parse
+NEGATIVE = "{value} is negative; give 0 or more"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``horovodrun``'s common options (same spellings), then hvd-notebook's own launcher options."""
     parser.add_argument("-np", "--num-proc", dest="np", metavar="N",
-                        type=int_at_least(1, "{value}: a job needs at least one rank, e.g. -np 2"),
+                        type=at_least(1, "{value}: a job needs at least one rank, e.g. -np 2"),
                         help="number of ranks (required)")
     parser.add_argument("-H", "--hosts", help="run the ranks on these hosts, e.g. -H node1:4,node2:4",
                         metavar="HOST:SLOTS,...")
@@ -255,13 +228,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "every time")
     parser.add_argument("--verbose", action="store_true", help="print the launcher, its command line and the "
                         "environment the ranks get")
-    parser.add_argument("--max-resets", "--reset-limit", dest="max_resets", type=int_at_least(0, "{value}: give 0 "
+    parser.add_argument("--max-resets", "--reset-limit", dest="max_resets", type=at_least(0, "{value}: give 0 "
                         "or more"), default=3, metavar="K", help="launch a failed job again from its last "
                         "hvd.elastic commit, at most K times (default 3; 0: never); --reset-limit is horovodrun's name")
     tunables = parser.add_argument_group("Horovod settings, passed to every rank as HOROVOD_* variables")
-    tunables.add_argument("--fusion-threshold-mb", type=non_negative(int), metavar="MB",
+    tunables.add_argument("--fusion-threshold-mb", type=at_least(0, NEGATIVE), metavar="MB",
                           help="fusion buffer size in MiB (0: no fusion); sets HOROVOD_FUSION_THRESHOLD in bytes")
-    tunables.add_argument("--cycle-time-ms", type=non_negative(float), metavar="MS",
+    tunables.add_argument("--cycle-time-ms", type=at_least(0, NEGATIVE, float), metavar="MS",
                           help="accepted and passed on as HOROVOD_CYCLE_TIME for a real Horovod; the built-in "
                           "runtime has no cycle (ranks agree on each collective as it is called)")
     tunables.add_argument("--timeline-filename", metavar="FILE", help="record a timeline (sets HOROVOD_TIMELINE)")
@@ -269,9 +242,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                           help="mark agreement rounds on the timeline (HOROVOD_TIMELINE_MARK_CYCLES)")
     tunables.add_argument("--no-stall-check", action="store_true",
                           help="no stall warnings (HOROVOD_STALL_CHECK_DISABLE)")
-    tunables.add_argument("--stall-check-warning-time-seconds", type=non_negative(int), metavar="S",
+    tunables.add_argument("--stall-check-warning-time-seconds", type=at_least(0, NEGATIVE), metavar="S",
                           help="seconds before a stall warning (HOROVOD_STALL_CHECK_TIME_SECONDS)")
-    tunables.add_argument("--stall-check-shutdown-time-seconds", type=non_negative(int), metavar="S",
+    tunables.add_argument("--stall-check-shutdown-time-seconds", type=at_least(0, NEGATIVE), metavar="S",
                           help="seconds before a stalled collective raises (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
     tunables.add_argument("--log-level", choices=LOG_LEVELS, help="passed on as HOROVOD_LOG_LEVEL for a real "
                           "Horovod; the built-in runtime prints warnings only")
@@ -387,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "install-kernel":
         prefix = sys.prefix if args.sys_prefix else args.prefix
-        path = install_kernel(args.name, args.display_name, args.env, user=prefix is None, prefix=prefix)
+        path = install_kernel(args.name, args.display_name, args.env, prefix)
         print(f"Installed kernelspec {args.name} in {path}")
         return 0
 
@@ -433,8 +406,12 @@ def clean_own(dry_run: bool, bases: list[Path]) -> int:
     for base in bases:
         remove_leftovers(base)  # (the hvd.elastic commits and half-made folders of killed kernels and jobs)
     clean([c for base in bases for c in find_clusters(base)], dry_run)
-    remove_stale_cards(private.user_name(), dry_run)
-    removed = [] if dry_run else shm.remove_orphaned()
+    if dry_run:
+        return 0
+    for card in registry.read_all():
+        if card.user == private.user_name() and not card.kernel_alive:
+            registry.remove(path=card.path)
+    removed = shm.remove_orphaned()
     if removed:
         print(f"removed {len(removed)} shared-memory segment(s) that killed ranks left in {removed[0].parent}")
     return 0
