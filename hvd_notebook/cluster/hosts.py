@@ -128,7 +128,7 @@ def local_addresses() -> set[str]:
     return {m.group(1) for m in re.finditer(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)} | {"127.0.0.1"}
 
 
-def controller_address(hosts: list[str], requested: str | None = None) -> str:
+def controller_address(hosts: list[str], requested: str | None) -> str:
     """The address the controller listens on so that engines on ``hosts`` reach it:
     ``--ip`` if given, else this machine's source address on the route to the
     first host that is not this machine, else loopback (every host is this one)."""

@@ -116,8 +116,8 @@ def _outcome(host: str, copy: subprocess.Popen, data: bytes, shell: list[str], t
         return named[0]
     if copy.returncode in (126, 127):  # the remote shell found no such Python (or could not run it)
         return f"host {host} cannot start a rank of this environment: {telling_line(said)}"
-    why = telling_line(said) or f"exit code {copy.returncode}"
-    return f"the engines' connection file could not be copied to host {host} with {shlex.join(shell)}: {why}"
+    return (f"the engines' connection file could not be copied to host {host} with {shlex.join(shell)}: "
+            f"{telling_line(said)}")
 
 
 def other_hosts(names: list[str]) -> list[str]:

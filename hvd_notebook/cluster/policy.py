@@ -26,7 +26,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
@@ -69,7 +69,6 @@ class Policy:
             parts.append("a cluster stops " + " or ".join(stops))
         return ", ".join(parts)
 
-
     def room(self, gpus: bool, asked: int | None) -> int | None:
         """How many GPUs (``gpus``) or CPU ranks a new cluster of this kernel may take beside the
         user's other clusters on this node (None: no cap); ``PolicyError`` naming those clusters
@@ -94,9 +93,8 @@ class Policy:
             "(%hvd stop in its notebook; hvd-notebook list shows them all).")
 
 
-_RULES = {f.name: f for f in fields(Policy) if f.name != "sources"}
-_ENV = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
-        "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT}
+_RULES = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
+          "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT}  # each rule, its variable
 
 
 def parse_duration(value: object, where: str) -> float:
@@ -151,7 +149,7 @@ def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FI
     files = ([system_file] if system_file.exists() else []) + ([Path(named)] if named else [])  # (named: must read)
     for path in files:
         found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path).items()]
-    found += [(rule, environ[env.name], f"${env.name}") for rule, env in _ENV.items() if environ.get(env.name)]
+    found += [(rule, environ[env.name], f"${env.name}") for rule, env in _RULES.items() if environ.get(env.name)]
     chosen: dict[str, float | int] = {}
     sources: dict[str, str] = {}
     for rule, value, where in found:

@@ -315,10 +315,6 @@ class RunningJob:
         shm.remove_orphaned()  # (what ranks ended without MPI_Finalize left in /dev/shm)
         return code
 
-    def output(self) -> str:
-        """What the launcher wrote to stderr (the exit lines first)."""
-        return self.pump.output()
-
 
 def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     """The placement, the launcher's command line and the ranks' environment; a ClusterError
@@ -348,7 +344,7 @@ def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
     with stop_on_signals():
         try:
             running = RunningJob(argv, env)
-            return running.wait(), running.output()
+            return running.wait(), running.pump.output()
         except Stopped:
             if running is not None:
                 running.stop()
