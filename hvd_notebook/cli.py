@@ -59,6 +59,7 @@ from .config import (
     Launcher,
     at_least,
     choices,
+    env_pair,
     seconds,
 )
 from .dashboard.formatting import text_table
@@ -160,7 +161,7 @@ def kernel_source() -> Path:
     raise SystemExit(f"hvd-notebook: the {KERNEL_NAME} kernelspec is not installed with this package.")
 
 
-def install_kernel(name: str, display_name: str | None, env: list[str], prefix: str | None) -> Path:
+def install_kernel(name: str, display_name: str | None, env: list[tuple[str, str]], prefix: str | None) -> Path:
     """Install the kernelspec (this Python, the extension preloaded, ``env`` set) under ``prefix``, else the user's."""
     from jupyter_client.kernelspec import KernelSpecManager
 
@@ -171,11 +172,7 @@ def install_kernel(name: str, display_name: str | None, env: list[str], prefix: 
         spec["argv"][0] = sys.executable  # the environment that has hvd_notebook, not whatever "python" is
         if display_name:
             spec["display_name"] = display_name
-        for pair in env:
-            key, sep, value = pair.partition("=")
-            if not sep or not key:
-                raise SystemExit(f"hvd-notebook install-kernel: --env {pair!r} is not KEY=VALUE.")
-            spec.setdefault("env", {})[key] = value
+        spec.setdefault("env", {}).update(env)
         (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
         return Path(KernelSpecManager().install_kernel_spec(str(spec_dir), kernel_name=name, user=prefix is None,
                                                             prefix=prefix))
@@ -328,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--prefix", help="under this prefix (PREFIX/share/jupyter/kernels)")
     kernel.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME})")
     kernel.add_argument("--display-name", help="name shown in the launcher (default: Python 3 (hvd_notebook))")
-    kernel.add_argument("--env", action="append", default=[], metavar="K=V",
+    kernel.add_argument("--env", action="append", default=[], metavar="K=V", type=env_pair,
                         help="environment variable for the kernel, e.g. HVD_NOTEBOOK_GPUS=0,1 (repeatable)")
     setup = sub.add_parser("setup-node", help="(root, at install) make the node's GPU lease folder: root's, a lock "
                            "file per GPU and the register; one made by someone else is moved aside")

@@ -50,5 +50,5 @@ def test_install_kernel_into_a_prefix_and_start_it(tmp_path):
 def test_install_kernel_rejects_a_malformed_env(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hvd_notebook.cli", "install-kernel", "--prefix", str(tmp_path),
                            "--env", "NOEQUALS"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and "--env 'NOEQUALS' is not KEY=VALUE" in proc.stderr
+    assert proc.returncode != 0 and "argument --env: 'NOEQUALS' is not KEY=VALUE" in proc.stderr
     assert not (tmp_path / "share").exists()
