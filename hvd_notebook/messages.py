@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 KEY_PREFIX = "hvd_progress."
 EVENT_PREFIX = "hvd_event."
@@ -54,8 +54,27 @@ class RankState(enum.StrEnum):
         return self in (RankState.DONE, RankState.FAILED)
 
 
+class _Published:
+    """What both messages share: their plain-dict form, and the ring of keys under ``PREFIX`` they travel under."""
+
+    PREFIX: ClassVar[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain types only, as IOPub serializes them."""
+        return {k: v.value if isinstance(v, enum.Enum) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def is_key(cls, key: str) -> bool:
+        """Whether a published data key holds a message of this class."""
+        return key.startswith(cls.PREFIX)
+
+    @classmethod
+    def key(cls, seq: int) -> str:
+        return f"{cls.PREFIX}{seq % RING}"
+
+
 @dataclass
-class ProgressUpdate:
+class ProgressUpdate(_Published):
     """One rank's state in one run, as published.
 
     >>> ProgressUpdate.from_dict(ProgressUpdate("123.0", RunKind.FIT, step=5).to_dict()).step
@@ -76,12 +95,7 @@ class ProgressUpdate:
     rank: int = 0
     seq: int = 0  # per rank, increasing
     first_epoch: int = 0  # fit's initial_epoch (a training resumed after a reset starts later)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain types only, as IOPub serializes them."""
-        data = asdict(self)
-        data["kind"], data["state"] = self.kind.value, self.state.value
-        return data
+    PREFIX = KEY_PREFIX
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProgressUpdate:
@@ -96,15 +110,6 @@ class ProgressUpdate:
             rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)), first_epoch=int(data.get("first_epoch", 0)),
         )
 
-    @staticmethod
-    def is_key(key: str) -> bool:
-        """Whether a published data key holds a progress update."""
-        return key.startswith(KEY_PREFIX)
-
-    @staticmethod
-    def key(seq: int) -> str:
-        return f"{KEY_PREFIX}{seq % RING}"
-
 
 class EventKind(enum.StrEnum):
     """What a ``RankEvent`` tells: a stall (its fields' ``missing``: the ranks that have not arrived), another
@@ -116,9 +121,9 @@ class EventKind(enum.StrEnum):
 
 
 @dataclass
-class RankEvent:
+class RankEvent(_Published):
     """Something a rank tells the kernel while a cell runs (``runtime/core/events.py``): its kind, the sentence
-    to show (a commit's summary), and its fields. Published as ``ProgressUpdate`` is, under its own ring of keys.
+    to show (a commit's summary), and its fields.
 
     >>> RankEvent.from_dict(RankEvent(EventKind.STALL, "stall: ...", {"missing": [1]}).to_dict()).fields["missing"]
     [1]
@@ -129,19 +134,9 @@ class RankEvent:
     fields: dict[str, Any] = field(default_factory=dict)
     rank: int = 0
     seq: int = 0  # per rank, increasing
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    PREFIX = EVENT_PREFIX
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankEvent:
         return cls(kind=EventKind(data["kind"]), text=str(data.get("text", "")), fields=dict(data.get("fields") or {}),
                    rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)))
-
-    @staticmethod
-    def is_key(key: str) -> bool:
-        return key.startswith(EVENT_PREFIX)
-
-    @staticmethod
-    def key(seq: int) -> str:
-        return f"{EVENT_PREFIX}{seq % RING}"
