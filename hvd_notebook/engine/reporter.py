@@ -26,16 +26,15 @@ KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, s
 
 
 class Throttle:
-    """Lets an event through at most once per ``interval`` seconds; ``force`` always passes."""
+    """Lets an event through at most ``MAX_UPDATES_PER_S`` times a second; ``force`` always passes."""
 
-    def __init__(self, interval: float = 1.0 / MAX_UPDATES_PER_S, clock: Callable[[], float] = time.monotonic):
-        self.interval = interval
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.last: float | None = None
 
     def ready(self, force: bool = False) -> bool:
         now = self.clock()
-        if force or self.last is None or now - self.last >= self.interval:
+        if force or self.last is None or now - self.last >= 1.0 / MAX_UPDATES_PER_S:
             self.last = now
             return True
         return False
@@ -97,7 +96,7 @@ def reporting() -> bool:
 
 def publish(update: ProgressUpdate) -> None:
     """Send one update to the notebook kernel (nothing outside an engine)."""
-    if _State.publish is None or not _State.enabled:
+    if not reporting():
         return
     update.seq = next(_State.seq)
     update.rank = _State.rank
