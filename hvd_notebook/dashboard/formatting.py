@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..messages import RankState
-from .model import ProgressModel, RankProgress, ResetEvent, Run
+from .model import ProgressModel, RankProgress, ResetEvent
 
 
 def text_table(rows: Sequence[Sequence[str]]) -> str:
@@ -38,15 +38,18 @@ def fmt_logs(logs: dict[str, float], skip: tuple[str, ...] = ("time", "samples")
     return " ".join(f"{k} {logs[k]:.4g}" for k in names)
 
 
-def headline(model: ProgressModel, run: Run | None = None) -> str:
-    """One line: the run, its epoch, the global rate, elapsed and ETA."""
-    run = run or model.current
+def fmt_epoch(rank_progress: RankProgress) -> str:
+    """``epoch 3/10`` (counted from 1); nothing for a run of one epoch."""
+    epochs = rank_progress.epochs or 1
+    return f"epoch {min(rank_progress.epoch + 1, epochs)}/{epochs}" if epochs > 1 else ""
+
+
+def headline(model: ProgressModel) -> str:
+    """One line: the current run, its epoch, the global rate, elapsed and ETA."""
+    run = model.current
     if run is None:
         return "waiting for the ranks' progress"
-    any_rank = next(iter(run.ranks.values()))
-    parts = [run.kind.value]
-    if run.kind.has_curves and (any_rank.epochs or 1) > 1:
-        parts.append(f"epoch {min(any_rank.epoch + 1, any_rank.epochs or 1)}/{any_rank.epochs}")
+    parts = [run.kind.value, fmt_epoch(next(iter(run.ranks.values()))) if run.kind.has_curves else ""]
     parts.append(f"{fmt_rate(model.rate(run))} {run.unit} over {len(run.ranks)} rank(s)")
     parts.append(f"elapsed {fmt_duration(model.elapsed())}")
     if model.run_done(run):
@@ -54,8 +57,8 @@ def headline(model: ProgressModel, run: Run | None = None) -> str:
     elif model.failed:
         parts.append(f"failed on rank(s) {sorted(model.failed)}")
     else:
-        parts.append(f"ETA {fmt_duration(model.eta(run))}")
-    return " | ".join(parts)
+        parts.append(f"ETA {fmt_duration(model.eta())}")
+    return " | ".join(p for p in parts if p)
 
 
 def event_lines(model: ProgressModel) -> list[str]:
@@ -78,10 +81,8 @@ def reset_text(event: ResetEvent) -> str:
 
 def rank_line(rank_progress: RankProgress) -> str:
     """One rank's epoch, step, and metrics (or its error)."""
-    parts = []
-    if (rank_progress.epochs or 1) > 1:
-        parts.append(f"epoch {min(rank_progress.epoch + 1, rank_progress.epochs or 1)}/{rank_progress.epochs}")
-    parts.append(f"step {rank_progress.step}/{rank_progress.steps if rank_progress.steps is not None else '?'}")
+    parts = [fmt_epoch(rank_progress),
+             f"step {rank_progress.step}/{rank_progress.steps if rank_progress.steps is not None else '?'}"]
     if rank_progress.state == RankState.FAILED:
         parts.append(f"FAILED: {rank_progress.error}")
     else:

@@ -39,13 +39,6 @@ class RankProgress:
     recovered: dict[str, StepValues] = field(default_factory=dict)  # metric -> its per-step values (Keras fit)
     first_epoch: int | None = None  # fit's initial_epoch in the run's first update
 
-    def epoch_offset(self, update: ProgressUpdate) -> int:
-        """Epochs to add to ``update``'s: a run resumed after a reset (``fit(initial_epoch=k)`` on a new
-        world) continues the epochs of the run it resumes, not from 0."""
-        if self.first_epoch is None:
-            self.first_epoch = update.first_epoch
-        return update.first_epoch - self.first_epoch
-
     @property
     def done_steps(self) -> int:
         return self.epoch * (self.steps or 0) + self.step
@@ -74,8 +67,11 @@ class RankProgress:
 
     def apply(self, update: ProgressUpdate) -> int:
         """Take an update's figures and extend the rate history and the curves; the epochs added to the
-        update's (``epoch_offset``)."""
-        offset = self.epoch_offset(update)
+        update's: a run resumed after a reset (``fit(initial_epoch=k)`` on a new world) continues the epochs
+        of the run it resumes, not from 0."""
+        if self.first_epoch is None:
+            self.first_epoch = update.first_epoch
+        offset = update.first_epoch - self.first_epoch
         for name in ("state", "epoch", "epochs", "step", "steps", "samples", "elapsed"):
             setattr(self, name, getattr(update, name))
         self.epoch += offset
@@ -226,9 +222,9 @@ class ProgressModel:
         rates = [r for r in (p.rate() for p in run.ranks.values()) if r is not None] if run else []
         return sum(rates) if rates else None
 
-    def eta(self, run: Run | None = None) -> float | None:
-        """Seconds until the slowest rank finishes this run, from its own pace."""
-        run = run or self.current
+    def eta(self) -> float | None:
+        """Seconds until the slowest rank finishes the current run, from its own pace."""
+        run = self.current
         if run is None:
             return None
         etas = []
@@ -241,9 +237,9 @@ class ProgressModel:
             etas.append(rank_progress.elapsed * (1 - fraction) / fraction)
         return max(etas) if etas else 0.0
 
-    def stragglers(self, run: Run | None = None) -> list[int]:
-        """Ranks more than 10 % behind the median rank's steps."""
-        run = run or self.current
+    def stragglers(self) -> list[int]:
+        """Ranks more than 10 % behind the median rank's steps in the current run."""
+        run = self.current
         if run is None or len(run.ranks) < 2:
             return []
         done = {r: p.done_steps for r, p in run.ranks.items() if p.state != RankState.FAILED}
@@ -273,25 +269,24 @@ class ProgressModel:
             rows.append(row)
         return rows
 
-    def metrics(self, run: Run | None = None) -> list[str]:
-        """The metrics with curves, loss first (of the latest curve run by default)."""
-        run = run or self.curve_run
+    def metrics(self) -> list[str]:
+        """The metrics with curves (of the latest curve run), loss first."""
+        run = self.curve_run
         names = dict.fromkeys(name for p in (run.ranks.values() if run else ()) for name in p.points)
         return sorted(names, key=lambda n: (n != "loss", n))
 
-    def epoch_starts(self, run: Run | None = None) -> list[int]:
-        """The curves' steps where an epoch after the first began (of the latest curve run by default),
-        for the epochs some rank has reached; none where the steps per epoch are unknown."""
-        run = run or self.curve_run
+    def epoch_starts(self) -> list[int]:
+        """The curves' steps where an epoch after the first began (of the latest curve run), for the
+        epochs some rank has reached; none where the steps per epoch are unknown."""
+        run = self.curve_run
         starts = {epoch * p.steps for p in (run.ranks.values() if run else ()) if p.steps
                   for epoch in range(1, p.epoch + 1)}
         return sorted(starts)
 
-    def curve(self, metric: str, run: Run | None = None) -> tuple[dict[int, tuple[list[int], list[float]]],
-                                                                 tuple[list[int], list[float]]]:
-        """Each rank's (steps, values) of ``metric``, and their mean over ranks at
+    def curve(self, metric: str) -> tuple[dict[int, tuple[list[int], list[float]]], tuple[list[int], list[float]]]:
+        """Each rank's (steps, values) of ``metric`` in the latest curve run, and their mean over ranks at
         every step where each rank has a value at or before it."""
-        run = run or self.curve_run
+        run = self.curve_run
         per_rank: dict[int, tuple[list[int], list[float]]] = {}
         for r, rank_progress in sorted((run.ranks if run else {}).items()):
             points = rank_progress.points.get(metric, [])
