@@ -1,5 +1,5 @@
 """Curves that read right: the per-step values behind the running means Keras
-reports, light smoothing for display, and where epochs begin on the step axis.
+reports, and light smoothing for display.
 
 Keras' ``fit`` logs each metric at a batch's end as the mean over the epoch's
 batches so far, reset at every epoch: plotted as they come, the curves
@@ -11,7 +11,6 @@ Plain Python, no display."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 SMOOTH_POINTS_PER_HALF_WIDTH = 40  # the rolling mean's half-width grows by one per this many points
@@ -45,26 +44,6 @@ class StepValues:
             return mean
         _, j, mean_j = last
         return (step * mean - j * mean_j) / (step - j)
-
-    def forget(self) -> None:
-        """The rank's process was replaced (a reset of the world): its next report starts afresh."""
-        self.last = self.prior = None
-
-
-def recover(reports: Iterable[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
-    """(epoch, step, running mean) reports of one rank and metric, in order, to (epoch, step, value):
-    the value of the batches since the previous report, attributed to ``step``.
-
-    >>> recover([(0, 1, 4.0), (0, 2, 3.0), (1, 1, 1.0), (1, 3, 1.5)])
-    [(0, 1, 4.0), (0, 2, 2.0), (1, 1, 1.0), (1, 3, 1.75)]
-    """
-    values = StepValues()
-    out = []
-    for epoch, step, mean in reports:
-        value = values.add(epoch, step, mean)
-        if value is not None:
-            out.append((epoch, step, value))
-    return out
 
 
 def half_width(points: int) -> int:

@@ -244,16 +244,23 @@ def running_means(values: list[float]) -> list[float]:
 EPOCHS = [[2.0, 1.0, 1.5, 0.5, 1.0, 0.25], [0.75, 0.5, 1.0, 0.25, 0.5, 0.125]]  # two epochs of 6 steps
 
 
+def recover(reports):
+    """(epoch, step, running mean) reports of one rank and metric to (epoch, step, value), as the model
+    recovers them (``curves.StepValues``): the reports it can tell no value from are left out."""
+    values = curves.StepValues()
+    return [(e, k, v) for e, k, m in reports if (v := values.add(e, k, m)) is not None]
+
+
 def test_recovered_values_are_the_steps_own_values():
     reports = [(e, k, m) for e, values in enumerate(EPOCHS) for k, m in enumerate(running_means(values), 1)]
-    recovered = curves.recover(reports)
+    recovered = recover(reports)
     assert [(e, k) for e, k, _ in recovered] == [(e, k) for e, k, _ in reports]
     assert [v for _, _, v in recovered] == pytest.approx([v for values in EPOCHS for v in values])
 
 
 def test_throttled_reports_give_the_mean_of_the_steps_since_the_last_one():
     means = running_means(EPOCHS[0])
-    recovered = curves.recover([(0, k, means[k - 1]) for k in (1, 2, 5, 6)])
+    recovered = recover([(0, k, means[k - 1]) for k in (1, 2, 5, 6)])
     assert [k for _, k, _ in recovered] == [1, 2, 5, 6]
     assert [v for _, _, v in recovered] == pytest.approx([2.0, 1.0, (1.5 + 0.5 + 1.0) / 3, 0.25])
 
@@ -261,7 +268,7 @@ def test_throttled_reports_give_the_mean_of_the_steps_since_the_last_one():
 def test_the_first_report_of_an_epoch_is_its_running_mean():
     second = running_means(EPOCHS[1])
     reports = [(0, 6, running_means(EPOCHS[0])[-1]), (1, 0, 99.0), (1, 3, second[2]), (1, 4, second[3])]
-    recovered = curves.recover(reports)  # step 0 (the epoch's begin) carries the last epoch's means: skipped
+    recovered = recover(reports)  # step 0 (the epoch's begin) carries the last epoch's means: skipped
     assert [(e, k) for e, k, _ in recovered] == [(0, 6), (1, 3), (1, 4)]
     assert recovered[1][2] == pytest.approx((0.75 + 0.5 + 1.0) / 3) and recovered[2][2] == pytest.approx(0.25)
 
@@ -272,8 +279,6 @@ def test_a_step_reported_twice_keeps_its_value_and_steps_going_back_start_afresh
     assert values.add(0, 4, 2.0) == pytest.approx(1.0)
     assert values.add(0, 4, 2.0) == pytest.approx(1.0)  # the epoch's end after its last batch
     assert values.add(0, 1, 5.0) == 5.0  # the epoch again from its start (a rank's run restarted)
-    values.forget()
-    assert values.add(0, 3, 4.0) == 4.0
 
 
 def keras_fit(rank: int, epochs: list[list[float]], report: tuple[int, ...] | None = None, run: str = "k",
@@ -361,12 +366,11 @@ def test_the_widget_view_draws_the_smoothed_mean_the_unsmoothed_one_and_epoch_li
         board.feed(u)
     view = WidgetView(board, display=Front())
     view.render()
-    fig, mean, _ = view.figures["loss"]
-    raw = view.raw["loss"]
+    fig, (raw, mean, resets, epochs), _ = view.figures["loss"]
     assert list(raw.y) == pytest.approx(EPOCHS[0] + EPOCHS[1])
     assert list(mean.y) == pytest.approx(curves.smooth(EPOCHS[0] + EPOCHS[1]))
-    assert view.epoch_marks["loss"].x.ravel().tolist() == [6, 6]  # one vertical line, at step 6
-    assert view.epoch_marks["loss"] in fig.marks and view.resets["loss"] not in fig.marks
+    assert epochs.x.ravel().tolist() == [6, 6]  # one vertical line, at step 6
+    assert epochs in fig.marks and resets not in fig.marks
 
 
 # ------------------------------------------------------------------ each rank's output, in tabs
