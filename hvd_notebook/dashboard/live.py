@@ -79,10 +79,7 @@ class Dashboard:
         now = self.clock()
         if force or now - self.last_render >= RENDER_INTERVAL_S:
             self.last_render = now
-            if self.view is not None:
-                self.view.render()
-            elif self.tabs is not None:
-                self.tabs.render()
+            self._render()
         return bool(new)
 
     def _unseen(self, rank: int, data: dict[str, Any]) -> list[ProgressUpdate]:
@@ -90,22 +87,25 @@ class Dashboard:
         return [ProgressUpdate.from_dict(value) for key, value in list(data.items())
                 if ProgressUpdate.is_key(key) and isinstance(value, dict) and value.get("seq", -1) > last]
 
+    def _render(self) -> None:
+        """Redraw the dashboard, or the tabs shown on their own, where either is shown."""
+        shown = self.view or self.tabs
+        if shown is not None:
+            shown.render()
+
     def _make_view(self) -> TextView:
         """The widget view in widgets mode where the widget libraries import, else text."""
         if self.mode == DashboardMode.WIDGETS:
             from .widget import WidgetView
 
             try:
-                tabs = self.tabs or self._make_tabs()
-                return WidgetView(self.model, self._display, tabs, tabs.handle if tabs is not None else None)
+                return WidgetView(self.model, self._display, self.tabs or self._make_tabs())
             except ImportError:
                 pass
         return TextView(self.model, self._write)
 
     def _make_tabs(self) -> OutputTabs | None:
-        """The ranks' output tabs (``OutputTabs``); None outside widgets mode or without ipywidgets."""
-        if self.outputs is None:
-            return None
+        """The ranks' output tabs (``OutputTabs``, widgets mode); None without ipywidgets."""
         try:
             from .widget import OutputTabs
 
@@ -131,20 +131,16 @@ class Dashboard:
         self.seen.clear()  # the new ranks count their updates from 0 again
         if self.outputs is not None:
             self.outputs.note(f"[hvd] reset {len(self.model.events)}: {reset_text(event)}")
-        if self.view is not None:
-            self.view.render()
-        elif self.tabs is not None:
-            self.tabs.render()
+        self._render()
 
     def finish(self) -> None:
         """The cell ended: a last redraw, then the static summary; no more updates."""
         if self.frozen:
             return
         self.model.finish()
-        if self.view is not None:
-            self.view.finish()
-        elif self.tabs is not None:
-            self.tabs.finish()
+        shown = self.view or self.tabs
+        if shown is not None:
+            shown.finish()
         elif self.outputs is not None and self.outputs.hidden_news:
             from IPython.display import display  # (the cell ended before the tabs were drawn)
 

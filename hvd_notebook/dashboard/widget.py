@@ -75,28 +75,26 @@ class OutputTabs:
 
 class WidgetView(TextView):
     """The live dashboard: bars per rank, headline, curves (bqplot), epoch table, and the ranks' output
-    tabs where ``tabs`` are given (a ``handle``: the display of those tabs, which the dashboard takes
-    over). Raises ImportError where ipywidgets or bqplot are missing."""
+    tabs where ``tabs`` are given (where they are shown on their own already, the dashboard takes their
+    place). Raises ImportError where ipywidgets or bqplot are missing."""
 
     def __init__(self, model: ProgressModel, display: Callable[..., Any] | None = None,
-                 tabs: OutputTabs | None = None, handle: Any = None) -> None:
+                 tabs: OutputTabs | None = None) -> None:
         import bqplot
         import ipywidgets
 
         super().__init__(model)
         self._widgets, self._bqplot = ipywidgets, bqplot
         self._display = display
-        self.handle: Any = handle
+        self.handle: Any = tabs.handle if tabs is not None else None
         self.tabs = tabs
         self.headline = ipywidgets.HTML(value=self._headline_html())
         self.bars: dict[int, tuple[Any, Any]] = {}  # rank -> (progress bar, its text)
         self.rows = ipywidgets.VBox()
         self.each_rank = ipywidgets.Checkbox(value=False, description="each rank's curve", indent=False)
         self.each_rank.observe(lambda change: self._show_ranks(change["new"]), names="value")
-        self.figures: dict[str, tuple[Any, Any, dict[int, Any]]] = {}  # metric -> (figure, mean line, rank lines)
-        self.resets: dict[str, Any] = {}  # metric -> the vertical marks of the world's resets
-        self.epoch_marks: dict[str, Any] = {}  # metric -> the vertical marks where epochs begin
-        self.raw: dict[str, Any] = {}  # metric -> the mean over ranks, unsmoothed (faint)
+        # metric -> (figure, its marks: (the mean unsmoothed, smoothed, resets, epochs), each rank's line)
+        self.figures: dict[str, tuple[Any, tuple[Any, Any, Any, Any], dict[int, Any]]] = {}
         self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.table = ipywidgets.HTML()
         self.events = ipywidgets.HTML()  # the world's resets during the cell
@@ -171,24 +169,24 @@ class WidgetView(TextView):
             line = f"<b>{html.escape(label)}</b> " + line
         text.value = f"<span style='font-family:monospace'>{line}</span>"
 
-    def _figure(self, metric: str) -> tuple[Any, Any, dict[int, Any]]:
+    def _figure(self, metric: str) -> tuple[Any, tuple[Any, Any, Any, Any], dict[int, Any]]:
         if metric not in self.figures:
             bq = self._bqplot
             x, y = bq.LinearScale(), bq.LinearScale()
-            mean = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, stroke_width=2.5, colors=["#1f77b4"],
-                            labels=["mean"])
-            self.raw[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, stroke_width=1, colors=["#1f77b4"],
-                                        opacities=[0.3], labels=["mean, unsmoothed"])
+
+            def lines(**style: Any) -> Any:
+                return bq.Lines(x=[], y=[], scales={"x": x, "y": y}, **style)
+
+            mean = lines(stroke_width=2.5, colors=["#1f77b4"], labels=["mean"])
+            marks = (lines(stroke_width=1, colors=["#1f77b4"], opacities=[0.3], labels=["mean, unsmoothed"]), mean,
+                     lines(colors=["#d9534f"], line_style="dashed", labels=["reset"]),
+                     lines(colors=["#999999"], line_style="dash_dotted", stroke_width=1, labels=["epoch"]))
             fig = bq.Figure(marks=[mean], axes=[bq.Axis(scale=x, label="step", side="bottom"),
                                                 bq.Axis(scale=y, side="left", tick_format=".3g")],
                             title=metric, fig_margin={"top": 40, "bottom": 40, "left": 55, "right": 15},
                             layout=self._widgets.Layout(width="360px", height="240px"))
             fig.add_class("hvd-curve")
-            self.figures[metric] = (fig, mean, {})
-            self.resets[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#d9534f"],
-                                           line_style="dashed", labels=["reset"])
-            self.epoch_marks[metric] = bq.Lines(x=[], y=[], scales={"x": x, "y": y}, colors=["#999999"],
-                                                line_style="dash_dotted", stroke_width=1, labels=["epoch"])
+            self.figures[metric] = (fig, marks, {})
             self.plots.children = [f for f, _, _ in self.figures.values()]
         return self.figures[metric]
 
@@ -196,8 +194,7 @@ class WidgetView(TextView):
         """The mean over ranks smoothed, unsmoothed (faint) behind it; each rank's smoothed line (behind the
         checkbox); a grey dash-dotted line where each epoch begins and a dashed red one at each reset."""
         per_rank, (mean_x, mean_y) = self.model.curve(metric)
-        fig, mean, lines = self._figure(metric)
-        raw, resets, epochs = self.raw[metric], self.resets[metric], self.epoch_marks[metric]
+        fig, (raw, mean, resets, epochs), lines = self._figure(metric)
         steps = [e.step for e in self.model.events if e.step is not None]
         starts = self.model.epoch_starts() if mean_y else []
         with fig.hold_sync():

@@ -56,9 +56,9 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
     def recording_render(self):
         original(self)
         bars = [self.bars[r][0] for r in sorted(self.bars)]
-        loss = self.figures.get("loss")
+        loss = self.figures.get("loss")  # (figure, (unsmoothed, mean, ...), ...)
         seen.append((time.monotonic(), [b.value for b in bars], [b.max for b in bars],
-                     len(loss[1].x) if loss else 0))
+                     len(loss[1][1].x) if loss else 0))
 
     monkeypatch.setattr(WidgetView, "render", recording_render)
     start = time.monotonic()
@@ -88,7 +88,8 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
             mean = sum(v * (s - start) for (s, v), start in zip(inside, starts)) / 128
             assert mean == pytest.approx(run.epoch_logs[epoch][rank]["loss"], rel=1e-4), (rank, epoch, inside)
     assert progress.model.epoch_starts() == [128]
-    assert [list(x) for x in view.epoch_marks["loss"].x.reshape(-1, 2)] == [[128, 128]]
+    _, (*_, epoch_marks), _ = view.figures["loss"]
+    assert [list(x) for x in epoch_marks.x.reshape(-1, 2)] == [[128, 128]]
     assert set(view.figures) >= {"loss", "accuracy"}
     assert "done" in view.headline.value and "samples/s over 2 rank(s)" in view.headline.value
     assert "hvd-epochs" in view.table.value
