@@ -12,6 +12,7 @@ from ..core.process_sets import check as check_process_set
 from ..core.rules import reject_unsupported
 from ..tensorflow.bridges import tf as _tf
 from ..tensorflow.mpi_ops import allreduce, broadcast_variables
+from .training import one_or_list
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -37,7 +38,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.process_set = process_set
         self._optimizer_done = False
         self._local_vars: dict[int, Any] = {}  # by identity: variables compare by value
-        for var in _variables(local_variables):
+        for var in one_or_list(local_variables, (keras.Variable, _tf().Variable),
+                               "All local variables must be of keras.Variable or tf.Variable type."):
             self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:
@@ -59,19 +61,6 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._optimizer_done:
             self._broadcast()
-
-
-def _variables(local_variables: Any) -> list[Any]:
-    """Horovod's ``local_variables``: None, a variable or a list of them (Keras or TensorFlow variables)."""
-    kinds = (keras.Variable, _tf().Variable)
-    if local_variables is None:
-        return []
-    if isinstance(local_variables, kinds):
-        return [local_variables]
-    variables = list(local_variables)
-    if not all(isinstance(v, kinds) for v in variables):
-        raise ValueError("All local variables must be of keras.Variable or tf.Variable type.")
-    return variables
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

@@ -162,18 +162,23 @@ class LocalVariables:
         return grad / n
 
 
+def one_or_list(value: Any, kinds: Any, error: str) -> list[Any]:
+    """Horovod's ``local_layers`` and ``local_variables``: None, one of ``kinds`` or a list of them; a
+    ``ValueError(error)`` for a list with anything else."""
+    if value is None:
+        return []
+    if isinstance(value, kinds):
+        return [value]
+    items = list(value)
+    if not all(isinstance(item, kinds) for item in items):
+        raise ValueError(error)
+    return items
+
+
 def _local_layers(local_layers: Any) -> list[Any]:
-    """Horovod's ``local_layers``: None, a Keras layer or a list of them."""
     import keras
 
-    if local_layers is None:
-        return []
-    if isinstance(local_layers, keras.layers.Layer):
-        return [local_layers]
-    layers = list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in layers):
-        raise ValueError("All local layers must be of keras.layers.Layer type.")
-    return layers
+    return one_or_list(local_layers, keras.layers.Layer, "All local layers must be of keras.layers.Layer type.")
 
 
 class DistributedGradientTape:
