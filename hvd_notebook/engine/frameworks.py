@@ -258,16 +258,12 @@ def _file_store(hvd: Any) -> Any:
     return dist.FileStore(path, hvd.size())
 
 
-def remove_stale_stores(folder: Path) -> list[str]:
-    """Remove the rendezvous files of ``folder`` whose rank 0 has ended (killed ranks close no
-    store); the names removed."""
-    removed = []
+def remove_stale_stores(folder: Path) -> None:
+    """Remove the rendezvous files of ``folder`` whose rank 0 has ended (killed ranks close no store)."""
     for entry in os.scandir(folder):
         pid = entry.name[len(STORE_PREFIX):].split("-", 1)[0]
         if entry.name.startswith(STORE_PREFIX) and pid.isdigit() and not psutil.pid_exists(int(pid)):
             _unlink(entry.path)
-            removed.append(entry.name)
-    return removed
 
 
 def _unlink(path: str) -> None:
