@@ -45,10 +45,10 @@ def _table_cell(value: Any) -> str:
     return html.escape(str(value))
 
 
-def curves_png(model: ProgressModel) -> bytes | None:
-    """The curves of every metric as a PNG: the mean over ranks smoothed, unsmoothed behind it, each rank
-    faint; grey dash-dotted lines where epochs begin, dashed red ones at resets. None without curves or
-    without matplotlib."""
+def curves_png(model: ProgressModel) -> str | None:
+    """The curves of every metric as a PNG (base64 text): the mean over ranks smoothed, unsmoothed behind it,
+    each rank faint; grey dash-dotted lines where epochs begin, dashed red ones at resets. None without curves
+    or without matplotlib."""
     metrics = model.metrics()
     if not metrics:
         return None
@@ -78,7 +78,7 @@ def curves_png(model: ProgressModel) -> bytes | None:
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png")
-    return out.getvalue()
+    return base64.b64encode(out.getvalue()).decode()
 
 
 def outputs_html(outputs: RankOutputs) -> str:
@@ -104,12 +104,10 @@ def outputs_bundle(outputs: RankOutputs) -> dict[str, str]:
 def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> dict[str, str]:
     """The frozen dashboard as a display bundle: HTML (with the PNG inline) and text; ``outputs``: the
     ranks' output under it."""
-    rows = []
     run = model.current
-    for rank in model.rank_ids:
-        rank_progress = run.ranks.get(rank) if run else None
-        if rank_progress is None:
-            continue
+    ranks = sorted(run.ranks.items()) if run else []
+    rows = []
+    for rank, rank_progress in ranks:
         colour = _COLOURS.get(rank_progress.state, _RUNNING_COLOUR)
         percent = round(100 * (rank_progress.fraction or 0.0))
         bar = (f"<div class='hvd-static-bar' data-percent='{percent}' style='width:160px;height:10px;"
@@ -119,11 +117,9 @@ def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> d
                     f"{html.escape(rank_progress.state)}</td><td style='font-family:monospace'>"
                     f"{html.escape(rank_line(rank_progress))}</td></tr>")
     png = curves_png(model)
-    img = (f"<img alt='hvd curves' src='data:image/png;base64,{base64.b64encode(png).decode()}'/>"
-           if png else "")
+    img = f"<img alt='hvd curves' src='data:image/png;base64,{png}'/>" if png else ""
     events = event_lines(model)
-    text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in
-                                                   sorted((run.ranks if run else {}).items())])
+    text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in ranks])
     if outputs is not None and outputs_text(outputs):
         text += "\n" + outputs_text(outputs)
     events_html = "".join(f"<p class='hvd-reset' style='color:#d9534f'>{html.escape(line)}</p>" for line in events)
@@ -132,5 +128,5 @@ def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> d
             f"{outputs_html(outputs) if outputs is not None else ''}</div>")
     bundle = {"text/html": body, "text/plain": text}
     if png:
-        bundle["image/png"] = base64.b64encode(png).decode()
+        bundle["image/png"] = png
     return bundle
