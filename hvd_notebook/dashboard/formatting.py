@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..messages import RankState
-from .model import ProgressModel, RankProgress, ResetEvent
+from .model import TIMING, ProgressModel, RankProgress, ResetEvent
 
 
 def text_table(rows: Sequence[Sequence[str]]) -> str:
@@ -32,9 +32,9 @@ def fmt_rate(rate: float | None) -> str:
     return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
-def fmt_logs(logs: dict[str, float], skip: tuple[str, ...] = ("time", "samples")) -> str:
+def fmt_logs(logs: dict[str, float]) -> str:
     """``loss 0.41 accuracy 0.88``: loss first, then the other metrics, validation last."""
-    names = sorted((k for k in logs if k not in skip), key=lambda k: (k.startswith("val_"), "loss" not in k))
+    names = sorted((k for k in logs if k not in TIMING), key=lambda k: (k.startswith("val_"), "loss" not in k))
     return " ".join(f"{k} {logs[k]:.4g}" for k in names)
 
 

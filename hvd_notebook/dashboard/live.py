@@ -39,7 +39,6 @@ class Dashboard:
                  shown: Iterable[int] | None = None) -> None:
         self.mode = DashboardMode(mode)
         self.model = ProgressModel(ranks, clock)
-        self.clock = clock
         self.seen: dict[int, int] = {}  # rank -> the last seq read
         self._display, self._write = display, write
         self.view: TextView | None = None  # made when the first update arrives
@@ -76,7 +75,7 @@ class Dashboard:
             self.tabs = self._make_tabs()
             if self.tabs is not None:
                 self.tabs.show()
-        now = self.clock()
+        now = self.model.clock()
         if force or now - self.last_render >= RENDER_INTERVAL_S:
             self.last_render = now
             self._render()

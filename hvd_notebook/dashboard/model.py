@@ -17,7 +17,7 @@ STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a stragg
 STRAGGLER_MIN_STEPS = 10  # ... once the median has done this many
 RATE_WINDOW_S = 2.0  # samples/s over about the last two seconds
 MAX_POINTS = 2000  # per curve; older points are thinned beyond this
-_TIMING = ("time", "samples")  # epoch-log entries that are not metrics
+TIMING = ("time", "samples")  # epoch-log entries that are not metrics
 
 
 @dataclass
@@ -264,7 +264,7 @@ class ProgressModel:
             samples = [logs.get("samples") for logs in per_rank.values()]
             if all(s is not None for s in samples) and row["time"] > 0:
                 row["samples/s"] = sum(samples) / row["time"]  # type: ignore[arg-type]
-            for name in (k for k in next(iter(per_rank.values())) if k not in _TIMING):
+            for name in (k for k in next(iter(per_rank.values())) if k not in TIMING):
                 row[name] = statistics.fmean(logs[name] for logs in per_rank.values() if name in logs)
             rows.append(row)
         return rows
