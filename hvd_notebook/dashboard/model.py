@@ -144,7 +144,6 @@ class ProgressModel:
         self.start = clock()
         self.runs: list[Run] = []
         self._run_of: dict[tuple[int, str], int] = {}  # (rank, run id) -> index in runs
-        self._runs_per_rank: dict[int, int] = {}
         self.failed: dict[int, str] = {}
         self.finished_at: float | None = None
         self.events: list[ResetEvent] = []
@@ -154,9 +153,8 @@ class ProgressModel:
         """Take one rank's update; the k-th run of each rank is the same fit/evaluate/predict call."""
         rank = update.rank
         index = self._run_of.get((rank, update.run))
-        if index is None:
-            index = self._run_of[(rank, update.run)] = self._runs_per_rank.get(rank, 0)
-            self._runs_per_rank[rank] = index + 1
+        if index is None:  # this rank's next run
+            index = self._run_of[(rank, update.run)] = sum(r == rank for r, _ in self._run_of)
             while len(self.runs) <= index:
                 self.runs.append(Run(kind=update.kind))
         run = self.runs[index]
@@ -184,7 +182,6 @@ class ProgressModel:
         event = ResetEvent(self.elapsed(), max(steps) if steps else None, dict(died), stood, commit)
         self.events.append(event)
         self._run_of.clear()
-        self._runs_per_rank.clear()
         self.failed.clear()
         if ranks is not None:
             self.rank_ids = list(ranks)
