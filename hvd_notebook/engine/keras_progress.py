@@ -35,13 +35,11 @@ class ProgressCallback(keras.callbacks.Callback):
         self.batch_size = batch_size
         self.num_samples = num_samples
         self._run: RunReport | None = None
-        self._kind: RunKind | None = None
 
     # -- a run
     def _begin(self, kind: RunKind) -> None:
-        if self._kind == RunKind.FIT and kind == RunKind.EVALUATE:
+        if kind == RunKind.EVALUATE and self._run is not None and self._run.kind == RunKind.FIT:
             return  # validation inside fit: its val_ metrics arrive with the epoch's logs
-        self._kind = kind
         run = self._run = RunReport(kind, self.batch_size, self.num_samples)
         params = self.params or {}
         run.steps = params.get("steps")
@@ -50,7 +48,7 @@ class ProgressCallback(keras.callbacks.Callback):
 
     def _batch(self, kind: RunKind, batch: int, logs: dict[str, Any] | None) -> None:
         run = self._run
-        if run is None or self._kind != kind:
+        if run is None or run.kind != kind:
             return
         run.step = batch + 1
         if logs:
@@ -59,7 +57,7 @@ class ProgressCallback(keras.callbacks.Callback):
 
     def _end(self, kind: RunKind, logs: dict[str, Any] | None = None) -> None:
         run = self._run
-        if run is None or self._kind != kind:
+        if run is None or run.kind != kind:
             return
         run.logs.update(float_logs(logs))
         if run.steps is None:
@@ -67,7 +65,7 @@ class ProgressCallback(keras.callbacks.Callback):
         if kind != RunKind.FIT:
             run.step = run.steps or run.step
         run.update(RankState.DONE)
-        self._run, self._kind = None, None
+        self._run = None
 
     # -- fit
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
