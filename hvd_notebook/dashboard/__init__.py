@@ -12,12 +12,10 @@ Importing this package loads no display library; the widget view imports
 ipywidgets and bqplot when it is made.
 """
 
-from ..messages import ProgressUpdate, RankState, RunKind
 from .live import Dashboard
 from .mode import resolve_mode
 from .model import ProgressModel
 from .summary import static_bundle
 from .text import TextView
 
-__all__ = ["Dashboard", "ProgressModel", "ProgressUpdate", "RankState", "RunKind", "TextView", "resolve_mode",
-           "static_bundle"]
+__all__ = ["Dashboard", "ProgressModel", "TextView", "resolve_mode", "static_bundle"]

@@ -10,8 +10,6 @@ import pytest
 from hvd_notebook.dashboard import (
     Dashboard,
     ProgressModel,
-    ProgressUpdate,
-    RunKind,
     TextView,
     curves,
     formatting,
@@ -20,7 +18,7 @@ from hvd_notebook.dashboard import (
 )
 from hvd_notebook.dashboard.outputs import OUTPUT_TAIL_BYTES, RankOutputs, output_html
 from hvd_notebook.engine.reporter import Throttle
-from hvd_notebook.messages import KEY_PREFIX
+from hvd_notebook.messages import KEY_PREFIX, ProgressUpdate, RunKind
 
 
 class Clock:
