@@ -28,9 +28,10 @@ class OutputTabs:
 
     def __init__(self, outputs: RankOutputs, display: Callable[..., Any] | None = None) -> None:
         import ipywidgets
+        from IPython.display import display as ipython_display
 
         self._widgets = ipywidgets
-        self._display = display
+        self._display = display or ipython_display
         self.outputs = outputs
         self.handle: Any = None  # where the tabs are shown on their own (a cell without a dashboard)
         self.pages: dict[int, Any] = {}  # rank -> its page (HTML)
@@ -62,9 +63,7 @@ class OutputTabs:
 
     def show(self) -> None:
         """Put the tabs under the cell on their own."""
-        from IPython.display import display
-
-        self.handle = (self._display or display)(self.widget, display_id=True)
+        self.handle = self._display(self.widget, display_id=True)
 
     def finish(self) -> None:
         """Freeze the tabs shown on their own into their static copy (each rank's text in a ``<details>``)."""
@@ -82,10 +81,11 @@ class WidgetView(TextView):
                  tabs: OutputTabs | None = None) -> None:
         import bqplot
         import ipywidgets
+        from IPython.display import display as ipython_display
 
         super().__init__(model)
         self._widgets, self._bqplot = ipywidgets, bqplot
-        self._display = display
+        self._display = display or ipython_display
         self.handle: Any = tabs.handle if tabs is not None else None
         self.tabs = tabs
         self.headline = ipywidgets.HTML(value=self._headline_html())
@@ -104,12 +104,10 @@ class WidgetView(TextView):
         self.widget.add_class("hvd-dashboard")
 
     def show(self) -> None:
-        from IPython.display import display
-
         if self.handle is not None:  # the tabs were shown on their own: the dashboard takes their place
             self.handle.update(self.widget)
         else:
-            self.handle = (self._display or display)(self.widget, display_id=True)
+            self.handle = self._display(self.widget, display_id=True)
 
     def render(self) -> None:
         run = self.model.current
@@ -155,18 +153,15 @@ class WidgetView(TextView):
         bar.max = max(total, 1)
         done = rank_progress.state == RankState.DONE
         bar.value = min(total if done else rank_progress.done_steps, bar.max)
-        label = ""
+        line = html.escape(rank_line(rank_progress))
         if rank_progress.state == RankState.FAILED:
             bar.bar_style = "danger"
         elif done:
             bar.bar_style = "success"
         elif straggler:
-            bar.bar_style, label = "warning", "straggler"
+            bar.bar_style, line = "warning", "<b>straggler</b> " + line
         else:
             bar.bar_style = ""
-        line = html.escape(rank_line(rank_progress))
-        if label:
-            line = f"<b>{html.escape(label)}</b> " + line
         text.value = f"<span style='font-family:monospace'>{line}</span>"
 
     def _figure(self, metric: str) -> tuple[Any, tuple[Any, Any, Any, Any], dict[int, Any]]:
