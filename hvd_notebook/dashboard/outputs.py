@@ -38,14 +38,10 @@ class RankOutput:
         return bool(self.chunks or self.dropped) or self.error is not None
 
     @property
-    def badge(self) -> str:
-        """``✗`` for a failed rank, ``⚠`` for one that wrote to stderr, else nothing."""
-        return FAILED_BADGE if self.error is not None else STDERR_BADGE if self.wrote_stderr else ""
-
-    @property
     def title(self) -> str:
-        """``rank 1``, with its badge: ``rank 1 ⚠``."""
-        return f"rank {self.rank} {self.badge}".rstrip()
+        """``rank 1``, with its badge: ``rank 1 ✗`` for a failed rank, ``rank 1 ⚠`` for one that wrote to stderr."""
+        badge = FAILED_BADGE if self.error is not None else STDERR_BADGE if self.wrote_stderr else ""
+        return f"rank {self.rank} {badge}".rstrip()
 
     def add(self, kind: str, text: str) -> None:
         """Append ``text`` of ``kind`` (stdout, stderr, or a note), without its terminal colours; drop the
@@ -128,11 +124,6 @@ class RankOutputs:
     def hidden_news(self) -> bool:
         """Whether a rank whose output the cell does not print wrote something or failed."""
         return any(o.wrote and o.rank not in self.shown for o in self.by_rank.values())
-
-    @property
-    def anything(self) -> bool:
-        """Whether any rank wrote anything or failed."""
-        return any(o.wrote for o in self.by_rank.values())
 
     @property
     def selected(self) -> int:

@@ -84,7 +84,7 @@ def curves_png(model: ProgressModel) -> str | None:
 def outputs_html(outputs: RankOutputs) -> str:
     """Each rank's output as a ``<details>`` (the first shown rank's open) titled like its tab, badge
     included; empty where no rank wrote anything."""
-    if not outputs.anything:
+    if not any(output.wrote for output in outputs.by_rank.values()):
         return ""
     parts = []
     for rank in outputs.ranks:
