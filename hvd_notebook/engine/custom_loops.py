@@ -47,8 +47,7 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     if run is None or _Custom.cell != cell or (epoch or 0) < run.epoch:
         run = _Custom.run = RunReport(RunKind.CUSTOM)
         _Custom.cell = cell
-        run.epochs = epochs or 1
-    elif epochs:
+    if epochs:
         run.epochs = epochs
     last_epoch = (epoch or 0) + 1 >= (epochs or 1)
     if epoch is not None and epoch != run.epoch:

@@ -154,16 +154,15 @@ def _with_progress(method: Callable[..., Any]) -> Callable[..., Any]:
         split = bound.arguments.get("validation_split") or 0.0
         if num_samples and 0 < split < 1:
             num_samples -= int(num_samples * split)  # Keras holds out the last fraction for validation
-        cls = ProgressCallback
         if callbacks is None or isinstance(callbacks, (list, tuple)):
             listed = list(callbacks or [])
-            mine = [cb for cb in listed if isinstance(cb, cls)]
+            mine = [cb for cb in listed if isinstance(cb, ProgressCallback)]
             if mine:  # the user placed one: tell it what we know
                 for cb in mine:
                     cb.batch_size = cb.batch_size or batch_size
                     cb.num_samples = cb.num_samples or num_samples
             else:
-                bound.arguments["callbacks"] = listed + [cls(batch_size, num_samples)]
+                bound.arguments["callbacks"] = listed + [ProgressCallback(batch_size, num_samples)]
         return method(*bound.args, **bound.kwargs)
 
     return wrapper
