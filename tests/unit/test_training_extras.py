@@ -35,12 +35,16 @@ def test_local_layers_argument_as_horovod_reads_it():
 
 
 def test_local_variables_argument_of_the_broadcast_callback():
+    def kept(local_variables):
+        callback = callbacks.BroadcastGlobalVariablesCallback(0, local_variables=local_variables)
+        return list(callback._local_vars.values())
+
     var = keras.Variable([1.0, 2.0])
-    assert callbacks._variables(None) == []
-    assert callbacks._variables(var) == [var]
-    assert callbacks._variables([var]) == [var]
+    assert kept(None) == []
+    assert kept(var) == [var]
+    assert kept([var]) == [var]
     with pytest.raises(ValueError, match="All local variables must be"):
-        callbacks._variables([var, 3.0])
+        kept([var, 3.0])
 
 
 def test_batch_normalization_still_offers_the_hook_sync_batch_norm_overrides():
