@@ -14,7 +14,7 @@ from .signatures import BARRIER
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Every rank (of ``process_set``) gets ``root_rank``'s (picklable) Python object."""
     backends = _process_sets.backends(process_set, "hvd.broadcast_object")
-    return backends.mpi.broadcast_object(obj, _process_sets.root_of(backends, root_rank),
+    return backends.mpi.broadcast_object(obj, backends.root(root_rank),
                                         str(name) if name else auto_name("broadcast_object"))
 
 

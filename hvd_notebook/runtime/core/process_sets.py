@@ -18,10 +18,7 @@ from numbers import Integral
 from typing import Any
 
 from ... import config
-from . import nccl_backend
 from . import world as _world
-from .mpi_backend import MpiBackend
-from .negotiation import Negotiator
 
 # what Horovod's process_set_included_op returns instead of 0 or 1
 PROCESS_SET_ERROR_INIT = -1  # hvd.init() not called
@@ -149,39 +146,20 @@ class IdPool:
 
 
 # ------------------------------------------------------------------ one set on one rank
-class SetBackends:
-    """This rank's part in one process set: the set's communicator, agreement and backends. It answers
-    as ``world.World`` does (``mpi``, ``nccl``, ``rank``, ``size``), so collectives run on either."""
+class SetBackends(_world.Backends):
+    """This rank's part in one process set: the set's communicator, agreement and backends."""
 
     def __init__(self, comm: Any, ranks: tuple[int, ...], world: _world.World) -> None:
-        self.comm, self.ranks, self.timeline = comm, ranks, world.timeline
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.negotiator = Negotiator(comm, self.timeline)
-        self.mpi = MpiBackend(comm, self.negotiator, self.timeline)
         # (collective over the set: every member has a GPU where the world's NCCL runs)
-        self.nccl = (nccl_backend.start(comm, world.local_comm.Get_rank(), self.negotiator, self.timeline)
-                     if world.nccl is not None else None)
+        super().__init__(comm, world.local_comm.Get_rank(), world.timeline, nccl=world.nccl is not None)
+        self.ranks = ranks
 
     def root(self, root_rank: int) -> int:
-        """The set's rank of the global rank ``root_rank`` (collectives take global ranks, as Horovod's)."""
         try:
             return self.ranks.index(int(root_rank))
         except ValueError:
             raise ValueError(f"root_rank={root_rank!r} is not in the process set (ranks {list(self.ranks)}).") \
                 from None
-
-    def free(self) -> None:
-        """Release NCCL and the communicators (collective over the set)."""
-        if self.nccl is not None:
-            self.nccl.free()
-            self.nccl = None
-        self.negotiator.free()
-        self.comm.Free()
-
-
-def root_of(backends: Any, root_rank: int) -> int:
-    """``root_rank`` (global) as a rank of ``backends``: the world or one process set."""
-    return backends.root(root_rank) if isinstance(backends, SetBackends) else root_rank
 
 
 # ------------------------------------------------------------------ the table of one world

@@ -27,27 +27,46 @@ from .timeline import Timeline, write_trace
 NOT_INITIALIZED = "hvd_notebook's runtime has not been initialized; call hvd.init() first."
 
 
-class World:
+class Backends:
+    """A communicator with its agreement (``Negotiator``) and backends (``mpi``, and ``nccl`` where every rank
+    has a GPU): the world's, or one process set's (``process_sets.SetBackends``). A collective runs on either."""
+
+    def __init__(self, comm: Any, local_rank: int, timeline: Timeline, nccl: bool = True) -> None:
+        self.comm, self.timeline = comm, timeline
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        # now, while every rank is here: the negotiator duplicates a communicator, a
+        # blocking collective that must not wait for a rank's first hvd.allreduce
+        self.negotiator = Negotiator(comm, timeline)
+        self.mpi = MpiBackend(comm, self.negotiator, timeline)
+        # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
+        self.nccl = nccl_backend.start(comm, local_rank, self.negotiator, timeline) if nccl else None
+
+    def root(self, root_rank: int) -> int:
+        """This communicator's rank of the global rank ``root_rank`` (collectives take global ranks, as Horovod's)."""
+        return root_rank
+
+    def free(self) -> None:
+        """Release NCCL and the communicator (collective)."""
+        if self.nccl is not None:
+            self.nccl.free()
+            self.nccl = None
+        self.negotiator.free()
+        self.comm.Free()
+
+
+class World(Backends):
     """Every rank of a job (or of the communicator given to ``init``), split by host."""
 
-    def __init__(self, comm: Any, local_comm: Any, cross_comm: Any, homogeneous: bool) -> None:
+    def __init__(self, comm: Any, local_comm: Any, cross_comm: Any, homogeneous: bool, parent: Any) -> None:
         from mpi4py import MPI
 
         self.MPI = MPI
-        self.comm = comm  # every rank of this job
         self.local_comm = local_comm  # ranks on this host
         self.cross_comm = cross_comm  # ranks with the same local rank, one per host
         self.homogeneous = homogeneous
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.timeline = Timeline()
-        # now, while every rank is here: the negotiator duplicates a communicator, a
-        # blocking collective that must not wait for a rank's first hvd.allreduce
-        self.negotiator = Negotiator(comm, self.timeline)
-        self.mpi = MpiBackend(comm, self.negotiator, self.timeline)
-        # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
-        self.nccl = nccl_backend.start(comm, local_comm.Get_rank(), self.negotiator, self.timeline)
+        super().__init__(comm, local_comm.Get_rank(), Timeline())  # comm: every rank of this job
         self.process_sets: Any = None  # the process sets' table (process_sets.py), built by hvd.init()
-        self.parent: Any = comm  # the communicator ``create`` duplicated
+        self.parent = parent  # the communicator ``create`` duplicated (what hvd.elastic's reset builds on)
 
     @classmethod
     def create(cls, comm: Any) -> World:
@@ -58,9 +77,7 @@ class World:
         local_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
         cross_comm = comm.Split(local_comm.Get_rank(), key=comm.Get_rank())
         local_sizes = comm.allgather(local_comm.Get_size())
-        world = cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1)
-        world.parent = parent  # (what hvd.elastic's reset builds the next world on)
-        return world
+        return cls(comm, local_comm, cross_comm, len(set(local_sizes)) == 1, parent)
 
     def leave(self, resetting: bool = False) -> None:
         """Tell the other ranks, on the world and on each process set of this rank, that this
@@ -71,17 +88,14 @@ class World:
             negotiator.stall.leave(negotiator.seq, self.rank, resetting)
 
     def free(self) -> None:
-        """Write a running timeline, then release NCCL and the communicators (collective)."""
+        """Write a running timeline, then release the process sets, NCCL and the communicators (collective)."""
         if self.timeline.active:
             self.stop_timeline()
         if self.process_sets is not None:
             self.process_sets.free()
             self.process_sets = None
-        if self.nccl is not None:
-            self.nccl.free()
-            self.nccl = None
-        self.negotiator.free()
-        for c in (self.cross_comm, self.local_comm, self.comm):
+        super().free()
+        for c in (self.cross_comm, self.local_comm):
             c.Free()
 
     # ----------------------------------------------------------- timeline

@@ -573,7 +573,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     """Every rank gets ``root_rank``'s value of ``tensor``."""
     world = _backends(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
-    root = _process_sets.root_of(world, root_rank)  # (Horovod's root_rank is a global rank)
+    root = world.root(root_rank)  # (Horovod's root_rank is a global rank)
     return _differentiable(
         [tensor], "hvd.broadcast", world, process_set, lambda b, xs: b.broadcast(xs, root, names), lambda x: x.shape,
         lambda ops, dys, _: [_gradients.broadcast(ops, dys[0], world.rank == root)])[0]
@@ -613,7 +613,7 @@ def _assign_from_root(variables: list[Any], root_rank: int, names: list[str], wo
     """Broadcast the variables' values from ``root_rank`` in one fused call among ``world`` (the world or a
     process set's backends) and assign them; the assignments."""
     tf = _tf()
-    root = _process_sets.root_of(world, root_rank)
+    root = world.root(root_rank)
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         return world.mpi.broadcast(arrays, root, names)

@@ -42,7 +42,7 @@ def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: in
     if not tensors:
         return
     backends = _process_sets.backends(process_set, "hvd.broadcast_parameters")
-    root = _process_sets.root_of(backends, root_rank)
+    root = backends.root(root_rank)
     if gpu.on_nccl(tensors, backends):  # CUDA tensors stay on the GPU: NCCL's broadcast
         results = gpu.broadcast(backends.nccl, gpu.Ready(tensors, reducing=False), tensors, root, names)
     else:
@@ -95,7 +95,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         raise ValueError("hvd.broadcast_optimizer_state does not support torch.optim.LBFGS (as Horovod); "
                          "broadcast its state_dict() with hvd.broadcast_object.")
     backends = _process_sets.backends(process_set, "hvd.broadcast_optimizer_state")
-    root = _process_sets.root_of(backends, root_rank)
+    root = backends.root(root_rank)
     tensors: list[torch.Tensor] = []
 
     def hollow(x: Any) -> Any:

@@ -32,7 +32,6 @@ import torch
 from ..core import coordinator as _coordinator
 from ..core import gradients as _gradients
 from ..core import objects as _objects
-from ..core import process_sets as _process_sets
 from ..core import world as _world
 from ..core.basics import (  # (Horovod's mpi_ops holds the process queries too: horovod.torch.mpi_ops.rank)
     ccl_built,
@@ -431,7 +430,7 @@ def _gathered(tensors: list[torch.Tensor], name: str | None, process_set: Any, c
 def _broadcast_now(tensors: list[torch.Tensor], root_rank: int, names: list[str], process_set: Any,
                    outputs: list[torch.Tensor] | None, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     backends = _backends(process_set, "hvd.broadcast")
-    root = _process_sets.root_of(backends, root_rank)
+    root = backends.root(root_rank)
     if ready is not None:
         results = gpu.broadcast(backends.nccl, ready, tensors, root, names)
     else:
