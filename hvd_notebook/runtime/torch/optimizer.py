@@ -28,7 +28,7 @@ import torch
 from ..core import ops
 from ..core.process_sets import global_process_set
 from .compression import Compression
-from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .mpi_ops import grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
 # a parameter's attribute holding the hook of the newest DistributedOptimizer that took it
 _HOOK_ATTRIBUTE = "_hvd_notebook_hook"
@@ -45,7 +45,7 @@ class _DistributedOptimizer:
         self._parameter_names = _parameter_names(self, named_parameters)  # (Horovod's attribute name)
         self.backward_passes_per_step = backward_passes_per_step
         self._passes_left = {p: backward_passes_per_step for p in self._parameter_names}
-        self._handles: dict[Any, tuple[int | None, Any]] = {}  # a parameter (or a group's tuple): (handle, ctx)
+        self._handles: dict[tuple, tuple[Any, Any]] = {}  # a group: (handle, ctx)
         self._groups = _parameter_groups(self, groups)
         self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
         self._synchronized, self._should_synchronize = False, True
@@ -70,13 +70,10 @@ class _DistributedOptimizer:
             self._passes_left[p] -= 1
             if self._passes_left[p] > 0:
                 return
-            group = self._groups.get(p)
-            if group is None:
-                self._handles[p] = self._reduce_async(p)
-                return
+            group = self._groups[p]
             self._group_ready[group] += 1
             if self._group_ready[group] == len(group):
-                self._handles[group] = self._reduce_group_async(group)
+                self._handles[group] = self._reduce_async(group)
                 self._group_ready[group] = 0
 
         return hook
@@ -87,30 +84,18 @@ class _DistributedOptimizer:
             return 1.0 / self._predivide, self._predivide
         return 1.0, 1.0
 
-    def _reduce_async(self, p: torch.Tensor) -> tuple[Any, Any]:
-        if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
-            p.grad = torch.zeros_like(p)
-        name = self._parameter_names[p]
-        grad = p.grad
-        if grad.is_sparse:
-            if not self._sparse_as_dense:
-                return sparse_allreduce_async(grad, name, self._op, self._process_set), "sparse"
-            grad = grad.to_dense()
-        compressed, ctx = self._compression.compress(grad)
-        prescale, postscale = self._scales()
-        handle = allreduce_async_(compressed, name=name, op=self._op, prescale_factor=prescale,
-                                  postscale_factor=postscale, process_set=self._process_set)
-        return handle, (ctx, compressed)
-
-    def _reduce_group_async(self, group: tuple) -> tuple[int, Any]:
+    def _reduce_async(self, group: tuple) -> tuple[Any, Any]:
         for p in group:
-            if p.grad is None:
+            if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
                 p.grad = torch.zeros_like(p)
-        compressed, ctxs = zip(*(self._compression.compress(p.grad) for p in group))
+        name = self._parameter_names[group[0]]
+        if len(group) == 1 and group[0].grad.is_sparse and not self._sparse_as_dense:
+            return sparse_allreduce_async(group[0].grad, name, self._op, self._process_set), "sparse"
+        grads = [p.grad.to_dense() if p.grad.is_sparse and self._sparse_as_dense else p.grad for p in group]
+        compressed, ctxs = zip(*(self._compression.compress(g) for g in grads))
         prescale, postscale = self._scales()
-        handle = grouped_allreduce_async_(list(compressed), name=self._parameter_names[group[0]], op=self._op,
-                                          prescale_factor=prescale, postscale_factor=postscale,
-                                          process_set=self._process_set)
+        handle = grouped_allreduce_async_(list(compressed), name=name, op=self._op, prescale_factor=prescale,
+                                          postscale_factor=postscale, process_set=self._process_set)
         return handle, list(zip(ctxs, compressed))
 
     # ------------------------------------------------------------ the step
@@ -120,24 +105,18 @@ class _DistributedOptimizer:
         if backends is None or backends.size == 1:
             self._synchronized = True
             return
-        started = {q for key in self._handles for q in (key if isinstance(key, tuple) else (key,))}
         for p in self._parameter_names:  # (every rank walks the parameters in the same order)
-            if p.requires_grad and p not in started:
-                group = self._groups.get(p)
-                if group is None:
-                    self._handles[p] = self._reduce_async(p)
-                elif group not in self._handles:
-                    self._handles[group] = self._reduce_group_async(group)
-                    started.update(group)
-        for key, (handle, ctx) in self._handles.items():
+            group = self._groups[p]
+            if p.requires_grad and group not in self._handles:
+                self._handles[group] = self._reduce_async(group)
+        for group, (handle, ctx) in self._handles.items():
             if ctx == "sparse":
                 output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
                 with torch.no_grad():
-                    key.grad.zero_().add_(output)
+                    group[0].grad.zero_().add_(output)
                 continue
             synchronize(handle)
-            # (a group's parameters with their contexts, or the one parameter's)
-            for p, (c, compressed) in (zip(key, ctx) if isinstance(key, tuple) else [(key, ctx)]):
+            for p, (c, compressed) in zip(group, ctx):
                 _set_grad(p, self._compression.decompress(compressed, c))
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         for g in self._group_ready:
@@ -227,28 +206,30 @@ def _parameter_names(opt: Any, named_parameters: Any) -> dict[torch.Tensor, str]
 
 
 def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
-    """Each grouped parameter's group (Horovod's ``groups``: a number of groups, or lists of parameters)."""
-    if groups is None or groups == 0:
-        return {}
+    """Each parameter's group, whose gradients are reduced in one call once all are ready (Horovod's
+    ``groups``: a number of groups, or lists of parameters); a parameter in none is a group of its own."""
     params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
-    if isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
+    if groups is None or groups == 0:
+        chunks = []
+    elif isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
         per = -(-len(params) // groups)
         chunks = [tuple(params[i:i + per]) for i in range(0, len(params), per)]
     elif isinstance(groups, list):
         chunks, seen = [], set()
         for g in groups:
-            backends = tuple(p for p in g if any(p is q for q in params))
+            chosen = tuple(p for p in g if any(p is q for q in params))
             for p in g:
                 if not isinstance(p, torch.Tensor):
                     raise ValueError("groups must be lists of torch.Tensor (parameters).")
                 if id(p) in seen:
                     raise ValueError("a parameter can appear in one group only.")
                 seen.add(id(p))
-            if backends:
-                chunks.append(backends)
+            if chosen:
+                chunks.append(chosen)
     else:
         raise ValueError("groups takes a positive number of groups or a list of lists of parameters.")
-    return {p: chunk for chunk in chunks for p in chunk}
+    grouped = {p: chunk for chunk in chunks for p in chunk}
+    return {p: grouped.get(p, (p,)) for group in opt.param_groups for p in group["params"]}
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
