@@ -260,37 +260,43 @@ def _reduce_op(op: int | None, average: bool | None) -> int:
     return op
 
 
-def _allreduce_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
-                   process_set: Any, outputs: list[torch.Tensor] | None, call: str,
-                   ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    backends = _backends(process_set, call)
-    if ready is not None:
-        results = gpu.allreduce(backends.nccl, ready, tensors, op, prescale, postscale, names)
-    else:  # (one tensor takes the backend's cached single-tensor path, where it can)
-        reduced = backends.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
-                                        names)
-        results = [as_tensor(r, t) for r, t in zip(reduced, tensors)]
-    if outputs is None:
-        return results
-    for out, r in zip(outputs, results):
-        out.copy_(r)
-    return outputs
-
-
 def _checked(tensors: list[Any], call: str) -> list[torch.Tensor]:
     checked = [check_tensor(t, call) for t in tensors]
     check_same_kind(checked, call)
     return checked
 
 
+def _collective(kind: str, tensors: list[Any], name: str | None, process_set: Any, call: str, reducing: bool,
+                run: Callable[[Any, list[torch.Tensor], list[str], gpu.Ready | None], list[torch.Tensor]],
+                in_place: bool = False, prescale: float = 1.0) -> _Call:
+    """A ``kind`` collective of ``tensors`` (their results, a list), checked and named now, and for CUDA
+    tensors ordered after the caller's stream now (scaled by ``prescale`` first): ``run(backends, tensors,
+    names, ready)`` makes it on the world or ``process_set``; ``in_place`` writes the results into ``tensors``."""
+    tensors = _checked(list(tensors), call)
+    names = _names(name, kind, len(tensors))
+    ready = _ready(_scaled(tensors, prescale), process_set, call, reducing)
+
+    def make() -> list[torch.Tensor]:
+        results = run(_backends(process_set, call), tensors, names, ready)
+        return [t.copy_(r) for t, r in zip(tensors, results)] if in_place else results
+
+    return _Call(make, tuple(names))
+
+
 def _allreduce_call(tensors: list[Any], average: bool | None, name: str | None, op: int | None, prescale: float,
                     postscale: float, process_set: Any, in_place: bool, call: str) -> _Call:
-    """An allreduce of ``tensors`` (their results, a list)."""
-    tensors = _checked(list(tensors), call)
-    op, names = _reduce_op(op, average), _names(name, "allreduce", len(tensors))
-    ready = _ready(tensors, process_set, call, reducing=True)
-    return _Call(lambda: _allreduce_now(tensors, names, op, prescale, postscale, process_set,
-                                        tensors if in_place else None, call, ready), tuple(names))
+    """An allreduce of ``tensors``."""
+    op = _reduce_op(op, average)
+
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
+        if ready is not None:
+            return gpu.allreduce(backends.nccl, ready, tensors, op, prescale, postscale, names)
+        # (one tensor takes the backend's cached single-tensor path, where it can)
+        reduced = backends.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
+                                        names)
+        return [as_tensor(r, t) for r, t in zip(reduced, tensors)]
+
+    return _collective("allreduce", tensors, name, process_set, call, True, run, in_place)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -379,9 +385,8 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
 
 
 # ------------------------------------------------------------------ allgather
-def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: Any,
-                   ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    backends = _backends(process_set, "hvd.allgather")
+def _allgather(backends: Any, tensors: list[torch.Tensor], names: list[str],
+               ready: gpu.Ready | None = None) -> list[torch.Tensor]:
     if ready is not None:
         return gpu.allgather(backends.nccl, ready, tensors, names)
     gathered = backends.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
@@ -389,10 +394,7 @@ def _allgather_now(tensors: list[torch.Tensor], names: list[str], process_set: A
 
 
 def _allgather_call(tensors: list[Any], name: str | None, process_set: Any, call: str) -> _Call:
-    tensors = _checked(list(tensors), call)
-    names = _names(name, "allgather", len(tensors))
-    ready = _ready(tensors, process_set, call, reducing=False)
-    return _Call(lambda: _allgather_now(tensors, names, process_set, ready), tuple(names))
+    return _collective("allgather", tensors, name, process_set, call, False, _allgather)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> int:
@@ -427,28 +429,18 @@ def _gathered(tensors: list[torch.Tensor], name: str | None, process_set: Any, c
 
 
 # ------------------------------------------------------------------ broadcast
-def _broadcast_now(tensors: list[torch.Tensor], root_rank: int, names: list[str], process_set: Any,
-                   outputs: list[torch.Tensor] | None, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    backends = _backends(process_set, "hvd.broadcast")
-    root = backends.root(root_rank)
-    if ready is not None:
-        results = gpu.broadcast(backends.nccl, ready, tensors, root, names)
-    else:
-        received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
-        results = [as_tensor(r, t) for r, t in zip(received, tensors)]
-    if outputs is None:
-        return results
-    return [out.copy_(r) for out, r in zip(outputs, results)]
-
-
 def _broadcast_call(tensor: Any, root_rank: int, name: str | None, process_set: Any, in_place: bool,
                     call: str) -> _Call:
     """A broadcast of ``tensor`` (its result, a list of one)."""
-    tensors = _checked([tensor], call)
-    names = _names(name, "broadcast", 1)
-    ready = _ready(tensors, process_set, call, reducing=False)
-    return _Call(lambda: _broadcast_now(tensors, root_rank, names, process_set, tensors if in_place else None,
-                                        ready), tuple(names))
+
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
+        root = backends.root(root_rank)
+        if ready is not None:
+            return gpu.broadcast(backends.nccl, ready, tensors, root, names)
+        received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+        return [as_tensor(r, t) for r, t in zip(received, tensors)]
+
+    return _collective("broadcast", [tensor], name, process_set, call, False, run, in_place)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -529,18 +521,6 @@ def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
 
 
 # ------------------------------------------------------------------ reducescatter
-def _reducescatter_now(tensors: list[torch.Tensor], names: list[str], op: int, prescale: float, postscale: float,
-                       process_set: Any, ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    backends = _backends(process_set, "hvd.reducescatter")
-    if ready is not None:  # (the prescale was applied before the event: see _scaled)
-        results = gpu.reducescatter(backends.nccl, ready, tensors, op, names)
-    else:
-        arrays = [host_array(scale(t, prescale), reducing=True) for t in tensors]
-        outs = backends.mpi.reducescatter(arrays, op, names)
-        results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
-    return [scale(r, postscale) for r in results]
-
-
 def scale(t: torch.Tensor, factor: float) -> torch.Tensor:
     """``t * factor`` in ``t``'s dtype, computed as Horovod does: integers in float64 then truncated,
     float16 and bfloat16 in float32."""
@@ -570,12 +550,18 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 
 def _reducescatter_call(tensors: list[Any], name: str | None, op: int, process_set: Any, prescale: float,
                         postscale: float, call: str) -> _Call:
-    tensors = _checked(list(tensors), call)
     check_op(op)
-    names = _names(name, "reducescatter", len(tensors))
-    ready = _ready(_scaled(tensors, prescale), process_set, call, reducing=True)
-    return _Call(lambda: _reducescatter_now(tensors, names, op, prescale, postscale, process_set, ready),
-                 tuple(names))
+
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
+        if ready is not None:  # (the prescale was applied before the event: see _scaled)
+            results = gpu.reducescatter(backends.nccl, ready, tensors, op, names)
+        else:
+            outs = backends.mpi.reducescatter([host_array(scale(t, prescale), reducing=True) for t in tensors], op,
+                                              names)
+            results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
+        return [scale(r, postscale) for r in results]
+
+    return _collective("reducescatter", tensors, name, process_set, call, True, run, prescale=prescale)
 
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
@@ -630,10 +616,10 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     values, indices = grad.values(), grad.indices().t().contiguous()
 
     def run() -> torch.Tensor:
-        v, i = _allgather_now([values, indices], names, process_set)
-        size = _backends(process_set, "hvd.sparse_allreduce_async").size
+        backends = _backends(process_set, "hvd.sparse_allreduce_async")
+        v, i = _allgather(backends, [values, indices], names)
         out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
-        return out / size if op == Average else out
+        return out / backends.size if op == Average else out
 
     handle = _start(_Call(run, tuple(names)))
     return lambda: synchronize(handle)
