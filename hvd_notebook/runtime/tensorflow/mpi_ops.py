@@ -329,12 +329,9 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
                else backends.mpi.allreduce_one(tensor, op, prescale_factor, postscale_factor, name))
         if out is not None:
             return out
-    name = _scoped(name, ignore_name_scope, tensor)
-    if _is_tf(tensor) and isinstance(tensor, _tf().IndexedSlices):
-        return _allreduce_with_slices([tensor], op, compression, prescale_factor, postscale_factor, name,
-                                      process_set)[0]
     return grouped_allreduce([tensor], op=op, compression=compression, prescale_factor=prescale_factor,
-                             postscale_factor=postscale_factor, name=name, process_set=process_set)[0]
+                             postscale_factor=postscale_factor, name=_scoped(name, ignore_name_scope, tensor),
+                             process_set=process_set)[0]
 
 
 def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, postscale: float, name: str) -> Any:
@@ -463,26 +460,26 @@ def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, pres
     return results
 
 
-def _graph_allreduce_group(mpi: Any, backends: list[Any], label: str, op: int, prescale: float,
+def _graph_allreduce_group(mpi: Any, tensors: list[Any], label: str, op: int, prescale: float,
                            postscale: float) -> list[Any]:
     """One fusion group in a graph: concat, one ``numpy_function``, split."""
     tf = _tf()
-    shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in backends)
+    shapes = tuple(tuple(t.shape.as_list()) if t.shape.rank is not None else None for t in tensors)
 
     def reduce_flat(flat: np.ndarray) -> np.ndarray:
         ((_, buf, _),) = mpi.allreduce_fused([flat], op, prescale, postscale, [label], shapes)
         return buf
 
-    static = all(t.shape.is_fully_defined() for t in backends)
-    flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in backends]
+    static = all(t.shape.is_fully_defined() for t in tensors)
+    flats = [t if t.shape.rank == 1 else tf.reshape(t, [-1]) for t in tensors]
     flat = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
     (out,) = _graph_numpy_function(lambda arrays: [reduce_flat(arrays[0])], [flat],
-                                   [backends[0].dtype])
+                                   [tensors[0].dtype])
     out.set_shape([None])
-    sizes = [t.shape.num_elements() for t in backends] if static else [tf.size(t) for t in backends]
-    pieces = tf.split(out, sizes) if len(backends) > 1 else [out]
+    sizes = [t.shape.num_elements() for t in tensors] if static else [tf.size(t) for t in tensors]
+    pieces = tf.split(out, sizes) if len(tensors) > 1 else [out]
     results = []
-    for t, piece in zip(backends, pieces):
+    for t, piece in zip(tensors, pieces):
         if t.shape.rank != 1 or not static:
             piece = tf.reshape(piece, t.shape if static else tf.shape(t))
         piece.set_shape(t.shape)
@@ -678,8 +675,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 
     @tf.custom_gradient
     def a2a_tf(x: Any) -> Any:
-        out, received = _on_tf(a2a_np, [x, splits_t], [x.dtype, tf.int32],
-                               [[None] + x.shape[1:].as_list(), [world.size]])
+        out, received = _on_tf(a2a_np, [x, splits_t], [x.dtype, tf.int32], [_any_rows(x), [world.size]])
 
         def grad(dy: Any, *_: Any) -> Any:
             return _gradients.alltoall(_TensorFlowOps(process_set, world), dy, received)
