@@ -24,10 +24,6 @@ from . import world as _world
 PROCESS_SET_ERROR_INIT = -1  # hvd.init() not called
 PROCESS_SET_ERROR_UNKNOWN_SET = -3  # no process set of that id
 
-NOT_REGISTERED = "process set provided does not exist, or has not been registered"
-NOT_DYNAMIC = ("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or call hvd.init(process_sets=\"dynamic\")) to allow {} "
-               "process sets after Horovod initialization.")
-
 
 class NotAMemberError(ValueError):
     """A rank called a collective on a process set it does not belong to."""
@@ -192,8 +188,12 @@ class ProcessSetTable:
     def id_of(self, ranks: Sequence[int]) -> int | None:
         return next((i for i, r in self.ranks.items() if r == tuple(ranks)), None)
 
-    def agree(self, what: str, request: Any) -> None:
-        """Raise on every rank unless every rank asks the same (collective)."""
+    def agree(self, what: str, doing: str, request: Any) -> None:
+        """Raise unless process sets may change after ``init``, and on every rank unless every rank asks the
+        same (collective)."""
+        if not self.dynamic:
+            raise ValueError("Set HOROVOD_DYNAMIC_PROCESS_SETS=1 (or call hvd.init(process_sets=\"dynamic\")) to "
+                             f"allow {doing} process sets after Horovod initialization.")
         requests = self.comm.allgather(request)
         if any(r != requests[0] for r in requests):
             differing = ", ".join(f"rank {i}: {r!r}" for i, r in enumerate(requests))
@@ -201,9 +201,7 @@ class ProcessSetTable:
 
     def add(self, ranks: Sequence[int]) -> int | None:
         """Register one set (collective); None where a set of these ranks exists already."""
-        if not self.dynamic:
-            raise ValueError(NOT_DYNAMIC.format("adding"))
-        self.agree("hvd.add_process_set", sorted(ranks))
+        self.agree("hvd.add_process_set", "adding", sorted(ranks))
         ranks = check_ranks(ranks, self.world.size)
         if self.id_of(ranks) is not None:
             return None
@@ -211,9 +209,7 @@ class ProcessSetTable:
 
     def remove(self, process_set_id: int) -> bool:
         """Free one set (collective); False where no set has this id."""
-        if not self.dynamic:
-            raise ValueError(NOT_DYNAMIC.format("removing"))
-        self.agree("hvd.remove_process_set", process_set_id)
+        self.agree("hvd.remove_process_set", "removing", process_set_id)
         if process_set_id not in self.ranks:
             return False
         del self.ranks[process_set_id]
@@ -245,8 +241,9 @@ class ProcessSetTable:
         if backends is not None:
             return backends
         if process_set_id is None or process_set_id not in self.ranks:
-            raise ValueError(f"{call}: {NOT_REGISTERED}: {process_set}. Register it with "
-                             "hvd.init(process_sets=[...]) or hvd.add_process_set(...).")
+            raise ValueError(f"{call}: process set provided does not exist, or has not been registered: "
+                             f"{process_set}. Register it with hvd.init(process_sets=[...]) or "
+                             "hvd.add_process_set(...).")
         raise NotAMemberError(f"{call}: rank {self.world.rank} is not a member of the provided process set "
                               f"(ranks {list(self.ranks[process_set_id])}).")
 
