@@ -164,9 +164,7 @@ class ProcessSetTable:
     removing are collective over the world, on a communicator of their own."""
 
     def __init__(self, world: _world.World, dynamic: bool) -> None:
-        from mpi4py import MPI
-
-        self.MPI, self.world, self.dynamic = MPI, world, dynamic
+        self.world, self.dynamic = world, dynamic
         self.comm = world.comm.Dup()  # (collective: built at init, while every rank is there)
         self.ranks: dict[int, tuple[int, ...]] = {0: tuple(range(world.size))}
         self.backends: dict[int, SetBackends] = {}  # the sets this rank belongs to
@@ -177,9 +175,9 @@ class ProcessSetTable:
         ids = []
         for ranks in sets:
             process_set_id = self.ids.take()
-            color = 0 if self.world.rank in ranks else self.MPI.UNDEFINED
+            color = 0 if self.world.rank in ranks else self.world.MPI.UNDEFINED
             sub = self.comm.Split(color, key=self.world.rank)
-            if sub != self.MPI.COMM_NULL:
+            if sub != self.world.MPI.COMM_NULL:
                 self.backends[process_set_id] = SetBackends(sub, ranks, self.world)
             self.ranks[process_set_id] = ranks
             ids.append(process_set_id)
@@ -336,12 +334,11 @@ def _register_at_init(found: ProcessSetTable, sets: list[ProcessSet]) -> None:
 
 def _ranks_of_comm(comm: Any, world: _world.World) -> tuple[int, ...]:
     """The world ranks of ``comm``'s members."""
-    MPI = world.MPI
     group, world_group = comm.Get_group(), world.comm.Get_group()
     ranks = group.Translate_ranks(list(range(comm.Get_size())), world_group)
     group.Free()
     world_group.Free()
-    if any(r == MPI.UNDEFINED for r in ranks):
+    if any(r == world.MPI.UNDEFINED for r in ranks):
         raise ValueError("a process set's MPI communicator has ranks outside the world given to hvd.init().")
     return tuple(sorted(ranks))
 
