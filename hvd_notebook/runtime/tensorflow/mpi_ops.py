@@ -135,11 +135,6 @@ def _check_not_xla() -> None:
         )
 
 
-def _nccl() -> Any:
-    """The world's NCCL backend, or None where GPU tensors go through the host."""
-    return _world.current().nccl
-
-
 def _gpu(world: Any) -> TensorFlowOnNccl:
     """The NCCL collectives of ``world`` (or a process set's backends) for TensorFlow GPU tensors."""
     return TensorFlowOnNccl(world.nccl)
@@ -184,7 +179,7 @@ def _any_indexed_slices(tensors: list[Any]) -> bool:
 def _on_gpus(tensors: list[Any]) -> bool:
     """Eager tensors that all live in GPU memory, in a world that reduces GPU tensors with NCCL.
     (TensorFlow keeps int32 tensors of a GPU device in host memory: those go through MPI.)"""
-    return _nccl() is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
+    return _world.current().nccl is not None and all(is_gpu_tensor(t) and t.dtype != _tf().int32 for t in tensors)
 
 
 @functools.cache
@@ -225,7 +220,7 @@ def _on_tf(fn: Any, tensors: list[Any], out_dtypes: list[Any], out_shapes: list[
         return _back_on_devices(results, tensors) if gpu_fn is not None else results
 
     _check_not_xla()
-    if gpu_fn is not None and _nccl() is not None:
+    if gpu_fn is not None and _world.current().nccl is not None:
         # a py_function keeps its inputs where TensorFlow placed them (on the GPU),
         # where a numpy_function would copy them to the host
         return _py_function(lambda xs: _on_tf(fn, xs, out_dtypes, out_shapes, gpu_fn), tensors, out_dtypes,
