@@ -39,6 +39,7 @@ from . import shmguard
 from .errors import ClusterError
 
 SHM_DIR = Path(shmguard.SHM_DIR)
+_SHM_PREFIX = shmguard.SHM_DIR + "/"
 PREFIX = "mpich_shm_"
 MIN_AGE_S = 60.0  # a segment this old was mapped long ago by the ranks that made it, if they live
 # What one rank needs in /dev/shm, measured with MPICH 5.0.2 (2 ranks on a tmpfs of a given size): its part
@@ -59,43 +60,40 @@ def guard_command() -> list[str]:
     return [sys.executable, "-I", "-S", shmguard.__file__]
 
 
-def world_segments(launcher_pid: int, nodes: int = 1, shm_dir: Path = SHM_DIR) -> list[Path]:
+def world_segments(launcher_pid: int, nodes: int = 1) -> list[Path]:
     """Where gforker ``launcher_pid``'s world's ranks make (or find) their MPICH segments (node ids below
     ``nodes``: see ``shmguard.world_segment_names``)."""
-    return [shm_dir / name for name in shmguard.world_segment_names(launcher_pid, nodes)]
+    return [SHM_DIR / name for name in shmguard.world_segment_names(launcher_pid, nodes)]
 
 
-def foreign_world_segments(launcher_pid: int, uid: int | None = None, nodes: int = 1,
-                           shm_dir: Path = SHM_DIR) -> list[str]:
-    """A sentence for each of gforker ``launcher_pid``'s segment names that exists and is not ``uid``'s
-    (this process's effective uid) private file."""
-    uid = os.geteuid() if uid is None else uid
-    found = (shmguard.foreign(str(path), uid) for path in world_segments(launcher_pid, nodes, shm_dir))
+def foreign_world_segments(launcher_pid: int, nodes: int = 1) -> list[str]:
+    """A sentence for each of gforker ``launcher_pid``'s segment names that exists and is not this user's
+    private file."""
+    found = (shmguard.foreign(str(path), os.geteuid()) for path in world_segments(launcher_pid, nodes))
     return [why for why in found if why is not None]
 
 
-def _fds_in(pid: int, shm_dir: str) -> Iterator[tuple[str, os.stat_result]]:
-    """(path as the process sees it, stat of the open file) for each file under ``shm_dir`` that ``pid`` has open."""
+def _fds_in(pid: int) -> Iterator[tuple[str, os.stat_result]]:
+    """(path as the process sees it, stat of the open file) for each file in /dev/shm that ``pid`` has open."""
     fd_dir = f"/proc/{pid}/fd"
     for fd in os.listdir(fd_dir):
         try:
             target = os.readlink(f"{fd_dir}/{fd}")
-            if target.startswith(shm_dir + "/"):
+            if target.startswith(_SHM_PREFIX):
                 yield target, os.stat(f"{fd_dir}/{fd}")  # (the open file itself, even where unlinked or replaced)
         except OSError:  # closed meanwhile
             continue
 
 
-def _maps_in(pid: int, shm_dir: str) -> Iterator[tuple[str, str, int]]:
-    """(address range, path, inode) for each mapping of ``pid`` from a file under ``shm_dir`` or of a SysV
+def _maps_in(pid: int) -> Iterator[tuple[str, str, int]]:
+    """(address range, path, inode) for each mapping of ``pid`` from a file in /dev/shm or of a SysV
     segment (``/SYSV<key>``; the inode is its shmid)."""
-    prefix = shm_dir + "/"
     with open(f"/proc/{pid}/maps", errors="replace") as maps:
         for line in maps:
-            if prefix not in line and "/SYSV" not in line:  # (most lines: a rank with TensorFlow maps ~2000)
+            if _SHM_PREFIX not in line and "/SYSV" not in line:  # (most lines: a rank with TensorFlow maps ~2000)
                 continue
             parts = line.split(None, 5)
-            if len(parts) == 6 and (parts[5].startswith(prefix) or parts[5].startswith("/SYSV")):
+            if len(parts) == 6 and parts[5].startswith((_SHM_PREFIX, "/SYSV")):
                 yield parts[0], parts[5].rstrip("\n"), int(parts[4])
 
 
@@ -139,19 +137,19 @@ def _unsafe(st: os.stat_result, uid: int) -> bool:
     return st.st_uid != uid or not stat.S_ISREG(st.st_mode) or bool(st.st_mode & 0o077 and st.st_nlink)
 
 
-def foreign_mappings(pids: Iterable[int], uid: int | None = None, shm_dir: Path = SHM_DIR) -> list[str]:
-    """A sentence for each file under ``shm_dir`` that one of ``pids`` has open or mapped and that is another
-    user's, not a regular file, or ``uid``'s (this process's effective uid) own but open to others under its
-    name; and for each SysV segment one maps that another user owns or made (the user's own SysV segments
-    cannot be made first by anyone; UCX's are open to the group, see ``placement.LOOPBACK_ENV``). Processes
-    that are gone, or not ``uid``'s, are skipped."""
-    uid = os.geteuid() if uid is None else uid
+def foreign_mappings(pids: Iterable[int]) -> list[str]:
+    """A sentence for each file in /dev/shm that one of ``pids`` has open or mapped and that is another
+    user's, not a regular file, or this user's own but open to others under its name; and for each SysV
+    segment one maps that another user owns or made (the user's own SysV segments cannot be made first by
+    anyone; UCX's are open to the group, see ``placement.LOOPBACK_ENV``). Processes that are gone, or not
+    this user's, are skipped."""
+    uid = os.geteuid()
     found: dict[tuple[str, int], str] = {}
     sysv = None
     for pid in sorted(set(pids)):
         try:
-            opened = list(_fds_in(pid, str(shm_dir)))
-            mapped = list(_maps_in(pid, str(shm_dir)))
+            opened = list(_fds_in(pid))
+            mapped = list(_maps_in(pid))
         except OSError:  # gone, or not ours to read
             continue
         seen = {st.st_ino for _, st in opened}
@@ -175,13 +173,6 @@ def foreign_mappings(pids: Iterable[int], uid: int | None = None, shm_dir: Path 
     return list(found.values())
 
 
-def refusal(findings: list[str]) -> str:
-    """The message of a start refused for ``findings`` (``foreign_world_segments``, ``foreign_mappings``)."""
-    listed = "".join(f"\n  - {f}" for f in findings)
-    return ("The MPI world was stopped: its ranks would share memory that another user made, or that others "
-            f"may read:{listed}\n{shmguard.AGAIN}")
-
-
 def check_world(launcher_pid: int | None, pids: Iterable[int] = (), gforker: bool = False, n: int = 1) -> None:
     """``ShmError`` where a process of the world (the launcher ``launcher_pid``, its descendants, and
     ``pids``) has another user's shared memory (or memory others may read) open or mapped, or, for a
@@ -198,13 +189,9 @@ def check_world(launcher_pid: int | None, pids: Iterable[int] = (), gforker: boo
             pass
     findings += foreign_mappings(tree)
     if findings:
-        raise ShmError(refusal(findings))
-
-
-def guarded(argv: list[str]) -> bool:
-    """Is ``argv`` a launch through ``shmguard`` (of a gforker world)?"""
-    guard = guard_command()
-    return argv[:len(guard)] == guard
+        listed = "".join(f"\n  - {f}" for f in findings)
+        raise ShmError("The MPI world was stopped: its ranks would share memory that another user made, or that "
+                       f"others may read:{listed}\n{shmguard.AGAIN}")
 
 
 class StartWatch(threading.Thread):
@@ -223,7 +210,8 @@ class StartWatch(threading.Thread):
     @classmethod
     def for_launch(cls, launcher_pid: int, argv: list[str], on_foreign: Callable[[str], None]) -> StartWatch:
         """The watch of the launch of ``argv`` (through ``shmguard`` or not), started."""
-        watch = cls(launcher_pid, guarded(argv), shmguard.ranks_of(argv), on_foreign)
+        guard = guard_command()
+        watch = cls(launcher_pid, argv[:len(guard)] == guard, shmguard.ranks_of(argv), on_foreign)
         watch.start()
         return watch
 
@@ -262,9 +250,9 @@ def refused_by_guard(output: str) -> str | None:
 
 
 # ------------------------------------------------------------------ room in /dev/shm
-def free_bytes(shm_dir: Path = SHM_DIR) -> tuple[int, int]:
-    """(free bytes an unprivileged user may still use, size) of the file system of ``shm_dir``."""
-    st = os.statvfs(shm_dir)
+def free_bytes() -> tuple[int, int]:
+    """(free bytes an unprivileged user may still use, size) of /dev/shm."""
+    st = os.statvfs(SHM_DIR)
     return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
 
@@ -272,11 +260,11 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def biggest_holders(shm_dir: Path = SHM_DIR, top: int = 3) -> list[str]:
-    """The users whose files take most of ``shm_dir``, biggest first: "alice (1.2 GiB)"."""
+def biggest_holders() -> list[str]:
+    """The (at most three) users whose files take most of /dev/shm, biggest first: "alice (1.2 GiB)"."""
     held: dict[int, int] = {}
     try:
-        entries = list(os.scandir(shm_dir))
+        entries = list(os.scandir(SHM_DIR))
     except OSError:
         return []
     for entry in entries:
@@ -285,44 +273,44 @@ def biggest_holders(shm_dir: Path = SHM_DIR, top: int = 3) -> list[str]:
         except OSError:
             continue
         held[st.st_uid] = held.get(st.st_uid, 0) + st.st_blocks * 512
-    ranked = sorted(held.items(), key=lambda item: -item[1])[:top]
+    ranked = sorted(held.items(), key=lambda item: -item[1])[:3]
     return [f"{user_name(uid)} ({_mib(size)})" for uid, size in ranked if size]
 
 
-def space_note(shm_dir: Path = SHM_DIR) -> str:
+def space_note() -> str:
     """The sentence a rank killed by SIGBUS gets: a full /dev/shm is a likely cause, with its free space."""
     try:
-        free, size = free_bytes(shm_dir)
+        free, size = free_bytes()
     except OSError:
-        return f"a full {shm_dir} is a likely cause"
-    return f"a full {shm_dir} is a likely cause ({_mib(free)} free of {_mib(size)})"
+        return f"a full {SHM_DIR} is a likely cause"
+    return f"a full {SHM_DIR} is a likely cause ({_mib(free)} free of {_mib(size)})"
 
 
-def check_space(n: int, shm_dir: Path = SHM_DIR) -> None:
-    """``ClusterError`` where ``shm_dir`` has less room than ``n`` ranks on this host need (``BYTES_PER_RANK``
+def check_space(n: int) -> None:
+    """``ClusterError`` where /dev/shm has less room than ``n`` ranks on this host need (``BYTES_PER_RANK``
     each): they would die of SIGBUS in ``MPI_Init`` or at their first message."""
     try:
-        free, size = free_bytes(shm_dir)
+        free, size = free_bytes()
     except OSError:
         return  # (no /dev/shm: MPI finds its own way, or says why)
     need = n * BYTES_PER_RANK
     if n > 1 and free < need:
-        holders = biggest_holders(shm_dir)
+        holders = biggest_holders()
         held = f" Most of it is held by {', '.join(holders)}." if holders else ""
         raise ClusterError(
-            f"{shm_dir} has {_mib(free)} free of {_mib(size)}, and {n} ranks need about {_mib(need)} there for "
+            f"{SHM_DIR} has {_mib(free)} free of {_mib(size)}, and {n} ranks need about {_mib(need)} there for "
             f"MPI's shared memory (with less, ranks die of SIGBUS).{held} Free some: `hvd-notebook clean` "
             "removes what your stopped clusters left, and other users' files are the node's administrator's "
             "to remove; or start fewer ranks.")
 
 
 # ------------------------------------------------------------------ what killed ranks leave
-def remove_world(launcher_pid: int, nodes: int = 1, uid: int | None = None, shm_dir: Path = SHM_DIR) -> list[Path]:
+def remove_world(launcher_pid: int, nodes: int = 1, uid: int | None = None) -> list[Path]:
     """Remove gforker ``launcher_pid``'s world's segments (once its ranks are gone), where they are
     ``uid``'s (this process's effective uid) own regular files; those removed."""
     uid = os.geteuid() if uid is None else uid
     removed = []
-    for path in world_segments(launcher_pid, nodes, shm_dir):
+    for path in world_segments(launcher_pid, nodes):
         try:
             st = os.lstat(path)
             if st.st_uid == uid and stat.S_ISREG(st.st_mode):
@@ -333,23 +321,23 @@ def remove_world(launcher_pid: int, nodes: int = 1, uid: int | None = None, shm_
     return removed
 
 
-def _mapped(paths: set[str], shm_dir: Path) -> set[str]:
-    """Those of ``paths`` (in ``shm_dir``) that some process (of this user; all, for root) maps now."""
+def _mapped(paths: set[str]) -> set[str]:
+    """Those of ``paths`` (in /dev/shm) that some process (of this user; all, for root) maps now."""
     found: set[str] = set()
     for proc in psutil.process_iter():
         try:
-            found.update(path for _, path, _ in _maps_in(proc.pid, str(shm_dir)) if path in paths)
+            found.update(path for _, path, _ in _maps_in(proc.pid) if path in paths)
         except OSError:  # gone, or another user's
             continue
     return found
 
 
-def remove_orphaned(shm_dir: Path = SHM_DIR, min_age: float = MIN_AGE_S, uid: int | None = None) -> list[Path]:
-    """Remove this user's (or, for root, user ``uid``'s) ``mpich_shm_*`` segments in ``shm_dir`` that no
+def remove_orphaned(min_age: float = MIN_AGE_S, uid: int | None = None) -> list[Path]:
+    """Remove this user's (or, for root, user ``uid``'s) ``mpich_shm_*`` segments in /dev/shm that no
     process maps and that are older than ``min_age`` seconds; those removed."""
     now, uid = time.time(), os.getuid() if uid is None else uid
     candidates = {}
-    for path in shm_dir.glob(f"{PREFIX}*"):
+    for path in SHM_DIR.glob(f"{PREFIX}*"):
         try:
             st = path.lstat()
         except OSError:
@@ -359,7 +347,7 @@ def remove_orphaned(shm_dir: Path = SHM_DIR, min_age: float = MIN_AGE_S, uid: in
     if not candidates:
         return []
     removed = []
-    for name in set(candidates) - _mapped(set(candidates), shm_dir):
+    for name in set(candidates) - _mapped(set(candidates)):
         try:
             candidates[name].unlink()
             removed.append(candidates[name])

@@ -92,12 +92,12 @@ def foreign(path: str, uid: int) -> str | None:
             "the launcher's pid, so any local user can make it first).")
 
 
-def prepare(launcher_pid: int, uid: int, nodes: int = 1, shm_dir: str = SHM_DIR) -> str | None:
+def prepare(launcher_pid: int, uid: int, nodes: int = 1) -> str | None:
     """Make ``launcher_pid``'s world's segment names (``world_segment_names``) free for ``uid``'s ranks: None
     where they are (a stale file of ``uid``'s own is removed: its world's launcher had this pid and is
     gone), else the sentence that ``foreign`` says of the first one that is not."""
     for name in world_segment_names(launcher_pid, nodes):
-        path = os.path.join(shm_dir, name)
+        path = os.path.join(SHM_DIR, name)
         why = foreign(path, uid)
         if why is not None:
             return why
