@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 MAX_READ = 1 << 20  # bytes: more than any small file of this package holds, less than a planted sparse file
 UNLIMITED = 1 << 62  # for the files that hold a model (an elastic commit)
-_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # a symbolic link or a FIFO can neither redirect nor hang
 _warned: set[str] = set()
 
 
@@ -64,15 +64,15 @@ def describe(st: os.stat_result) -> str:
     return f"{kind} owned by {_owner(st)}, mode {stat.S_IMODE(st.st_mode):04o}"
 
 
-def check_dir(path: Path, uid: int | None = None, narrow: bool = False) -> os.stat_result:
+def check_dir(path: Path, narrow: bool = False) -> os.stat_result:
     """``path``'s stat, where it is a directory (reached without following a symbolic link at its
-    end) that ``uid`` (this process's effective uid) owns and that no one else may enter; else
+    end) that this process's effective uid owns and that no one else may enter; else
     ``UnsafePathError``. ``FileNotFoundError`` where it does not exist. With ``narrow``, a folder of
-    ``uid``'s that others could read but never write (as earlier versions made them) is made owner-only
+    this user's that others could read but never write (as earlier versions made them) is made owner-only
     first: nobody else can have put anything in it."""
-    uid = os.geteuid() if uid is None else uid
+    uid = os.geteuid()
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
     except OSError as exc:
         if isinstance(exc, FileNotFoundError):
             raise
@@ -108,41 +108,43 @@ def _advice(path: Path) -> str:
             "can write, and start again.")
 
 
-def ensure_dir(path: Path, uid: int | None = None) -> Path:
+def ensure_dir(path: Path) -> Path:
     """``path``, made owner-only where it does not exist (its parent must), and checked
     (``check_dir``, narrowing a folder of this user's that others could only read) either way."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    check_dir(path, uid, narrow=True)
+    check_dir(path, narrow=True)
     return path
 
 
-def parent_is_safe(path: Path) -> bool:
-    """No one but root and this user can rename or replace ``path`` in its parent folder: the parent
-    is theirs, or sticky (as /tmp) where others may write it."""
+def guards_entries(st: os.stat_result) -> bool:
+    """Does the folder of stat ``st`` keep everyone but root and this user from renaming or replacing what
+    is in it: it is theirs, and writable by no one else unless sticky (as /tmp)?"""
+    return st.st_uid in (0, os.geteuid()) and (not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX))
+
+
+def check_parent(path: Path) -> None:
+    """``UnsafePathError`` unless ``path``'s parent folder ``guards_entries``."""
     try:
-        st = os.stat(path.parent)
+        safe = guards_entries(os.stat(path.parent))
     except OSError:
-        return False
-    writable_by_others = st.st_mode & 0o022
-    return st.st_uid in (0, os.geteuid()) and (not writable_by_others or bool(st.st_mode & stat.S_ISVTX))
+        safe = False
+    if not safe:
+        raise UnsafePathError(f"{path.parent} can be written by others (and is not sticky)")
 
 
-def candidate_bases(uid: int | None = None, environ: dict[str, str] | None = None) -> list[Path]:
-    """Where user ``uid``'s base folder may be, in the order ``base_dir`` tries them."""
-    uid = os.getuid() if uid is None else uid
-    environ = os.environ if environ is None else environ
+def candidate_bases() -> list[Path]:
+    """Where this user's base folder may be, in the order ``base_dir`` tries them."""
     found = []
-    runtime = environ.get("XDG_RUNTIME_DIR")
-    if runtime and uid == os.getuid():
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
         found.append(Path(runtime) / "hvd_notebook")
-    found.append(Path(tempfile.gettempdir()) / f"hvd_notebook-{user_name(uid)}")
+    found.append(Path(tempfile.gettempdir()) / f"hvd_notebook-{user_name()}")
     try:
-        home = Path(pwd.getpwuid(uid).pw_dir) if uid != os.getuid() else Path.home()
-        found.append(home / ".cache" / "hvd_notebook" / f"run-{socket.gethostname()}")
-    except (KeyError, RuntimeError):
+        found.append(Path.home() / ".cache" / "hvd_notebook" / f"run-{socket.gethostname()}")
+    except RuntimeError:
         pass
     return found
 
@@ -155,8 +157,7 @@ def base_dir() -> Path:
         try:
             if path.name.startswith("run-"):  # (in the home: its parents are the user's own)
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            if not parent_is_safe(path):
-                raise UnsafePathError(f"{path.parent} can be written by others (and is not sticky)")
+            check_parent(path)
             ensure_dir(path)
         except UnsafePathError as exc:
             tried.append(str(exc))
@@ -183,7 +184,7 @@ def open_regular(path: Path, uid: int | None = None, max_bytes: int = MAX_READ, 
     ``UnsafePathError``."""
     uid = os.geteuid() if uid is None else uid
     try:
-        fd = os.open(path, mode | _OPEN_FLAGS)
+        fd = os.open(path, mode | OPEN_FLAGS)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last component is a symbolic link
             raise UnsafePathError(f"{path} is a symbolic link; it was not followed") from None
@@ -215,7 +216,7 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Replace ``path`` whole: written to a fresh name beside it (``O_EXCL``: never through a link
     or into a file someone made), then renamed over it, so a reader sees the old file or the new."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS, mode)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, mode)
     try:
         os.fchmod(fd, mode)  # whatever the umask
         with os.fdopen(fd, "wb") as f:

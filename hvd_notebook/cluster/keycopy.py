@@ -178,8 +178,8 @@ def receive(base: Path, relative: Path, data: bytes) -> Path:
     if base not in private.candidate_bases():
         raise private.UnsafePathError(f"{base} is not where this host keeps {private.user_name()}'s private "
                                       "folder for hvd_notebook")
-    if not os.path.lexists(base) and not private.parent_is_safe(base):
-        raise private.UnsafePathError(f"{base.parent} can be written by others (and is not sticky)")
+    if not os.path.lexists(base):
+        private.check_parent(base)
     folder = private.ensure_dir(base)
     for part in relative.parent.parts:
         folder = _own_folder(folder / part)

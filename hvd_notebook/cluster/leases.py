@@ -1,6 +1,6 @@
 """GPU leases between the notebooks of one node.
 
-The node's lease folder (``nodedir.lease_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
+The node's lease folder (``nodedir.configured_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
 ``$TMPDIR/hvd_notebook-gpu-leases``) holds a lock file per GPU, ``gpuN.lock``. A cluster holds an
 exclusive ``flock`` on the file of each GPU it uses for as long as it runs; the kernel process holds the
 lock, so the operating system releases it the moment the cluster stops or the kernel dies, however it
@@ -30,10 +30,9 @@ from pathlib import Path
 import psutil
 
 from .. import config
-from ..private import describe, user_name
+from ..private import OPEN_FLAGS, describe, user_name
 from . import registry
 from .nodedir import (
-    FLAGS,
     REGISTER,
     SETUP,
     LeaseError,
@@ -43,9 +42,7 @@ from .nodedir import (
     open_dir,
     opened_folder,
 )
-from .nodedir import LeaseDirError as LeaseDirError  # (the folder's names, for the callers of leases)
-from .nodedir import lease_dir as lease_dir
-from .nodedir import register_dir as register_dir
+from .nodedir import LeaseDirError as LeaseDirError  # (for the callers of leases)
 
 LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one
 _GPU_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # a file name's part: no '/', no '..'
@@ -87,9 +84,9 @@ def _create_lock(name: str, dir_fd: int) -> int:
     """A new lock file ``name`` of this user's (0644) in the folder ``dir_fd``, opened read-only; one made
     meanwhile by another process of theirs is opened instead."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | FLAGS, 0o644, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, 0o644, dir_fd=dir_fd)
     except FileExistsError:
-        return os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)
+        return os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
     os.fchmod(fd, 0o644)
     return fd
 
@@ -100,7 +97,7 @@ def _open_lock(folder: Path, dir_fd: int, owner: int, gpu: str) -> int:
     folder. ``LeaseError`` else, saying what the admin does."""
     name = _lock_name(gpu)
     try:
-        fd = os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         if owner != os.geteuid():
             raise LeaseError(f"GPU {gpu} has no lock file ({folder / name}) in the node's lease folder, which is "
@@ -302,7 +299,7 @@ def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
     said = []
     if st is not None:
         if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_size <= LOCK_MAX_BYTES:
-            fd = os.open(name, os.O_RDONLY | FLAGS, dir_fd=dir_fd)  # (kept: a cluster may hold it now)
+            fd = os.open(name, os.O_RDONLY | OPEN_FLAGS, dir_fd=dir_fd)  # (kept: a cluster may hold it now)
             os.fchmod(fd, 0o644)
             os.close(fd)
             return [f"{path / name}: kept"]

@@ -15,13 +15,12 @@ import tempfile
 from pathlib import Path
 
 from .. import config
-from ..private import UnsafePathError, describe
+from ..private import OPEN_FLAGS, UnsafePathError, describe, guards_entries
 from .errors import ClusterError
 
 DEFAULT_NAME = "hvd_notebook-gpu-leases"
 REGISTER = "register"  # the register's sticky subfolder (registry.py)
 SETUP = "sudo hvd-notebook setup-node"
-FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class LeaseError(ClusterError):
@@ -46,13 +45,12 @@ def _refusal(path: Path, what: str) -> str:
 
 
 def check_parent(path: Path) -> None:
-    """No one but root and this user can rename or replace ``path``: its parent folder is theirs, and
-    writable by no one else unless sticky (as /tmp)."""
+    """No one but root and this user can rename or replace ``path``: its parent folder ``guards_entries``."""
     try:
         st = os.stat(path.parent)
     except FileNotFoundError:
         return  # (made by setup_node, or a FileNotFoundError for the folder itself follows)
-    if st.st_uid not in (0, os.geteuid()) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+    if not guards_entries(st):
         raise LeaseDirError(_refusal(path, f"in {path.parent}, which is {describe(st)}, so others could "
                                      "replace it"))
 
@@ -62,7 +60,7 @@ def open_dir(path: Path, owners: tuple[int, ...], refuse=_refusal, sticky: bool 
     and no one else may write it (or, with ``sticky``, only with the sticky bit: no one removes another's
     files); ``LeaseDirError`` (``refuse(path, what)``) else, ``FileNotFoundError`` where it does not exist."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | FLAGS)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
     except FileNotFoundError:
         raise
     except OSError:  # ELOOP (a symbolic link) or ENOTDIR
@@ -84,7 +82,7 @@ def make_dir(path: Path, mode: int, dir_fd: int | None = None) -> None:
         os.mkdir(path, 0o700, dir_fd=dir_fd)
     except FileExistsError:
         return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | FLAGS, dir_fd=dir_fd)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS, dir_fd=dir_fd)
     try:
         os.fchmod(fd, mode)
     finally:
@@ -109,16 +107,6 @@ def opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
                                 f"({exc.strerror}): the admin runs `{SETUP}`, which makes it.") from None
         fd, st = open_dir(path, (0, os.geteuid()))
     return path, fd, st
-
-
-def lease_dir(create: bool = True) -> Path:
-    """The node's lease folder, checked (``LeaseDirError`` where it is not root's or this user's, or others
-    may write it); made, this user's, where it does not exist and ``create``."""
-    opened = opened_folder(create)
-    if opened is None:
-        return configured_dir()
-    os.close(opened[1])
-    return opened[0]
 
 
 def register_dir(create: bool = True) -> Path:

@@ -97,7 +97,7 @@ def claim(job: str, folder: Path | None = None) -> Path | None:
         return Path(os.devnull)
     for _ in range(2):
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600))
             return path
         except FileExistsError:
             if not _stale(path):
