@@ -119,15 +119,12 @@ def register_dir(create: bool = True) -> Path:
     path, fd, st = opened
     register = path / REGISTER
     try:
-        try:
-            os.close(open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
-        except FileNotFoundError:
-            if not create:
-                return register
-            if st.st_uid != os.geteuid():
-                raise LeaseDirError(_register_refusal(register, "missing")) from None
+        if create and st.st_uid == os.geteuid():
             make_dir(REGISTER, 0o1777, dir_fd=fd)
-            os.close(open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
+        os.close(open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
+    except FileNotFoundError:
+        if create:  # (and the lease folder is another's, who has not made it)
+            raise LeaseDirError(_register_refusal(register, "missing")) from None
     finally:
         os.close(fd)
     return register
