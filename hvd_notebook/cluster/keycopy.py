@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-import stat
 import subprocess
 import sys
 import time
@@ -170,9 +169,8 @@ def engine_launcher_class() -> Any:
 # ------------------------------------------------------------ on the other host
 def receive(base: Path, relative: Path, data: bytes) -> Path:
     """Write ``data`` to ``base/relative``, 0600: ``base`` must be one of this host's places for the
-    user's private folder (made where it is missing, in a parent no one else can tamper with) and
-    pass ``private.check_dir``; the folders below it are made (0700) or must be the user's own real
-    folders (no one else can enter ``base`` to make or change them); else ``UnsafePathError``."""
+    user's private folder (made where it is missing, in a parent no one else can tamper with); it and the
+    folders below it are made owner-only or checked (``private.ensure_dir``); else ``UnsafePathError``."""
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise private.UnsafePathError(f"{relative}: not a path inside the private folder")
     if base not in private.candidate_bases():
@@ -182,21 +180,9 @@ def receive(base: Path, relative: Path, data: bytes) -> Path:
         private.check_parent(base)
     folder = private.ensure_dir(base)
     for part in relative.parent.parts:
-        folder = _own_folder(folder / part)
+        folder = private.ensure_dir(folder / part)
     private.write_bytes(folder / relative.name, data, 0o600)
     return folder / relative.name
-
-
-def _own_folder(path: Path) -> Path:
-    """``path``, made owner-only where missing, else checked to be a real folder of this user's."""
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            raise private.UnsafePathError(f"{path} is {private.describe(st)}, not a folder of "
-                                          f"{private.user_name()}'s") from None
-    return path
 
 
 def main(argv: list[str]) -> int:
