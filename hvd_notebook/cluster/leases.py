@@ -1,19 +1,17 @@
 """GPU leases between the notebooks of one node.
 
-The node's lease folder (``nodedir.configured_dir``: ``$HVD_NOTEBOOK_LEASE_DIR``, else
-``$TMPDIR/hvd_notebook-gpu-leases``) holds a lock file per GPU, ``gpuN.lock``. A cluster holds an
-exclusive ``flock`` on the file of each GPU it uses for as long as it runs; the kernel process holds the
-lock, so the operating system releases it the moment the cluster stops or the kernel dies, however it
-dies. Who holds a GPU is read from the kernel's table of locks (``/proc/locks``: the holder's pid; that
-process's owner, and its card in the node's register, say who and which cluster), never from a file's text.
+The node's lease folder (``nodedir``: where it is, and whose it must be) holds a lock file per GPU,
+``gpuN.lock``. A cluster holds an exclusive ``flock`` on the file of each GPU it uses for as long as it
+runs; the kernel process holds the lock, so the operating system releases it the moment the cluster stops
+or the kernel dies, however it dies. Who holds a GPU is read from the kernel's table of locks
+(``/proc/locks``: the holder's pid; that process's owner, and its card in the node's register, say who and
+which cluster), never from a file's text.
 
-Whoever owns the folder decides who gets the GPUs, so it is used only where root owns it (made at install
-by ``hvd-notebook setup-node``: ``setup_node``) or, on a machine with one user, this user (made at their
-first lease), and where no one else may write it; any other folder is refused (``LeaseDirError``, naming
-it, its owner and the admin's command). The lock files are the folder owner's, mode 0644: a lease opens
-them read-only (``flock`` needs no write access) with ``O_NOFOLLOW | O_NONBLOCK`` and creates none it
-would not own, so neither a symbolic link, a FIFO nor ``fs.protected_regular`` can redirect, hang or
-block a lease. Beside them, the sticky ``register/`` holds the node's register of clusters (``registry``).
+Root makes the folder at install (``hvd-notebook setup-node``: ``setup_node``). The lock files are the
+folder owner's, mode 0644: a lease opens them read-only (``flock`` needs no write access) with
+``O_NOFOLLOW | O_NONBLOCK`` and creates none it would not own, so neither a symbolic link, a FIFO nor
+``fs.protected_regular`` can redirect, hang or block a lease. Beside them, the sticky ``register/`` holds
+the node's register of clusters (``registry``).
 """
 
 from __future__ import annotations

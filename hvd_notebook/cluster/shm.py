@@ -16,10 +16,9 @@ Three things can go wrong on a shared node, and each has its function here:
   SIGBUS report gets.
 - **What killed ranks leave.** MPICH unlinks its segments in ``MPI_Finalize``; a cluster's ranks
   are killed, not finalised, so every stopped world would leave its segments: on a shared node
-  that is memory no one gets back (2.5 GiB after a day of this project's tests).
-  ``remove_world`` removes a stopped world's own names at once; ``remove_orphaned`` removes this
-  user's segments that no process maps any more and that are older than a starting world could
-  be, so a world that is starting now keeps its own.
+  that is memory no one gets back. ``remove_world`` removes a stopped world's own names at once;
+  ``remove_orphaned`` removes this user's segments that no process maps any more and that are older
+  than a starting world could be, so a world that is starting now keeps its own.
 """
 
 from __future__ import annotations
@@ -195,16 +194,14 @@ def check_world(launcher_pid: int | None, pids: Iterable[int] = (), gforker: boo
 
 
 class StartWatch(threading.Thread):
-    """Looks at the shared memory of a launcher's world (``check_world``) while the launcher runs, every
-    ``interval`` seconds for the first ``early`` seconds and every ``late`` seconds after, and calls
+    """Looks at the shared memory of a launcher's world (``check_world``) while the launcher runs, four
+    times a second for the first minute and every 2 seconds after, and calls
     ``on_foreign(message)`` once where it finds another user's: for a launch that nothing else watches
     while its ranks start (``hvd-notebook run``), where a rank on a planted segment would wait for ever."""
 
-    def __init__(self, launcher_pid: int, gforker: bool, n: int, on_foreign: Callable[[str], None],
-                 interval: float = 0.25, early: float = 60.0, late: float = 2.0) -> None:
+    def __init__(self, launcher_pid: int, gforker: bool, n: int, on_foreign: Callable[[str], None]) -> None:
         super().__init__(daemon=True)
         self.launcher_pid, self.gforker, self.n, self._on_foreign = launcher_pid, gforker, n, on_foreign
-        self._interval, self._early, self._late = interval, early, late
         self._stopped = threading.Event()
 
     @classmethod
@@ -223,7 +220,7 @@ class StartWatch(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         # (a first look a moment after the start: ``shmguard`` has its say first, and exits where it refuses)
-        while not self._stopped.wait(self._interval if time.monotonic() - started < self._early else self._late):
+        while not self._stopped.wait(0.25 if time.monotonic() - started < 60.0 else 2.0):
             try:
                 if psutil.Process(self.launcher_pid).status() == psutil.STATUS_ZOMBIE:
                     return
