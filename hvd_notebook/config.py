@@ -125,6 +125,10 @@ SRUN_MPI = EnvSetting("HVD_NOTEBOOK_SRUN_MPI", "pmi2", "srun's --mpi= plugin for
 # ----------------------------------------------------------------- rank side
 NCCL = EnvSetting("HVD_NOTEBOOK_NCCL", True, "GPU tensors reduce with NCCL where every rank has a GPU; "
                   "off: through the host and MPI")
+NOISE_SCALE = EnvSetting("HVD_NOTEBOOK_NOISE_SCALE", True, "distributed optimizers measure the gradient "
+                         "noise scale (hvd.noise_scale()) where 2 or more ranks average the gradients")
+NOISE_SCALE_DECAY = EnvSetting("HVD_NOTEBOOK_NOISE_SCALE_DECAY", 0.99, "per optimizer step, the decay of the "
+                               "noise scale's moving averages (0.99: about the last 100 steps)")
 SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one host agree on each collective "
                            "in shared memory; off: through a small MPI allreduce")
 RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
@@ -153,7 +157,7 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
                 IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
-                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY)
+                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY)
 
 
 # ------------------------------------------------------------ option parsers

@@ -4,6 +4,8 @@ The patches, each applied at most once per process:
 
 - ``fit``/``evaluate``/``predict`` of ``keras.Model`` add the dashboard's
   ``ProgressCallback`` (``patch_progress``, from ``engine.keras_progress``);
+- ``train_step`` tells a ``DistributedOptimizer`` its batch size (``patch_train_step``, from the
+  runtime's ``DistributedOptimizer``, for the gradient noise scale);
 - ``compile`` switches XLA off where ``jit_compile="auto"`` would compile a
   ``DistributedOptimizer``'s host-side reduction (``patch_compile``, from the
   runtime's ``DistributedOptimizer``);
@@ -116,6 +118,14 @@ def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return compile
+
+
+def patch_train_step(wrap: Wrapper) -> None:
+    """``keras.Model.train_step`` through ``wrap`` (it tells a ``DistributedOptimizer`` the step's batch size,
+    for the gradient noise scale); a model class with its own ``train_step`` keeps it."""
+    import keras
+
+    patch(keras.Model, "train_step", wrap)
 
 
 def patch_keras2_idioms() -> None:

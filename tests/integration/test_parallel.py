@@ -27,7 +27,7 @@ _SHARED = {f for files in SHARED_WORLDS.values() for f in files}
 WORLDS = {**SHARED_WORLDS, **{f: [f] for f in FILES if f not in _SHARED}}
 
 
-def run_under_mpiexec(args: list[str], **env_extra: str) -> None:
+def run_under_mpiexec(args: list[str], ranks: int = 2, **env_extra: str) -> None:
     env = {
         **os.environ,
         "HVD_PARALLEL": "1",
@@ -37,11 +37,11 @@ def run_under_mpiexec(args: list[str], **env_extra: str) -> None:
         **env_extra,
     }
     # -rs: each rank's output says why a test skipped (the gpu tests, where no GPU is visible)
-    cmd = [find_mpiexec(None), "-n", "2", sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+    cmd = [find_mpiexec(None), "-n", str(ranks), sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
            "-o", "addopts=", "-o", "timeout=240", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
-    assert proc.stdout.count(" passed") == 2, proc.stdout[-4000:]  # one summary line per rank
+    assert proc.stdout.count(" passed") == ranks, proc.stdout[-4000:]  # one summary line per rank
 
 
 def test_every_file_runs_in_a_world():
@@ -59,3 +59,8 @@ def test_agreement_through_a_collective():
     run_under_mpiexec(["tests/parallel/test_collectives.py", "tests/parallel/test_timeline_and_stall.py",
                        "-k", "agreement_road or mismatch or join or barrier or stall or bad_root"],
                       HVD_NOTEBOOK_SHM_AGREEMENT="0")
+
+
+def test_the_noise_scale_on_four_ranks():
+    # the known answer holds for any number of ranks (two cores: oversubscribed)
+    run_under_mpiexec(["tests/parallel/test_noise_scale.py", "-k", "known"], ranks=4)

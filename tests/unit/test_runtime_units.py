@@ -21,7 +21,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # the core (runtime/core): each module may import (at module level or inside a function) only modules of a
 # lower layer, and no binding
 CORE_LAYERS = [
-    {"ops", "exceptions", "events", "timeline", "topology"},
+    {"ops", "exceptions", "events", "timeline", "topology", "noise_scale"},
     {"rules", "gradients", "signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},
@@ -332,3 +332,43 @@ def test_each_binding_raises_the_core_errors_as_its_frameworks_one_class_each():
     refused = torch_ops._ERRORS.convert(RefusedError("no Adasum", refused_here=True))
     assert type(refused) is torch_ops.CollectiveRefusedError and refused.refused_here and str(refused) == "no Adasum"
     assert type(torch_ops._ERRORS.convert(MismatchError("x"))) is torch_ops.CollectiveMismatchError
+
+
+# ------------------------------------------------------------------ the gradient noise scale's estimator
+def test_the_noise_scale_estimator_follows_mccandlish_appendix_a1():
+    from hvd_notebook.runtime.core.noise_scale import NoiseScale
+
+    # |G_small|^2 = 3, |G_big|^2 = 2 over 2 ranks of 32: |G|^2 = (64*2 - 32*3)/32 = 1, tr(S) = 1/(1/32 - 1/64) = 64
+    ns = NoiseScale(decay=0.5)
+    assert ns.value() is None
+    ns.record(local_sq=3.0, global_sq=2.0, ranks=2, batch=32)
+    assert ns.gradient_sq() == pytest.approx(1.0) and ns.value() == pytest.approx(64.0)
+    # the averages are taken of |G|^2 and tr(S), then divided (not an average of the ratios)
+    ns.record(local_sq=5.0, global_sq=2.0, ranks=2, batch=32)  # |G|^2 = -1, tr(S) = 192
+    assert ns.gradient_sq() == pytest.approx((0.5 * 1 + 1 * -1) / 1.5)
+    assert ns.value() is None  # the averaged |G|^2 is not positive: the gradient is lost in its noise
+    ns.record(local_sq=float("inf"), global_sq=2.0, ranks=2, batch=32)  # a skipped loss-scaling step
+    assert ns.steps == 2
+
+
+def test_without_a_batch_the_noise_scale_takes_it_when_read():
+    from hvd_notebook.runtime.core.noise_scale import NoiseScale
+
+    told, untold = NoiseScale(0.9), NoiseScale(0.9)
+    for local, global_ in ((3.0, 2.0), (3.5, 2.1)):
+        told.record(local, global_, ranks=4, batch=8, passes=4)
+        untold.record(local, global_, ranks=4, passes=4)
+    assert untold.value() is None
+    assert untold.value(batch_size=8) == pytest.approx(told.value())
+    assert NoiseScale(0.9).value(8) is None
+
+
+def test_the_noise_scale_settings(monkeypatch):
+    from hvd_notebook.runtime.core import noise_scale
+
+    assert noise_scale.enabled(2) and not noise_scale.enabled(1)
+    monkeypatch.setenv("HVD_NOTEBOOK_NOISE_SCALE", "0")
+    assert not noise_scale.enabled(2)
+    monkeypatch.setenv("HVD_NOTEBOOK_NOISE_SCALE_DECAY", "1.5")
+    with pytest.raises(ValueError, match="HVD_NOTEBOOK_NOISE_SCALE_DECAY=1.5: the decay is a number in"):
+        noise_scale.NoiseScale().record(3.0, 2.0, ranks=2, batch=32)

@@ -12,15 +12,17 @@ whose ``apply`` first averages the gradients over all ranks with one fused
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from ..core import basics
+from ..core.noise_scale import NoiseScale
 from ..core.ops import Adasum, Average, Sum
 from ..core.process_sets import check as check_process_set
 from ..core.rules import reject_unsupported
 from ..tensorflow.compression import Compression
-from ..tensorflow.gradients import reduce_gradients
+from ..tensorflow.gradients import noise_scale_of, reduce_gradients, training_step
 from ..tensorflow.mpi_ops import not_converted
 
 
@@ -71,6 +73,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
 def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dict[str, Any], k: int,
                                  average_aggregated_gradients: bool, scale_local_gradients: bool) -> Any:
     """A copy of a Keras 3 optimizer, of a subclass of its class whose update reduces the gradients first."""
+    import keras
+
     from ... import keras_patches
 
     base = type(optimizer)
@@ -83,6 +87,7 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._hvd_local = LocalVariables(scale_local_gradients)
+            self._hvd_noise = NoiseScale()
 
         def register_local_var(self, var: Any) -> None:
             """Keep ``var``'s gradient on this rank (not reduced), as Horovod's optimizer."""
@@ -96,19 +101,33 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
             if self._hvd_passes == 1:
                 # without variables Keras applies to those it was built with (no public name for them)
                 variables = self._trainable_variables if trainable_variables is None else trainable_variables
-                grads = self._hvd_local.reduce(grads, variables, self._hvd_settings)
+                grads = self._hvd_local.reduce(grads, variables, self._hvd_settings, **self._hvd_measure(1))
             return super().apply(grads, trainable_variables)
 
         @not_converted
         def _backend_update_step(self, grads: Any, trainable_variables: Any, learning_rate: Any) -> Any:
             if self._hvd_passes > 1:  # Keras hands over the mean of the k accumulated gradients
-                grads = self._hvd_local.reduce(list(grads), list(trainable_variables), self._hvd_settings)
+                grads = self._hvd_local.reduce(list(grads), list(trainable_variables), self._hvd_settings,
+                                               **self._hvd_measure(self._hvd_passes))
                 if not self._hvd_average_aggregated:
                     grads = [None if g is None else g * self._hvd_passes for g in grads]
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
 
+        def _hvd_measure(self, passes: int) -> dict[str, Any]:
+            """The noise scale's arguments of ``reduce_gradients``: this optimizer's estimator, ``fit``'s batch,
+            the accumulated passes and the loss scale."""
+            unscale = None
+            if isinstance(self, keras.optimizers.LossScaleOptimizer):  # (its scale is made with its variables)
+                unscale = 1.0 / getattr(self, "dynamic_scale", self.initial_scale)
+            return dict(noise=self._hvd_noise, passes=passes, unscale=unscale)
+
+        def noise_scale(self, batch_size: int | None = None) -> float | None:
+            """The gradient noise scale this optimizer measured (``hvd.noise_scale``)."""
+            return self._hvd_noise.value(batch_size)
+
     # Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches
     keras_patches.patch_compile()
+    keras_patches.patch_train_step(_telling_batch)
     _Distributed.__name__ = _Distributed.__qualname__ = f"Distributed{base.__name__}"
     config = optimizer.get_config()
     if k > 1:
@@ -140,14 +159,15 @@ class LocalVariables:
     def ids(self) -> set[int]:
         return set(self._registered) | {id(v) for layer in self._layers for v in layer.trainable_weights}
 
-    def reduce(self, grads: list[Any], variables: list[Any], settings: dict[str, Any]) -> list[Any]:
+    def reduce(self, grads: list[Any], variables: list[Any], settings: dict[str, Any], **measure: Any) -> list[Any]:
         """``reduce_gradients`` of every gradient but the local variables' ones, which stay this
-        rank's (divided by the size of the reducing set where ``scale``, as Horovod does)."""
+        rank's (divided by the size of the reducing set where ``scale``, as Horovod does); ``measure``:
+        ``reduce_gradients``'s noise-scale arguments (the local gradients are no part of it)."""
         local = self.ids()
         if not local:
-            return reduce_gradients(grads, **settings)
+            return reduce_gradients(grads, **settings, **measure)
         mine = [id(v) in local for v in variables]
-        shared = iter(reduce_gradients([g for g, m in zip(grads, mine) if not m], **settings))
+        shared = iter(reduce_gradients([g for g, m in zip(grads, mine) if not m], **settings, **measure))
         process_set = settings.get("process_set")
         n = basics.size() if process_set is None else process_set.size()
         return [self._scaled(g, n) if m else next(shared) for g, m in zip(grads, mine)]
@@ -175,10 +195,32 @@ def one_or_list(value: Any, kinds: Any, error: str) -> list[Any]:
     return items
 
 
+def _telling_batch(train_step: Any) -> Any:
+    """``Model.train_step`` that tells the gradient reduction inside its batch size, so that a
+    ``DistributedOptimizer`` knows how many samples its gradients stand for, and adds the noise scale it
+    measured to the step's logs (``history.history["noise_scale"]``, the progress bar, the dashboard)."""
+    import tensorflow as tf
+
+    @functools.wraps(train_step)
+    def wrapper(self: Any, data: Any) -> Any:
+        leaves = tf.nest.flatten(data)
+        with training_step(tf.shape(leaves[0])[0] if leaves else None) as step:
+            logs = train_step(self, data)
+        if step.noise is not None and isinstance(logs, dict):
+            logs = {**logs, "noise_scale": noise_scale_of(step.noise)}
+        return logs
+
+    return wrapper
+
+
 def _local_layers(local_layers: Any) -> list[Any]:
     import keras
 
     return one_or_list(local_layers, keras.layers.Layer, "All local layers must be of keras.layers.Layer type.")
+
+
+# A training loop makes a DistributedGradientTape each step: the noise scale's averages run over all of them
+_tape_noise = NoiseScale()
 
 
 class DistributedGradientTape:
@@ -216,7 +258,8 @@ class DistributedGradientTape:
         import tensorflow as tf
 
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
-        flat = self._local.reduce(tf.nest.flatten(grads), tf.nest.flatten(sources), self._settings)
+        flat = self._local.reduce(tf.nest.flatten(grads), tf.nest.flatten(sources), self._settings,
+                                  noise=_tape_noise)
         return tf.nest.pack_sequence_as(grads, flat)
 
     def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,

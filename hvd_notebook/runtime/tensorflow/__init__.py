@@ -35,6 +35,7 @@ from ..core.basics import (
     size,
 )
 from ..core.exceptions import MismatchError, StallError
+from ..core.noise_scale import noise_scale
 from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .compression import Compression
 from .mpi_ops import (
@@ -98,5 +99,5 @@ __all__ = [  # (and LAZY_NAMES, by attribute)
     "mpi_threads_supported", "nccl_built", "nccl_enabled", "rank", "reducescatter", "shutdown", "size",
     "start_timeline", "stop_timeline", "broadcast_", "ccl_built", "cuda_built", "ddl_built", "local_rank_op",
     "local_size_op", "process_set_included_op", "rank_op", "rocm_built", "size_op", "ProcessSet", "add_process_set",
-    "global_process_set", "remove_process_set",
+    "global_process_set", "remove_process_set", "noise_scale",
 ]

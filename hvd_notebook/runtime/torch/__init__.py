@@ -19,6 +19,7 @@ optimizer state, objects), ``optimizer`` (``DistributedOptimizer``), ``compressi
 """
 
 from ..core.exceptions import HorovodInternalError, MismatchError, StallError
+from ..core.noise_scale import noise_scale
 from ..core.objects import start_timeline, stop_timeline
 from ..core.ops import Adasum, Average, Max, Min, Product, Sum
 from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -85,7 +86,8 @@ __all__ = [
     "global_process_set", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "noise_scale", "poll", "rank", "reducescatter",
+    "reducescatter_async",
     "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
     "stop_timeline", "synchronize",
 ]

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from ..core import ops
+from ..core import noise_scale, ops
+from ..core.noise_scale import NoiseScale
 from ..core.process_sets import global_process_set
 from .compression import Compression
-from .mpi_ops import grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
 # a parameter's attribute holding the hook of the newest DistributedOptimizer that took it
 _HOOK_ATTRIBUTE = "_hvd_notebook_hook"
@@ -51,6 +52,10 @@ class _DistributedOptimizer:
         self._synchronized, self._should_synchronize = False, True
         self._hooks: list[Any] = []
         backends = _backends(process_set)
+        self._ranks = 1 if backends is None else backends.size
+        self._noise = NoiseScale()  # the gradient noise scale: this rank's squared norms, taken before the
+        self._local_sq: list[torch.Tensor] = []  # reductions start, and the average's after they end
+        self._measure = op != ops.Adasum and noise_scale.enabled(self._ranks)
         if backends is not None and backends.size > 1:
             for p in self._parameter_names:
                 if p.requires_grad:
@@ -88,6 +93,7 @@ class _DistributedOptimizer:
         for p in group:
             if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
                 p.grad = torch.zeros_like(p)
+        self._add_local_sq([p.grad for p in group])
         name = self._parameter_names[group[0]]
         if len(group) == 1 and group[0].grad.is_sparse and not self._sparse_as_dense:
             return sparse_allreduce_async(group[0].grad, name, self._op, self._process_set), "sparse"
@@ -109,6 +115,7 @@ class _DistributedOptimizer:
             group = self._groups[p]
             if p.requires_grad and group not in self._handles:
                 self._handles[group] = self._reduce_async(group)
+        noise = self._reduce_local_sq_async()
         for group, (handle, ctx) in self._handles.items():
             if ctx == "sparse":
                 output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
@@ -118,11 +125,44 @@ class _DistributedOptimizer:
             synchronize(handle)
             for p, (c, compressed) in zip(group, ctx):
                 _set_grad(p, self._compression.decompress(compressed, c))
+        if noise is not None:
+            self._record_noise(*noise)
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         for g in self._group_ready:
             self._group_ready[g] = 0
         self._handles.clear()
         self._synchronized = True
+
+    # ------------------------------------------------------------ the noise scale
+    def _add_local_sq(self, grads: list[torch.Tensor]) -> None:
+        """Keep the gradients' squared norm for this step's local sum (on their device; before the in-place
+        reductions overwrite them)."""
+        if self._measure:
+            self._local_sq.append(_squared_norm(grads))
+
+    def _reduce_local_sq_async(self) -> tuple[int, torch.Tensor] | None:
+        """Start averaging the local squared norms over the ranks, beside the gradients' reductions."""
+        if not self._local_sq:
+            return None
+        local = torch.stack(self._local_sq).sum().reshape(1)
+        self._local_sq = []
+        name = "noise_scale." + next(iter(self._parameter_names.values()))
+        return allreduce_async_(local, name=name, op=ops.Average, process_set=self._process_set), local
+
+    def _record_noise(self, handle: int, local: torch.Tensor) -> None:
+        synchronize(handle)
+        reduced = _squared_norm([p.grad for p in self._parameter_names if p.requires_grad and p.grad is not None])
+        # the gradients are sums over the accumulated passes (and over the ranks for op=Sum): a rank's
+        # gradient over all of its samples is 1/passes of it, the average 1/size more for op=Sum
+        per = float(self.backward_passes_per_step) ** 2
+        ranks_sq = float(self._ranks) ** 2 if self._op == ops.Sum else 1.0
+        noise_scale.record(self._noise, float(local) / per, float(reduced) / per / ranks_sq, self._ranks,
+                           passes=self.backward_passes_per_step)
+
+    def noise_scale(self, batch_size: int) -> float | None:
+        """The gradient noise scale this optimizer measured, for ``batch_size`` samples per rank and backward
+        pass (``hvd.noise_scale``)."""
+        return self._noise.value(batch_size)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -172,6 +212,19 @@ def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
             p.grad.zero_().add_(reduced.to_sparse() if not reduced.is_sparse else reduced)
         else:
             p.grad.copy_(reduced)
+
+
+def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The squared L2 norm of all of ``grads`` together (float32, on their device); a sparse gradient's
+    repeated rows are summed first."""
+    with torch.no_grad():
+        total = None
+        for g in grads:
+            v = (g.coalesce().values() if g.is_sparse else g).reshape(-1)
+            v = v if v.dtype == torch.float32 else v.float()
+            sq = torch.dot(v, v)
+            total = sq if total is None else total + sq.to(total.device)
+        return torch.zeros(()) if total is None else total
 
 
 def _backends(process_set: Any) -> Any:
