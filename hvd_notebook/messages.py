@@ -16,6 +16,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+NOISE_SCALE = "noise_scale"  # the log entry of the gradient noise scale (runtime/core/noise_scale.py)
 KEY_PREFIX = "hvd_progress."
 EVENT_PREFIX = "hvd_event."
 RING = 64  # rotating keys per rank: the kernel polls often enough that none is overwritten unread
@@ -95,6 +96,7 @@ class ProgressUpdate(_Published):
     rank: int = 0
     seq: int = 0  # per rank, increasing
     first_epoch: int = 0  # fit's initial_epoch (a training resumed after a reset starts later)
+    batch_size: int | None = None  # this rank's samples per step, where known
     PREFIX = KEY_PREFIX
 
     @classmethod
@@ -108,6 +110,7 @@ class ProgressUpdate(_Published):
             logs={str(k): float(v) for k, v in (data.get("logs") or {}).items()},
             epoch_logs={int(e): dict(logs) for e, logs in (data.get("epoch_logs") or {}).items()},
             rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)), first_epoch=int(data.get("first_epoch", 0)),
+            batch_size=data.get("batch_size"),
         )
 
 

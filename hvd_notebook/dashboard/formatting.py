@@ -44,6 +44,24 @@ def fmt_epoch(rank_progress: RankProgress) -> str:
     return f"epoch {min(rank_progress.epoch + 1, epochs)}/{epochs}" if epochs > 1 else ""
 
 
+def noise_reading(model: ProgressModel) -> str | None:
+    """One sentence on the measured gradient noise scale (an estimate of the critical batch size, McCandlish
+    et al. 2018) against the global batch: whether more ranks should still pay off. None before it is
+    measured."""
+    measured = model.noise_scale()
+    if measured is None:
+        return None
+    scale = f"the measured noise scale {fmt_rate(measured)}"
+    batch = model.global_batch()
+    if batch is None:
+        return f"{scale[4:]} samples is about the largest global batch that still pays off"
+    if batch < measured / 2:
+        return f"the global batch {batch:,} is below {scale}: more ranks should still pay off"
+    if batch > 2 * measured:
+        return f"the global batch {batch:,} is above {scale}: more ranks would mostly add samples, not save steps"
+    return f"the global batch {batch:,} is near {scale}, the critical batch size: more ranks pay off less and less"
+
+
 def headline(model: ProgressModel) -> str:
     """One line: the current run, its epoch, the global rate, elapsed and ETA."""
     run = model.current

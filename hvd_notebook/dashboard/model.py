@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..messages import ProgressUpdate, RankState, RunKind
+from ..messages import NOISE_SCALE, ProgressUpdate, RankState, RunKind
 from .curves import StepValues
 
 STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler
@@ -31,6 +31,7 @@ class RankProgress:
     step: int = 0
     steps: int | None = None
     samples: int | None = None
+    batch_size: int | None = None  # samples per step, where known
     elapsed: float = 0.0
     logs: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -72,7 +73,7 @@ class RankProgress:
         if self.first_epoch is None:
             self.first_epoch = update.first_epoch
         offset = update.first_epoch - self.first_epoch
-        for name in ("state", "epoch", "epochs", "step", "steps", "samples", "elapsed"):
+        for name in ("state", "epoch", "epochs", "step", "steps", "samples", "batch_size", "elapsed"):
             setattr(self, name, getattr(update, name))
         self.epoch += offset
         self.epochs = self.epochs + offset if self.epochs is not None else None
@@ -85,7 +86,7 @@ class RankProgress:
                 if name.startswith("val_"):  # validation metrics exist per epoch only: in the epoch rows
                     continue
                 point: float | None = value
-                if update.kind.running_means:  # Keras' running means: the steps' own values
+                if update.kind.running_means and name != NOISE_SCALE:  # Keras' running means: the steps' own values
                     point = self.recovered.setdefault(name, StepValues()).add(self.epoch, self.step, value)
                 if point is not None:
                     self._add_point(name, point)
@@ -279,6 +280,18 @@ class ProgressModel:
         starts = {epoch * p.steps for p in (run.ranks.values() if run else ()) if p.steps
                   for epoch in range(1, p.epoch + 1)}
         return sorted(starts)
+
+    def global_batch(self) -> int | None:
+        """Samples per step over all ranks of the latest curve run, where every rank tells its batch."""
+        run = self.curve_run
+        sizes = [p.batch_size for p in (run.ranks.values() if run else ())]
+        return sum(sizes) if sizes and None not in sizes else None  # type: ignore[arg-type]
+
+    def noise_scale(self) -> float | None:
+        """The latest gradient noise scale of the latest curve run (every rank measures the same)."""
+        run = self.curve_run
+        values = [p.logs[NOISE_SCALE] for p in (run.ranks.values() if run else ()) if NOISE_SCALE in p.logs]
+        return statistics.fmean(values) if values else None
 
     def curve(self, metric: str) -> tuple[dict[int, tuple[list[int], list[float]]], tuple[list[int], list[float]]]:
         """Each rank's (steps, values) of ``metric`` in the latest curve run, and their mean over ranks at

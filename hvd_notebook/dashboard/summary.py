@@ -8,9 +8,9 @@ import html
 import io
 from typing import Any
 
-from ..messages import RankState
+from ..messages import NOISE_SCALE, RankState
 from .curves import smooth
-from .formatting import event_lines, headline, rank_line
+from .formatting import event_lines, headline, noise_reading, rank_line
 from .model import ProgressModel
 from .outputs import RankOutputs, output_html, outputs_text
 
@@ -35,6 +35,10 @@ def epoch_table_html(model: ProgressModel) -> str:
         parts.append(f"<div><b>{html.escape(run.kind)}</b> (mean over ranks)"
                      f"<table class='hvd-epochs'><tr>{head}</tr>{body}</table></div>")
     return "".join(parts)
+
+
+def _reading_html(reading: str | None) -> str:
+    return f"<p class='hvd-noise-scale'>{html.escape(reading)}</p>" if reading else ""
 
 
 def _table_cell(value: Any) -> str:
@@ -72,6 +76,9 @@ def curves_png(model: ProgressModel) -> str | None:
         for event in model.events:
             if event.step is not None:
                 ax.axvline(event.step, color="#d9534f", linestyle="--", linewidth=1)
+        batch = model.global_batch() if metric == NOISE_SCALE else None
+        if batch is not None:
+            ax.axhline(batch, color="#5cb85c", linewidth=1.5, label="global batch")
         ax.set_title(metric)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -119,12 +126,14 @@ def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> d
     png = curves_png(model)
     img = f"<img alt='hvd curves' src='data:image/png;base64,{png}'/>" if png else ""
     events = event_lines(model)
-    text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in ranks])
+    reading = noise_reading(model)
+    text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in ranks]
+                     + ([reading] if reading else []))
     if outputs is not None and outputs_text(outputs):
         text += "\n" + outputs_text(outputs)
     events_html = "".join(f"<p class='hvd-reset' style='color:#d9534f'>{html.escape(line)}</p>" for line in events)
     body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>{events_html}"
-            f"<table>{''.join(rows)}</table>{img}{epoch_table_html(model)}"
+            f"<table>{''.join(rows)}</table>{img}{_reading_html(reading)}{epoch_table_html(model)}"
             f"{outputs_html(outputs) if outputs is not None else ''}</div>")
     bundle = {"text/html": body, "text/plain": text}
     if png:

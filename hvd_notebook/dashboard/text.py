@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .formatting import fmt_logs, fmt_rate, reset_text
+from .formatting import fmt_logs, fmt_rate, noise_reading, reset_text
 from .model import ProgressModel
 
 
@@ -57,6 +57,9 @@ class TextView:
                 parts += [fmt_logs({k: v for k, v in row.items() if k not in ("epoch", "samples/s")}),
                           f"{row['time']:.1f} s"]
                 out.append(" | ".join(p for p in parts if p))
+                reading = noise_reading(model) if run is model.curve_run else None
+                if reading:
+                    out.append(f"[hvd] {reading}")
             if not run.kind.has_curves and index not in self.ended and model.run_done(run):
                 self.ended.add(index)
                 parts = [f"[hvd] {run.kind}", f"{ranks} ranks", f"{fmt_rate(model.rate(run))} {run.unit}",

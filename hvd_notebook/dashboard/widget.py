@@ -13,9 +13,9 @@ import html
 from collections.abc import Callable
 from typing import Any
 
-from ..messages import RankState
+from ..messages import NOISE_SCALE, RankState
 from .curves import smooth
-from .formatting import event_lines, headline, rank_line
+from .formatting import event_lines, headline, noise_reading, rank_line
 from .model import ProgressModel, RankProgress
 from .outputs import RankOutputs, output_html
 from .summary import epoch_table_html, outputs_bundle, static_bundle
@@ -93,13 +93,15 @@ class WidgetView(TextView):
         self.rows = ipywidgets.VBox()
         self.each_rank = ipywidgets.Checkbox(value=False, description="each rank's curve", indent=False)
         self.each_rank.observe(lambda change: self._show_ranks(change["new"]), names="value")
-        # metric -> (figure, its marks: (the mean unsmoothed, smoothed, resets, epochs), each rank's line)
-        self.figures: dict[str, tuple[Any, tuple[Any, Any, Any, Any], dict[int, Any]]] = {}
+        # metric -> (figure, its marks: (the mean unsmoothed, smoothed, resets, epochs, the global batch), each
+        # rank's line)
+        self.figures: dict[str, tuple[Any, tuple[Any, Any, Any, Any, Any], dict[int, Any]]] = {}
         self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
+        self.reading = ipywidgets.HTML()  # the noise scale against the global batch, in a sentence
         self.table = ipywidgets.HTML()
         self.events = ipywidgets.HTML()  # the world's resets during the cell
-        self.widget = ipywidgets.VBox([self.headline, self.events, self.rows, self.plots, self.each_rank,
-                                       self.table] + ([tabs.widget] if tabs is not None else []),
+        self.widget = ipywidgets.VBox([self.headline, self.events, self.rows, self.plots, self.reading,
+                                       self.each_rank, self.table] + ([tabs.widget] if tabs is not None else []),
                                       layout=ipywidgets.Layout(border="1px solid #ddd", padding="6px"))
         self.widget.add_class("hvd-dashboard")
 
@@ -124,6 +126,8 @@ class WidgetView(TextView):
                 self._draw_bar(bar, text, rank_progress, rank in stragglers)
         for metric in self.model.metrics():
             self._draw_curve(metric)
+        reading = noise_reading(self.model)
+        self.reading.value = html.escape(reading) if reading else ""
         self.table.value = epoch_table_html(self.model)
         if self.tabs is not None:
             self.tabs.render()
@@ -164,7 +168,7 @@ class WidgetView(TextView):
             bar.bar_style = ""
         text.value = f"<span style='font-family:monospace'>{line}</span>"
 
-    def _figure(self, metric: str) -> tuple[Any, tuple[Any, Any, Any, Any], dict[int, Any]]:
+    def _figure(self, metric: str) -> tuple[Any, tuple[Any, Any, Any, Any, Any], dict[int, Any]]:
         if metric not in self.figures:
             bq = self._bqplot
             x, y = bq.LinearScale(), bq.LinearScale()
@@ -175,7 +179,8 @@ class WidgetView(TextView):
             mean = lines(stroke_width=2.5, colors=["#1f77b4"], labels=["mean"])
             marks = (lines(stroke_width=1, colors=["#1f77b4"], opacities=[0.3], labels=["mean, unsmoothed"]), mean,
                      lines(colors=["#d9534f"], line_style="dashed", labels=["reset"]),
-                     lines(colors=["#999999"], line_style="dash_dotted", stroke_width=1, labels=["epoch"]))
+                     lines(colors=["#999999"], line_style="dash_dotted", stroke_width=1, labels=["epoch"]),
+                     lines(colors=["#5cb85c"], stroke_width=1.5, labels=["global batch"]))
             fig = bq.Figure(marks=[mean], axes=[bq.Axis(scale=x, label="step", side="bottom"),
                                                 bq.Axis(scale=y, side="left", tick_format=".3g")],
                             title=metric, fig_margin={"top": 40, "bottom": 40, "left": 55, "right": 15},
@@ -187,9 +192,11 @@ class WidgetView(TextView):
 
     def _draw_curve(self, metric: str) -> None:
         """The mean over ranks smoothed, unsmoothed (faint) behind it; each rank's smoothed line (behind the
-        checkbox); a grey dash-dotted line where each epoch begins and a dashed red one at each reset."""
+        checkbox); a grey dash-dotted line where each epoch begins and a dashed red one at each reset; on the
+        noise scale's curve, a green line at the global batch."""
         per_rank, (mean_x, mean_y) = self.model.curve(metric)
-        fig, (raw, mean, resets, epochs), lines = self._figure(metric)
+        fig, (raw, mean, resets, epochs, level), lines = self._figure(metric)
+        batch = self.model.global_batch() if metric == NOISE_SCALE and mean_x else None
         steps = [e.step for e in self.model.events if e.step is not None]
         starts = self.model.epoch_starts() if mean_y else []
         with fig.hold_sync():
@@ -207,8 +214,10 @@ class WidgetView(TextView):
                     resets.x, resets.y = [[s, s] for s in steps], [[low, high] for _ in steps]
                 if starts:
                     epochs.x, epochs.y = [[s, s] for s in starts], [[low, high] for _ in starts]
+            if batch is not None:
+                level.x, level.y = [mean_x[0], mean_x[-1]], [batch, batch]
             marks = (([epochs] if starts else []) + [raw, mean] + [lines[r] for r in sorted(lines)]
-                     + ([resets] if steps and mean_y else []))
+                     + ([resets] if steps and mean_y else []) + ([level] if batch is not None else []))
             if list(fig.marks) != marks:
                 fig.marks = marks
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..messages import RankState, RunKind
-from .reporter import RunReport, float_logs, reporting
+from ..messages import NOISE_SCALE, RankState, RunKind
+from .reporter import RunReport, float_logs, measured_noise_scale, reporting
 
 
 class _Custom:
@@ -28,13 +28,15 @@ def _current_cell() -> Any:
 
 
 def report(step: int, total: int | None = None, epoch: int | None = None, epochs: int | None = None,
-           samples: int | None = None, **metrics: float) -> None:
+           samples: int | None = None, batch_size: int | None = None, **metrics: float) -> None:
     """Report a custom training loop's progress to the dashboard (throttled).
 
     ``step`` counts the completed steps of the current epoch (1 after the first),
     ``total`` is the steps per epoch; ``epoch`` (0-based) and ``epochs`` are for
     loops over several epochs; ``samples`` is this rank's samples so far; every
-    other keyword is a metric to plot (``loss=..., accuracy=...``).
+    other keyword is a metric to plot (``loss=..., accuracy=...``). With ``batch_size``
+    (this rank's samples per step) the dashboard plots the gradient noise scale that
+    the distributed optimizer or tape measured (``hvd.noise_scale``) beside them.
 
     >>> for step in range(1, 101):
     ...     loss = train_step()
@@ -56,6 +58,11 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
         run.epoch, run.epoch_start = epoch, time.monotonic()
         run.epoch_first_sample = run.told_samples or 0
     run.step, run.steps = int(step), total
+    if batch_size is not None:
+        run.batch_size = int(batch_size)
+        measured = measured_noise_scale(batch_size)
+        if measured is not None and NOISE_SCALE not in metrics:
+            metrics[NOISE_SCALE] = measured
     run.logs.update(float_logs(metrics))
     if samples is not None:
         run.told_samples = int(samples)

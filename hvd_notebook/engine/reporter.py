@@ -14,12 +14,13 @@ published, so the same code runs as a batch job.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-from ..messages import ProgressUpdate, RankEvent, RankState, RunKind
+from ..messages import NOISE_SCALE, ProgressUpdate, RankEvent, RankState, RunKind
 
 MAX_UPDATES_PER_S = 10
 KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost
@@ -49,6 +50,7 @@ class _State:
     events = itertools.count()
     runs = itertools.count()
     publish: Callable[[dict[str, Any]], None] | None = None
+    noise_scale: Callable[[int | None], float | None] = staticmethod(lambda batch_size: None)
 
 
 def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
@@ -69,9 +71,10 @@ def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
 def install(rank: int) -> None:
     """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication, and
     send the runtime's events (stalls, warnings) to the kernel with it instead of printing them."""
-    from ..runtime.core import events
+    from ..runtime.core import events, noise_scale
 
     _State.rank = rank
+    _State.noise_scale = staticmethod(noise_scale.noise_scale)
     _State.publish = _engine_publisher()
     if _State.publish is not None:
         events.listen(publish_event)
@@ -82,6 +85,11 @@ def publish_event(kind: str, text: str, fields: dict[str, Any]) -> None:
     Raises where it cannot, so that the runtime prints the event instead."""
     seq = next(_State.events)
     _State.publish({RankEvent.key(seq): RankEvent(kind, text, fields, _State.rank, seq).to_dict()})
+
+
+def measured_noise_scale(batch_size: int | None) -> float | None:
+    """The gradient noise scale this rank's distributed optimizer measured last (``hvd.noise_scale``)."""
+    return _State.noise_scale(batch_size)
 
 
 def set_enabled(enabled: bool) -> None:
@@ -107,13 +115,16 @@ def publish(update: ProgressUpdate) -> None:
 
 
 def float_logs(logs: dict[str, Any] | None) -> dict[str, float]:
-    """The entries of Keras logs (or report's metrics) that are numbers, as floats."""
+    """The entries of Keras logs (or report's metrics) that are numbers, as floats; a noise scale not measured
+    yet (NaN) is left out."""
     out = {}
     for key, value in (logs or {}).items():
         try:
             out[str(key)] = float(value)
         except (TypeError, ValueError):
             continue
+        if key == NOISE_SCALE and not math.isfinite(out[key]):
+            del out[key]
     return out
 
 
@@ -163,7 +174,7 @@ class RunReport:
             run=self.id, kind=self.kind, state=state, epoch=self.epoch - self.first_epoch, epochs=self.epochs,
             step=self.step, steps=self.steps, samples=self.samples(), elapsed=time.monotonic() - self.start,
             logs=dict(self.logs), epoch_logs={e - self.first_epoch: self.epoch_logs[e] for e in kept},
-            first_epoch=self.first_epoch,
+            first_epoch=self.first_epoch, batch_size=self.batch_size,
         ))
 
     def end_epoch(self, logs: dict[str, Any] | None) -> None:

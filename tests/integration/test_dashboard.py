@@ -88,9 +88,10 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
             mean = sum(v * (s - start) for (s, v), start in zip(inside, starts)) / 128
             assert mean == pytest.approx(run.epoch_logs[epoch][rank]["loss"], rel=1e-4), (rank, epoch, inside)
     assert progress.model.epoch_starts() == [128]
-    _, (*_, epoch_marks), _ = view.figures["loss"]
+    _, (_, _, _, epoch_marks, _), _ = view.figures["loss"]
     assert [list(x) for x in epoch_marks.x.reshape(-1, 2)] == [[128, 128]]
-    assert set(view.figures) >= {"loss", "accuracy"}
+    assert set(view.figures) >= {"loss", "accuracy", "noise_scale"}
+    assert view.reading.value.startswith("the global batch 32 is ")  # 16 a rank; the measured noise scale beside it
     assert "done" in view.headline.value and "samples/s over 2 rank(s)" in view.headline.value
     assert "hvd-epochs" in view.table.value
     # no rank sent more than about 10 updates a second (plus its epoch and end updates)
@@ -105,10 +106,14 @@ def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
                       "_ = model.evaluate(x, y, verbose=0)")
     assert result.success, out
     lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
-    assert len(lines) == 3, out
+    assert len(lines) == 5, out
     assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | ") and "samples/s | loss " in lines[0]
-    assert lines[1].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[1]
-    assert lines[2].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[2]
+    assert lines[2].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[2]
+    for line in lines[0], lines[2]:  # each epoch with the gradient noise scale, and what it means
+        assert " noise_scale " in line, line
+    assert lines[1].startswith("[hvd] the global batch 128 is ") and "the measured noise scale" in lines[1]
+    assert lines[3].startswith("[hvd] the global batch 128 is ")
+    assert lines[4].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[4]
 
 
 def test_no_progress_removes_the_callback_and_the_dashboard(model, run, dashboards):

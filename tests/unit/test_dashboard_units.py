@@ -364,7 +364,7 @@ def test_the_widget_view_draws_the_smoothed_mean_the_unsmoothed_one_and_epoch_li
         board.feed(u)
     view = WidgetView(board, display=Front())
     view.render()
-    fig, (raw, mean, resets, epochs), _ = view.figures["loss"]
+    fig, (raw, mean, resets, epochs, _), _ = view.figures["loss"]
     assert list(raw.y) == pytest.approx(EPOCHS[0] + EPOCHS[1])
     assert list(mean.y) == pytest.approx(curves.smooth(EPOCHS[0] + EPOCHS[1]))
     assert epochs.x.ravel().tolist() == [6, 6]  # one vertical line, at step 6
@@ -502,3 +502,71 @@ def test_after_a_reset_the_resumed_cells_output_goes_on_in_the_same_tabs():
     text = board.tabs.pages[1].value
     assert text.index("first world") < text.index("failed: the process died") \
         < text.index("[hvd] reset 1: rank 1 died (signal Kill)") < text.index("second world")
+
+
+# ------------------------------------------------------------------ the gradient noise scale
+def noisy_fit(noise: list[float], batch_size: int | None = 64) -> ProgressModel:
+    """Two ranks of a fit whose logs carry the noise scale (the same on both ranks, as measured), with
+    Keras' running mean of the loss beside it; an epoch of 4 steps."""
+    board = ProgressModel([0, 1])
+    for step, value in enumerate(noise, start=1):
+        for rank in (0, 1):
+            board.feed(update(rank, step, step=step, steps=4, batch_size=batch_size,
+                              logs={"loss": 1.0, "noise_scale": value}))
+    return board
+
+
+def test_the_noise_scale_is_drawn_as_measured_not_as_a_running_mean():
+    board = noisy_fit([100.0, 300.0, 500.0])
+    _, (steps, values) = board.curve("noise_scale")
+    assert steps == [1, 2, 3] and values == [100.0, 300.0, 500.0]  # (a running mean would give 100, 500, 900)
+    assert board.noise_scale() == 500.0 and board.global_batch() == 128
+
+
+@pytest.mark.parametrize("measured, batch, reading", [
+    (3100.0, 64, "the global batch 128 is below the measured noise scale 3,100: more ranks should still pay off"),
+    (150.0, 64, "the global batch 128 is near the measured noise scale 150, the critical batch size: more ranks "
+                "pay off less and less"),
+    (40.0, 64, "the global batch 128 is above the measured noise scale 40: more ranks would mostly add "
+               "samples, not save steps"),
+    (3100.0, None, "measured noise scale 3,100 samples is about the largest global batch that still pays off"),
+])
+def test_the_reading_compares_the_noise_scale_with_the_global_batch(measured, batch, reading):
+    assert formatting.noise_reading(noisy_fit([measured], batch)) == reading
+    assert formatting.noise_reading(ProgressModel([0])) is None
+
+
+def test_every_view_keeps_the_reading():
+    board = noisy_fit([3100.0])
+    for rank in (0, 1):
+        board.feed(update(rank, 9, state="epoch_end", step=4, steps=4, batch_size=64,
+                          logs={"loss": 1.0, "noise_scale": 3100.0},
+                          epoch_logs={0: {"loss": 1.0, "noise_scale": 3100.0, "time": 1.0, "samples": 256}}))
+    lines: list[str] = []
+    TextView(board, lines.append).render()
+    assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | 512 samples/s | loss 1 noise_scale 3100")
+    assert lines[1] == "[hvd] the global batch 128 is below the measured noise scale 3,100: more ranks should " \
+                       "still pay off\n"
+    bundle = static_bundle(board)
+    assert "class='hvd-noise-scale'>the global batch 128 is below" in bundle["text/html"]
+    assert bundle["text/plain"].endswith("more ranks should still pay off")
+
+
+def test_the_widget_draws_the_global_batch_beside_the_noise_scale():
+    pytest.importorskip("bqplot")
+    from hvd_notebook.dashboard.widget import WidgetView
+
+    view = WidgetView(noisy_fit([3000.0, 3100.0]), display=Front())
+    view.render()
+    fig, (*_, level), _ = view.figures["noise_scale"]
+    assert level in fig.marks and level.y.ravel().tolist() == [128, 128] and level.x.ravel().tolist() == [1, 2]
+    loss, (*_, no_level), _ = view.figures["loss"]
+    assert no_level not in loss.marks
+    assert "below the measured noise scale 3,100" in view.reading.value
+
+
+def test_a_noise_scale_not_measured_yet_is_left_out_of_the_published_logs():
+    from hvd_notebook.engine.reporter import float_logs
+
+    assert float_logs({"loss": float("nan"), "noise_scale": float("nan")}).keys() == {"loss"}
+    assert float_logs({"noise_scale": 12.0}) == {"noise_scale": 12.0}
