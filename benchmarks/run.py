@@ -38,6 +38,7 @@ import bench_cluster  # noqa: E402
 import bench_elastic  # noqa: E402
 import bench_gpu  # noqa: E402
 import bench_keras  # noqa: E402
+import bench_noise_scale  # noqa: E402
 import bench_progress  # noqa: E402
 import bench_soak  # noqa: E402
 import bench_torch  # noqa: E402
@@ -69,6 +70,11 @@ BENCHMARKS: list[Benchmark] = [
         "keras",
         "DistributedOptimizer: 1 -> 2 ranks scaling efficiency, wrapper cost on one rank",
         bench_keras.run,
+    ),
+    Benchmark(
+        "noise_scale",
+        "a 2-rank training step with the gradient noise scale measured vs not, Keras and PyTorch",
+        bench_noise_scale.run,
     ),
     Benchmark(
         "progress",
