@@ -24,7 +24,8 @@ def run(ctx: Context) -> Report:
                 1e3 * figures[key]["off"], TARGET)
             for key, name in (("keras", "Keras fit"), ("torch", "PyTorch DistributedOptimizer"))]
     notes = [f"small CNN on synthetic 28x28 images, 2 ranks, per-rank batch {figures['batch']}, "
-             f"{figures['steps_per_round']} steps a round, median of {figures['keras']['rounds']} alternated rounds",
+             f"{figures['steps_per_round']} steps a round (PyTorch: 3x), median of {figures['keras']['rounds']} "
+             "alternated rounds",
              "steps measured (on, off): Keras {}, PyTorch {}; the noise scale itself: {} (random labels: the "
              "gradient is lost in its noise, as it should be)".format(
                  tuple(figures["keras"]["steps_measured"]), tuple(figures["torch"]["steps_measured"]),
