@@ -24,7 +24,7 @@ def test_quick_benchmark_run_writes_figures():
     rows = {r["measure"]: r for r in figures["rows"]}
     start = rows["start -n 2 to ready, median"]
     assert start["ours"] > 0 and start["baseline"] > 0
-    for name in ("allreduce", "keras", "elastic", "soak"):
+    for name in ("allreduce", "keras", "noise_scale", "elastic", "soak"):
         figures = json.loads((ROOT / "build" / "bench" / f"{name}.json").read_text())
         assert figures["quick"] is True and figures["rows"]
         assert all(r["ours"] > 0 and r["baseline"] > 0 for r in figures["rows"]), figures["rows"]
