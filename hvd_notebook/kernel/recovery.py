@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import private
 from ..cluster.workdir import clusters_dir
-from ..config import ELASTIC_DIR
+from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
 from .failures import HvdError
 
 
@@ -60,6 +61,15 @@ class ElasticCommits:
         if self.path is None:
             self.path = Path(tempfile.mkdtemp(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         return ELASTIC_DIR.name, str(self.path)
+
+    def summary(self) -> str | None:
+        """The line rank 0 wrote beside its last commit, where there is one: what a new world resumes from."""
+        if self.path is None:
+            return None
+        try:
+            return private.read_text(self.path / ELASTIC_COMMIT_SUMMARY).strip() or None
+        except FileNotFoundError:
+            return None
 
     def forget(self) -> None:
         """Drop the last commit: its cell has ended, and no later cell may resume from it."""

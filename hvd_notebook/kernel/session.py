@@ -267,8 +267,9 @@ class Session:
         except RankDied as died:
             return died
         finally:
-            if runs is not None and running.commits:
-                runs.commit = running.commits[-1] or None
+            if runs is not None and running.commits:  # a commit in this cell; the events can be a step behind
+                # the one on disk (rank 0 ended before its last event left), which is what a new world resumes from
+                runs.commit = running.commits[-1] and (self.commits.summary() or running.commits[-1]) or None
             if running.cluster_lost:
                 self.cluster = None
                 self.tenancy.end()

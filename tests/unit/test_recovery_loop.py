@@ -68,10 +68,14 @@ class Client:
 
 
 class Commits:
-    """The session's commit folder; ``events``: the commit events each run of a cell sees (rank 0's)."""
+    """The session's commit folder; ``events``: the commit events each run of a cell sees (rank 0's);
+    ``on_disk``: the summary beside the commit in the folder."""
 
     def __init__(self, events: list[str]) -> None:
-        self.events, self.forgotten = events, 0
+        self.events, self.forgotten, self.on_disk = events, 0, None
+
+    def summary(self):
+        return self.on_disk
 
     def forget(self):
         self.forgotten += 1
@@ -145,6 +149,15 @@ def test_a_cell_whose_ranks_die_after_a_commit_is_reset_and_resumed(world, capsy
     assert [c.code for c in session.history] == ["setup", "train"]  # the cell is recorded once, when it completes
 
 
+def test_the_commit_resumed_from_is_the_one_on_disk_when_its_event_did_not_arrive(world, capsys):
+    # rank 0 committed step 4 and was ended before that commit's event reached the kernel
+    session, script, log = world
+    session.commits.events, session.commits.on_disk = ["step=2"], "step=4"
+    script.update(train=[died(), "trained"])
+    assert session.run_cell("train", progress=DashboardMode.NONE) == "trained"
+    assert "resuming from the last commit (step=4): reset 1 of 2" in capsys.readouterr().err
+
+
 def test_resets_used_up_fail_the_cell_with_its_history(world):
     session, script, log = world
     script.update(train=[died(), died(), died()])
@@ -208,7 +221,9 @@ def test_the_commit_folder_is_the_sessions_own_and_emptied_when_a_cell_ends(tmp_
     commits = recovery.ElasticCommits()
     name, folder = commits.environment()
     assert name == "HVD_NOTEBOOK_ELASTIC_DIR" and (tmp_path / folder).stat().st_mode & 0o077 == 0
+    assert commits.summary() is None
     (tmp_path / folder / ELASTIC_COMMIT_SUMMARY).write_text("step=4, committed at 12:00:00\n")
+    assert commits.summary() == "step=4, committed at 12:00:00"
     commits.forget()
     assert list((tmp_path / folder).iterdir()) == []
     commits.remove()
