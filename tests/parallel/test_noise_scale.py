@@ -188,3 +188,33 @@ def test_loss_scaling_is_undone(hvd, tf):
     scaled = keras_figure(hvd, lambda keras: hvd.DistributedOptimizer(
         keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.0), dynamic_growth_steps=10)))
     assert plain is not None and scaled == pytest.approx(plain, rel=1e-4)
+
+
+def test_ddp_through_the_communication_hook_measures_as_the_optimizer(hvd, thvd, torch_reference):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from hvd_notebook.engine.frameworks import init_torch_distributed
+
+    init_torch_distributed(thvd, "127.0.0.1")
+    model = torch.nn.Linear(D, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor((W_STAR + DELTA)[None, :], dtype=torch.float32))
+    ddp = DistributedDataParallel(model)
+    hook = thvd.NoiseScaleHook()
+    ddp.register_comm_hook(None, hook)
+    x, y = batches(hvd.rank(), seed=1)
+    for i in range(FEW):
+        ddp.zero_grad()
+        xb, yb = torch.from_numpy(x[i * BATCH:(i + 1) * BATCH]), torch.from_numpy(y[i * BATCH:(i + 1) * BATCH])
+        (0.5 * ((ddp(xb) - yb) ** 2).mean()).backward()
+    assert hook.noise.steps == FEW and hook.noise_scale(BATCH) == pytest.approx(torch_reference, rel=1e-3)
+    assert thvd.noise_scale(BATCH) == hook.noise_scale(BATCH)
+    # and DDP's averaging is its default one: the gradient is the average of the ranks'
+    local = torch.from_numpy(x[(FEW - 1) * BATCH:FEW * BATCH]).T @ (
+        torch.from_numpy(x[(FEW - 1) * BATCH:FEW * BATCH]) @ model.weight.detach().T
+        - torch.from_numpy(y[(FEW - 1) * BATCH:FEW * BATCH])) / BATCH
+    average = torch.from_numpy(np.mean(hvd.allgather_object(local.numpy()), axis=0))
+    torch.testing.assert_close(model.weight.grad, average.T, rtol=1e-5, atol=1e-6)
+    dist.barrier()

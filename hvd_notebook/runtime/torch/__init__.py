@@ -24,6 +24,7 @@ from ..core.objects import start_timeline, stop_timeline
 from ..core.ops import Adasum, Average, Max, Min, Product, Sum
 from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .compression import Compression
+from .ddp import NoiseScaleHook
 from .functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from .mpi_ops import (
     allgather,
@@ -78,7 +79,8 @@ from .sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max", "Min",
-    "MismatchError", "Product", "ProcessSet", "StallError", "Sum", "SyncBatchNorm", "add_process_set",
+    "MismatchError", "NoiseScaleHook", "Product", "ProcessSet", "StallError", "Sum", "SyncBatchNorm",
+    "add_process_set",
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
     "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "ccl_built",
