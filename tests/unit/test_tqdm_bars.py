@@ -81,3 +81,18 @@ def test_install_is_idempotent(updates):
 
     cls = tqdm.tqdm
     assert tqdm_bars.install() and tqdm.tqdm is cls and getattr(cls, "hvd_dashboard", False)
+
+
+def test_a_custom_loop_told_its_batch_reports_the_measured_noise_scale(updates, monkeypatch):
+    from hvd_notebook.runtime.core import noise_scale
+
+    estimator = noise_scale.NoiseScale(decay=0.5)
+    monkeypatch.setattr(noise_scale, "_latest", None)
+    monkeypatch.setattr(reporter._State, "noise_scale", staticmethod(noise_scale.noise_scale))  # as install() does
+    custom_loops.report(step=1, total=3, batch_size=32, loss=1.0)
+    assert "noise_scale" not in updates[-1].logs  # nothing measured yet
+    noise_scale.record(estimator, local_sq=3.0, global_sq=2.0, ranks=2)  # a tape cannot tell its batch
+    custom_loops.report(step=2, total=3, batch_size=32, loss=0.9)
+    assert updates[-1].logs["noise_scale"] == pytest.approx(64.0) and updates[-1].batch_size == 32
+    custom_loops.report(step=3, total=3, loss=0.8)  # without a batch: only what the loop gave
+    assert updates[-1].logs["noise_scale"] == pytest.approx(64.0)  # (the last one reported stays in the logs)
