@@ -79,12 +79,15 @@ def main() -> int:
     table = re.search(r"Started \d+ MPI ranks[^\n]*\n((?:.+\n?)+?)(?:\n|$)", text)
     accuracies = re.findall(r"\[(\d+)\] test accuracy ([0-9.]+)", text)
     epochs = re.findall(r"^\[hvd\] fit epoch .*$", text, flags=re.M)  # the dashboard's text lines
+    readings = re.findall(r"^\[hvd\] .*noise scale.*$", text, flags=re.M)  # the gradient noise scale, read
 
     print()
     if table:
         print(table.group(0).rstrip())
     if epochs:
         print("\n".join(epochs))
+    if readings:
+        print(readings[-1])
     for rank, acc in sorted(accuracies):
         print(f"rank {rank}: final test accuracy {float(acc):.3f}")
     print(f"wall time: {wall:.1f} s for the whole notebook")

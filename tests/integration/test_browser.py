@@ -260,6 +260,8 @@ def test_dashboard_in_jupyterlab(lab):
     assert re.search(r"custom \| [\d,.]+ \S+ over 2 rank\(s\)", tqdm_summary), tqdm_summary
     assert "loss" in tqdm_summary and "it/s" not in outputs, outputs[-2000:]  # no tqdm text printed
     assert re.search(r"fit \| epoch 2/2 \| [\d,]+ samples/s over 2 rank\(s\)", outputs), outputs[-2000:]
+    # the gradient noise scale, read against the global batch (16 a rank), kept in the summary
+    assert re.search(r"the global batch 32 is \w+ the measured noise scale [\d,.]+", outputs), outputs[-2000:]
     assert "Cluster stopped." in outputs
     assert reloaded == ["100"] * 4
     saved = nbformat.read(lab["notebook"], as_version=4)

@@ -63,4 +63,4 @@ def test_agreement_through_a_collective():
 
 def test_the_noise_scale_on_four_ranks():
     # the known answer holds for any number of ranks (two cores: oversubscribed)
-    run_under_mpiexec(["tests/parallel/test_noise_scale.py", "-k", "known"], ranks=4)
+    run_under_mpiexec(["tests/parallel/test_noise_scale.py", "-k", "keras_fit_measures_the_known"], ranks=4)

@@ -114,8 +114,8 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
             return super()._backend_update_step(grads, trainable_variables, learning_rate)
 
         def _hvd_measure(self, passes: int) -> dict[str, Any]:
-            """The noise scale's arguments of ``reduce_gradients``: this optimizer's estimator, ``fit``'s batch,
-            the accumulated passes and the loss scale."""
+            """The noise scale's arguments of ``reduce_gradients``: this optimizer's estimator, the accumulated
+            passes and the factor that undoes the loss scale (``fit``'s batch reaches it by ``training_step``)."""
             unscale = None
             if isinstance(self, keras.optimizers.LossScaleOptimizer):  # (its scale is made with its variables)
                 unscale = 1.0 / getattr(self, "dynamic_scale", self.initial_scale)
