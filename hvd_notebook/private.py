@@ -184,7 +184,7 @@ def open_regular(path: Path, uid: int | None = None, max_bytes: int = MAX_READ, 
     ``UnsafePathError``."""
     uid = os.geteuid() if uid is None else uid
     try:
-        fd = os.open(path, mode | OPEN_FLAGS)
+        fd = os.open(path, mode | OPEN_FLAGS, 0o666)  # (with O_CREAT: a new file's mode, less the umask)
     except OSError as exc:
         if exc.errno == 40:  # ELOOP: the last component is a symbolic link
             raise UnsafePathError(f"{path} is a symbolic link; it was not followed") from None
@@ -233,3 +233,14 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
 def write_text(path: Path, text: str, mode: int = 0o600) -> None:
     """``write_bytes`` of text."""
     write_bytes(path, text.encode(), mode)
+
+
+def append_text(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` (made where it is missing), where it is this user's own regular file (no
+    symbolic link is followed); flushed to disk, so that a crash right after loses nothing of it."""
+    fd = open_regular(path, max_bytes=UNLIMITED, mode=os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -158,6 +158,12 @@ class MPICluster:
         """The warm standby: ``off``, ``starting``, ``ready`` or ``failed: why``."""
         return self.standby.state if self.standby is not None else "off"
 
+    def settle(self, timeout: float) -> None:
+        """Wait (up to ``timeout`` seconds) until the warm standby, where one is starting, has started or
+        failed: its launch takes CPU that a measurement (a sweep's point) would count against the ranks."""
+        if self.standby is not None:
+            self.standby.settle(timeout)
+
     def mpiexec_output_tail(self, lines: int = 20) -> str:
         """The last lines mpiexec and the engines wrote to the launcher's log."""
         return self.world.output_tail(lines) if self.world is not None else diagnosis.tail("", lines)

@@ -80,6 +80,10 @@ class WarmStandby:
             return "starting"
         return f"failed: {self.error}" if self.error is not None else "ready"
 
+    def settle(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for its launch to end (``state`` is then ready or failed)."""
+        self._thread.join(timeout)
+
     def pids(self) -> set[int]:
         """Its processes so far."""
         return self.world.pids()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import shlex
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -12,8 +13,9 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..cluster import stacks
 from ..cluster.world import RankInfo
-from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, rank_list, seconds
+from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
+from . import sweep
 from .failures import HvdError
 from .session import Session
 
@@ -117,6 +119,51 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
     return cell
 
 
+def _positive_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers above 0")
+    return values
+
+
+def _word_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _non_negative_list(text: str) -> tuple[int, ...]:
+    return tuple(non_negative_int(part) for part in text.split(","))
+
+
+def _build_sweep_parser() -> _Parser:
+    sweep = _Parser(prog="%%hvd sweep", description=(
+        "Run the cell's training code once per point of a grid (ranks x per-rank batch x learning-rate rule x "
+        "warm-up), each on a fresh world of its ranks with the set-up cells replayed; the code reads the "
+        "point's settings from `point` (point.batch, point.lr(base_lr), point.callbacks(base_lr), ...). A "
+        "table and plots update as points end; each point's results are appended to a JSON-lines file, so "
+        "the sweep run again goes on from the first unfinished point. See docs/large-batch.md."))
+    sweep.add_argument("-n", "--np", type=_positive_list, required=True, metavar="LIST",
+                       help="numbers of ranks, e.g. 1,2,4 (include 1: scaling efficiency is measured against it)")
+    sweep.add_argument("--batch", type=_positive_list, required=True, metavar="LIST",
+                       help="per-rank batch sizes, e.g. 32,128")
+    sweep.add_argument("--lr", type=_word_list, default=("none",), metavar="RULES",
+                       help="how the learning rate grows with the global batch: none, linear, sqrt (default none)")
+    sweep.add_argument("--warmup", type=_non_negative_list, default=(0,), metavar="LIST",
+                       help="warm-up epochs, e.g. 0,3 (default 0)")
+    sweep.add_argument("--base-batch", type=positive_int, default=None, metavar="N",
+                       help="the global batch the base rate is tuned for (default: the smallest of the grid)")
+    sweep.add_argument("--target", default=None, metavar="METRIC>=VALUE",
+                       help="time and steps to reach it, e.g. val_accuracy>=0.95 (<=, >, < too)")
+    sweep.add_argument("--results", default="sweep.jsonl", metavar="FILE",
+                       help="JSON-lines file the points' results are appended to (default sweep.jsonl)")
+    sweep.add_argument("--retry-failed", action="store_true", help="run again the points that failed")
+    sweep.add_argument("--timeout", type=seconds, default=None, metavar="S",
+                       help="fail a point after S seconds (and go on with the next)")
+    return sweep
+
+
 def usage() -> str:
     """Help for ``%hvd`` and every subcommand, as ``%hvd --help`` prints it."""
     parser = _build_line_parser()
@@ -126,6 +173,7 @@ def usage() -> str:
             continue
         parts.append(p.format_help())
     parts.append(_build_cell_parser().format_help())
+    parts.append(_build_sweep_parser().format_help())
     return "\n".join(parts)
 
 
@@ -224,10 +272,25 @@ class HvdMagics(Magics):
         return None
 
     def _cell(self, line: str, cell: str) -> Any:
-        args = _build_cell_parser().parse_args(_split("%%hvd", line))
+        argv = _split("%%hvd", line)
+        if argv[:1] == ["sweep"]:
+            return self._sweep(argv[1:], cell)
+        args = _build_cell_parser().parse_args(argv)
         session = Session.get()
         output_ranks = args.output_ranks
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]
         return session.run_cell(cell, ranks=args.ranks, output_ranks=output_ranks, timeout=args.timeout,
                                 progress=args.progress, record=not args.no_replay)
+
+    def _sweep(self, argv: list[str], cell: str) -> None:
+        args = _build_sweep_parser().parse_args(argv)
+        try:
+            target = sweep.Target.parse(args.target) if args.target is not None else None
+            grid = sweep.Grid(args.np, args.batch, args.lr, args.warmup, args.base_batch)
+            grid.points()
+        except ValueError as exc:
+            raise UsageError(f"%%hvd sweep: {exc}") from None
+        session = Session.get()
+        with session.busy():
+            sweep.run_sweep(session, cell, grid, target, Path(args.results), args.timeout, args.retry_failed)

@@ -153,6 +153,27 @@ class Session:
 
         return replay(list(self.history), run, say)
 
+    def fresh_world(self, n: int) -> list[RankInfo]:
+        """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it, quietly (a point of a
+        ``%%hvd sweep``): the running cluster restarted (its warm standby promoted) where it has ``n``
+        ranks, else a cluster of ``n`` started in its place; returns once its new standby, if any, has
+        started. What the last ``%hvd start`` asked for and the recorded cells stay as they were."""
+        with self.in_use():
+            options, history = self.options, self.history
+            if options is None:
+                raise failures.no_cluster()
+            if self.cluster is not None and self.cluster.n == n:
+                ranks = self._restart()
+            else:
+                self.stop()
+                try:
+                    ranks = self.start(replace(options, n=n))
+                finally:
+                    self.options, self.history = options, history
+            self._replay(say=lambda line: None)
+            self.require().settle(options.timeout)  # (a standby starting beside the point would slow its ranks)
+            return ranks
+
     def stop(self) -> bool:
         """Stop the cluster; False when none was running."""
         cluster, self.cluster = self.cluster, None
@@ -194,16 +215,31 @@ class Session:
         ``progress`` is the dashboard's mode (``config.DashboardMode``); ``record``: a cell that
         completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off). The node's card
         says the cluster is busy meanwhile; where its lease ran out during the cell, it stops after."""
+        with self.busy():
+            return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+
+    @contextmanager
+    def busy(self) -> Iterator[MPICluster]:
+        """Hold the running cluster for a cell (or a sweep): the node's card says it is busy meanwhile;
+        where its lease ran out, it stops after."""
         with self.in_use():
-            self.require()
+            cluster = self.require()
             self.tenancy.cell(busy=True)
             try:
-                return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+                yield cluster
             finally:
                 self.tenancy.cell(busy=False)
                 why = self.tenancy.due()
                 if why is not None and self._release(why):
                     print(f"[hvd_notebook] {self.released}", file=sys.stderr, flush=True)
+
+    def run_measured(self, code: str, dashboard: Dashboard, timeout: float | None = None) -> None:
+        """Run ``code`` once on every rank with its progress into ``dashboard`` (a point of a ``%%hvd
+        sweep``): no rank's output shown, not recorded for replay, not resumed; its failure raised."""
+        with self.in_use():
+            outcome = self._run_once(code, None, [], timeout, dashboard.mode, _Runs(dashboard))
+        if isinstance(outcome, RankDied):
+            raise outcome
 
     def _run_cell(self, code: str, ranks: list[int] | None, output_ranks: list[int] | None,
                   timeout: float | None, progress: str | None, record: bool) -> RankValue | None:

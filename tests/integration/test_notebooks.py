@@ -63,14 +63,13 @@ def test_make_demo_runs_the_quickstart_and_prints_its_summary():
     assert re.search(r"\[hvd\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", text), text
 
 
-def test_large_batch_sweep():
-    text = execute("02-large-batch.ipynb")
-    runs = re.findall(r"\[0\] global batch +(\d+) +lr ([0-9.]+) +warm-up (yes|no) +test accuracy ([0-9.]+)", text)
-    assert [(int(b), w) for b, _, w, _ in runs] == [(32, "no"), (32, "yes"), (128, "no"), (128, "yes"),
-                                                    (512, "no"), (512, "yes")], text
-    assert [float(lr) for _, lr, _, _ in runs[::2]] == [0.01, 0.04, 0.16]  # the linear scaling rule
-    assert all(float(a) > 0.5 for *_, a in runs), runs
-    assert "Pulled 'results' from rank 0." in text and "<Figure" in text
+def test_large_batch_sweep(tmp_path):
+    text = execute("02-large-batch.ipynb", workdir=tmp_path)  # (its results file is written there)
+    assert "sweep: 4 of 4 point(s) done, target val_accuracy>=0.95" in text, text
+    assert "4 point(s) measured, 0 failed; results in large-batch-sweep.jsonl" in text, text
+    printed = re.findall(r"^ranks=([12]) batch=(16|128) lr=(linear) warmup=2 +ok +samples/s +(\d+)", text, re.M)
+    assert len(printed) == 4 and all(int(rate) > 0 for *_, rate in printed), text
+    assert "back on a fresh world of 2 rank(s)" in text and "Cluster stopped." in text, text
 
 
 def test_timeline_chart_and_fusion():

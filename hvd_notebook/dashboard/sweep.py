@@ -1,0 +1,156 @@
+"""What a ``%%hvd sweep`` shows while it runs and leaves in the notebook: a table with a row per point
+(finished, running with its live headline, or still to come) and two plots: scaling efficiency against
+ranks, and time to the target against the global batch with the measured noise scale marked. One display,
+updated in place (``display_id``), so the last state is what the saved notebook keeps."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import statistics
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from .formatting import fmt_duration, fmt_rate, text_table
+
+COLUMNS = ("point", "global batch", "samples/s", "efficiency", "to target", "communication", "noise scale",
+           "metrics", "status")
+
+
+class SweepPoint(Protocol):
+    """What the table needs of a point (``engine.sweep_point.SweepPoint``, which the dashboard does not import)."""
+
+    key: str
+    global_batch: int
+
+    def describe(self) -> str: ...
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def row_cells(point: SweepPoint, row: dict[str, Any] | None, running: str | None = None) -> list[str]:
+    """The table's cells for one point: its figures once finished, else what it is doing."""
+    cells = [point.describe(), f"{point.global_batch:,}"]
+    if row is None:
+        return cells + ["-"] * (len(COLUMNS) - 3) + [running or "to come"]
+    if row.get("status") != "ok":
+        return cells + ["-"] * (len(COLUMNS) - 3) + [f"failed: {row.get('error') or '?'}"]
+    if "seconds_to_target" not in row:
+        to_target = "-"
+    elif row["seconds_to_target"] is None:
+        to_target = "not reached"
+    else:
+        steps = f", {row['steps_to_target']:,} steps" if row.get("steps_to_target") else ""
+        to_target = f"{fmt_duration(row['seconds_to_target'])}{steps}"
+    metrics = " ".join(f"{k} {v:.4g}" for k, v in sorted(row.get("metrics", {}).items(),
+                                                          key=lambda kv: (kv[0].startswith("val_"), kv[0])))
+    noise = row.get("noise_scale")
+    return cells + [fmt_rate(row.get("samples_per_s")), _percent(row.get("efficiency")), to_target,
+                    _percent(row.get("communication")), "-" if noise is None else fmt_rate(noise), metrics, "done"]
+
+
+def measured_noise_scale(rows: list[dict[str, Any]]) -> float | None:
+    """The median of the points' measured noise scales (B_simple), where any was measured."""
+    values = [r["noise_scale"] for r in rows if r.get("status") == "ok" and r.get("noise_scale")]
+    return statistics.median(values) if values else None
+
+
+def figure_png(rows: list[dict[str, Any]], target: Any = None) -> str | None:
+    """The two plots as a PNG (base64 text); None before any point finished, or without matplotlib."""
+    done = [r for r in rows if r.get("status") == "ok"]
+    if not done:
+        return None
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    fig = Figure(figsize=(9, 3.2), dpi=100)
+    eff_ax, time_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for batch in sorted({r["batch"] for r in done}):
+        by_ranks: dict[int, list[float]] = {}
+        for r in done:
+            if r["batch"] == batch and r.get("efficiency") is not None:
+                by_ranks.setdefault(r["ranks"], []).append(r["efficiency"])
+        if by_ranks:
+            xs = sorted(by_ranks)
+            eff_ax.plot(xs, [statistics.fmean(by_ranks[x]) for x in xs], "o-", label=f"{batch} per rank")
+    eff_ax.axhline(1.0, color="#888888", linestyle="--", linewidth=1)
+    eff_ax.set(title="scaling efficiency", xlabel="ranks", ylim=(0, 1.15))
+    key = "seconds_to_target" if target is not None else "seconds"
+    for rule in dict.fromkeys((r["lr_rule"], r["warmup"]) for r in done):
+        points = sorted((r["global_batch"], r[key]) for r in done
+                        if (r["lr_rule"], r["warmup"]) == rule and r.get(key) is not None)
+        if points:
+            label = f"lr {rule[0]}" + (f", warm-up {rule[1]}" if rule[1] else "")
+            time_ax.plot([p[0] for p in points], [p[1] for p in points], "s-", label=label)
+    noise = measured_noise_scale(done)
+    if noise is not None:
+        time_ax.axvline(noise, color="#5cb85c", linewidth=1.5, label=f"noise scale {fmt_rate(noise)}")
+    time_ax.set(title=f"time to {target}" if target is not None else "training time",
+                xlabel="global batch", ylabel="s")
+    time_ax.set_xscale("log", base=2)
+    for ax in (eff_ax, time_ax):
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+class SweepDisplay:
+    """The sweep's table and plots, one display updated in place.
+
+    >>> view = SweepDisplay(points, target)
+    >>> view.update(rows); view.update(rows, running_point, "fit | epoch 2/5 | ..."); view.update(rows)
+    """
+
+    def __init__(self, points: list[SweepPoint], target: Any = None,
+                 display: Callable[..., Any] | None = None) -> None:
+        self.points, self.target = points, target
+        self._display = display
+        self._in_place = True  # (a display given: it redraws in place; IPython's own: where a kernel runs)
+        self._handle: Any = None
+        self._shown = -1  # finished points last shown
+        self._png: tuple[int, str | None] = (-1, None)  # (finished points it shows, the PNG)
+
+    def bundle(self, rows: dict[str, dict[str, Any]], running: SweepPoint | None = None,
+               status: str = "") -> dict[str, str]:
+        """The display bundle: HTML (the table, then the plots' PNG inline) and text (the table)."""
+        table = [row_cells(p, rows.get(p.key), status if p == running else None) for p in self.points]
+        if self._png[0] != len(rows):
+            self._png = (len(rows), figure_png([rows[p.key] for p in self.points if p.key in rows], self.target))
+        png = self._png[1]
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in table)
+        img = f"<img alt='hvd sweep plots' src='data:image/png;base64,{png}'/>" if png else ""
+        title = f"sweep: {sum(p.key in rows for p in self.points)} of {len(self.points)} point(s) done" + (
+            f", target {self.target}" if self.target is not None else "")
+        return {"text/html": f"<div class='hvd-sweep'><p><b>hvd</b> {html.escape(title)}</p>"
+                               f"<table class='hvd-sweep-table'><tr>{head}</tr>{body}</table>{img}</div>",
+                "text/plain": f"{title}\n{text_table([COLUMNS, *table])}"}
+
+    def update(self, rows: dict[str, dict[str, Any]], running: SweepPoint | None = None, status: str = "") -> None:
+        """Redraw with ``rows`` finished and ``running`` doing ``status``. Where no front end redraws a
+        display in place (IPython in a terminal, which would print each update anew), only a change of the
+        finished points is shown."""
+        if self._display is None:
+            from IPython import get_ipython
+            from IPython.display import display
+
+            self._display, self._in_place = display, getattr(get_ipython(), "kernel", None) is not None
+        if not self._in_place and self._handle is not None and self._shown == len(rows):
+            return
+        self._shown = len(rows)
+        bundle = self.bundle(rows, running, status)
+        if self._handle is None or not self._in_place:
+            self._handle = self._display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
