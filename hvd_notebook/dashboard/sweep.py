@@ -81,13 +81,13 @@ def figure_png(rows: list[dict[str, Any]], target: Any = None) -> str | None:
             xs = sorted(by_ranks)
             eff_ax.plot(xs, [statistics.fmean(by_ranks[x]) for x in xs], "o-", label=f"{batch} per rank")
     eff_ax.axhline(1.0, color="#888888", linestyle="--", linewidth=1)
-    eff_ax.set(title="scaling efficiency", xlabel="ranks", ylim=(0, 1.15))
+    eff_ax.set(title="scaling efficiency", xlabel="ranks", ylim=(0, 1.15), xticks=sorted({r["ranks"] for r in done}))
     key = "seconds_to_target" if target is not None else "seconds"
-    for rule in dict.fromkeys((r["lr_rule"], r["warmup"]) for r in done):
+    for ranks, rule, warmup in sorted(dict.fromkeys((r["ranks"], r["lr_rule"], r["warmup"]) for r in done)):
         points = sorted((r["global_batch"], r[key]) for r in done
-                        if (r["lr_rule"], r["warmup"]) == rule and r.get(key) is not None)
+                        if (r["ranks"], r["lr_rule"], r["warmup"]) == (ranks, rule, warmup) and r.get(key) is not None)
         if points:
-            label = f"lr {rule[0]}" + (f", warm-up {rule[1]}" if rule[1] else "")
+            label = f"{ranks} rank{'s' if ranks > 1 else ''}, lr {rule}" + (f", warm-up {warmup}" if warmup else "")
             time_ax.plot([p[0] for p in points], [p[1] for p in points], "s-", label=label)
     noise = measured_noise_scale(done)
     if noise is not None:

@@ -5,10 +5,12 @@ before the sweep back."""
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import time
 
-from conftest import ProcessWatch, assert_gone, execute, figure, started_kernel
+from conftest import ProcessWatch, artifacts_dir, assert_gone, execute, figure, started_kernel
 
 SETUP = """%%hvd
 import keras
@@ -92,7 +94,9 @@ def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
         assert all(r["efficiency"] > 0 and r["noise_scale"] and r["steps_to_target"] for r in two), two
         last = bundles[-1]
         assert "sweep: 4 of 4 point(s) done, target val_accuracy>=0.5" in last["text/plain"], last["text/plain"]
-        assert "<img alt='hvd sweep plots' src='data:image/png;base64," in last["text/html"]
+        png = re.search(r"<img alt='hvd sweep plots' src='data:image/png;base64,([A-Za-z0-9+/=]+)'", last["text/html"])
+        assert png, last["text/html"]
+        (artifacts_dir() / "sweep.png").write_bytes(base64.b64decode(png[1]))  # (docs/img/sweep.png is one)
         assert any("fit | " in b["text/plain"] for b in bundles), "no live row of a running point was shown"
         figure(f"sweep of 4 points: interrupted after {first:.0f} s (2 points), the rest in "
                f"{time.monotonic() - t0:.0f} s; 2-rank efficiency "
