@@ -116,7 +116,11 @@ class ResultsFile:
         return rows
 
     def append(self, row: dict[str, Any]) -> None:
-        private.append_text(self.path, json.dumps(row) + "\n")
+        """Add a finished point's line (an ``HvdError`` where the file cannot be written)."""
+        try:
+            private.append_text(self.path, (json.dumps(row) + "\n") if row else "")
+        except OSError as exc:
+            raise HvdError(f"The sweep's results file cannot be written: {exc}. Name another with --results.") from None
 
 
 def digest(code: str, target: Target | None) -> str:
@@ -199,6 +203,7 @@ def run_sweep(session: Any, code: str, grid: Grid, target: Target | None, path: 
     results = ResultsFile(path, digest(code, target))
     keys = {p.key for p in points}
     rows = {key: row for key, row in results.finished().items() if key in keys}
+    results.append({})  # (made, or refused, before any point runs)
     view = SweepDisplay(points, target, display)
     view.update(rows)
     todo = [p for p in points if p.key not in rows or (retry_failed and rows[p.key].get("status") != OK)]

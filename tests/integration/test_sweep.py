@@ -22,6 +22,8 @@ x_val, y_val = x[1200:], y[1200:]
 """
 
 SWEEP = """%%hvd sweep -n 1,2 --batch 16,64 --lr linear --target val_accuracy>=0.5 --results {path}
+if point.ranks == 2 and point.batch == 64:
+    raise ValueError("a point that fails")
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
@@ -85,22 +87,25 @@ def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
         reply, out, bundles = _displays(kc, msg_id)
         assert reply["content"]["status"] == "ok", out
         assert "2 of 4 point(s) are in" in out and "running the other 2" in out, out
-        assert "4 point(s) measured, 0 failed" in out, out
-        rows = _lines(path)
-        assert len(rows) == 4 and len({r["point"] for r in rows}) == 4, rows  # nothing run twice
+        assert "3 point(s) measured, 1 failed" in out, out  # the failed point is recorded; the sweep went on
+        rows = {r["point"]: r for r in _lines(path)}
+        assert len(rows) == 4 == len(_lines(path)), rows  # nothing run twice
+        failed = rows.pop("ranks=2 batch=64 lr=linear warmup=0")
+        assert failed["status"] == "failed" and re.match(r"rank \d raised ValueError: a point that fails",
+                                                         failed["error"]), failed
         assert all(r["status"] == "ok" and r["samples_per_s"] > 0 and r["seconds_to_target"] is not None
-                   for r in rows), rows
-        two = [r for r in rows if r["ranks"] == 2]
-        assert all(r["efficiency"] > 0 and r["noise_scale"] and r["steps_to_target"] for r in two), two
+                   for r in rows.values()), rows
+        two = rows["ranks=2 batch=16 lr=linear warmup=0"]
+        assert two["efficiency"] > 0 and two["noise_scale"] and two["steps_to_target"], two
         last = bundles[-1]
         assert "sweep: 4 of 4 point(s) done, target val_accuracy>=0.5" in last["text/plain"], last["text/plain"]
         png = re.search(r"<img alt='hvd sweep plots' src='data:image/png;base64,([A-Za-z0-9+/=]+)'", last["text/html"])
         assert png, last["text/html"]
         (artifacts_dir() / "sweep.png").write_bytes(base64.b64decode(png[1]))  # (docs/img/sweep.png is one)
         assert any("fit | " in b["text/plain"] for b in bundles), "no live row of a running point was shown"
+        assert "failed: rank" in last["text/plain"], last["text/plain"]
         figure(f"sweep of 4 points: interrupted after {first:.0f} s (2 points), the rest in "
-               f"{time.monotonic() - t0:.0f} s; 2-rank efficiency "
-               + ", ".join(f"{r['efficiency']:.2f}" for r in two))
+               f"{time.monotonic() - t0:.0f} s (one failing); 2-rank efficiency {two['efficiency']:.2f}")
 
         _, out = execute(kc, "print('N', Session.get().cluster.n)\n%hvd stop")  # the 2-rank world of before
         assert "N 2" in out and "Cluster stopped." in out, out
