@@ -183,7 +183,7 @@ class RunReport:
         if mark is None or self._step_mark is None:
             return
         (t0, c0), (t1, c1) = mark, self._step_mark
-        self.step_times.append([self.steps_timed - 1, (t1 - t0) / count, (c1 - c0) / count])
+        self.step_times.append([self.steps_timed - 1, round((t1 - t0) / count, 6), round((c1 - c0) / count, 6)])
 
     def epoch_samples(self) -> int | None:
         if self.batch_size is None:
