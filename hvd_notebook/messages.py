@@ -97,6 +97,9 @@ class ProgressUpdate(_Published):
     seq: int = 0  # per rank, increasing
     first_epoch: int = 0  # fit's initial_epoch (a training resumed after a reset starts later)
     batch_size: int | None = None  # this rank's samples per step, where known
+    # training steps since the last update: [index in the run, wall seconds, seconds in collectives] (a
+    # step of several steps' report: their means)
+    step_times: list[list[float]] = field(default_factory=list)
     PREFIX = KEY_PREFIX
 
     @classmethod
@@ -111,6 +114,7 @@ class ProgressUpdate(_Published):
             epoch_logs={int(e): dict(logs) for e, logs in (data.get("epoch_logs") or {}).items()},
             rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)), first_epoch=int(data.get("first_epoch", 0)),
             batch_size=data.get("batch_size"),
+            step_times=[[int(i), float(wall), float(comm)] for i, wall, comm in data.get("step_times") or ()],
         )
 
 

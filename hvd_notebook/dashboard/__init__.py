@@ -14,8 +14,8 @@ ipywidgets and bqplot when it is made.
 
 from .live import Dashboard
 from .mode import resolve_mode
-from .model import ProgressModel
+from .model import ProgressModel, StepBreakdown
 from .summary import static_bundle
 from .text import TextView
 
-__all__ = ["Dashboard", "ProgressModel", "TextView", "resolve_mode", "static_bundle"]
+__all__ = ["Dashboard", "ProgressModel", "StepBreakdown", "TextView", "resolve_mode", "static_bundle"]

@@ -62,6 +62,23 @@ def noise_reading(model: ProgressModel) -> str | None:
     return f"the global batch {batch:,} is near {scale}, the critical batch size: more ranks pay off less and less"
 
 
+def fmt_seconds(seconds: float) -> str:
+    """``0.20 s`` from a tenth of a second up, ``12 ms`` or ``0.8 ms`` below."""
+    return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.2g} ms"
+
+
+def step_time_reading(model: ProgressModel) -> str | None:
+    """One sentence on where the recent steps' time went: the share in collectives, and the rank the others
+    wait for where one holds them back. None before every rank timed a step, or without collectives."""
+    breakdown = model.step_breakdown()
+    if breakdown is None:
+        return None
+    reading = f"communication {breakdown.fraction:.0%} of each step"
+    if breakdown.waited_for is not None:
+        return f"{reading}; the others wait {fmt_seconds(breakdown.waited_s)} a step for rank {breakdown.waited_for}"
+    return reading + ("; no rank holds the others back" if len(breakdown.per_rank) > 1 else "")
+
+
 def headline(model: ProgressModel) -> str:
     """One line: the current run, its epoch, the global rate, elapsed and ETA."""
     run = model.current

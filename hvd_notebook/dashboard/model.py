@@ -1,12 +1,14 @@
 """What the dashboard shows, computed from the ranks' updates: each rank's
 progress, global samples/s, elapsed time and ETA, stragglers, curves of every
-metric over steps, and one summary row per epoch. Plain Python, no display."""
+metric over steps, one summary row per epoch, and where the recent steps' time
+went (``step_breakdown``). Plain Python, no display."""
 
 from __future__ import annotations
 
 import bisect
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -18,6 +20,10 @@ STRAGGLER_MIN_STEPS = 10  # ... once the median has done this many
 RATE_WINDOW_S = 2.0  # samples/s over about the last two seconds
 MAX_POINTS = 2000  # per curve; older points are thinned beyond this
 TIMING = ("time", "samples")  # epoch-log entries that are not metrics
+STEP_WINDOW = 50  # the step breakdown's steps: the most recent that every rank has timed
+KEPT_STEPS = 4 * STEP_WINDOW  # step times kept per rank
+WAITED_SHARE = 0.10  # a rank is waited for where the others wait for it this share of a step ...
+WAITED_MIN_S = 0.005  # ... and at least this long
 
 
 @dataclass
@@ -39,6 +45,7 @@ class RankProgress:
     points: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # metric -> (step, value)
     recovered: dict[str, StepValues] = field(default_factory=dict)  # metric -> its per-step values (Keras fit)
     first_epoch: int | None = None  # fit's initial_epoch in the run's first update
+    step_times: dict[int, tuple[float, float]] = field(default_factory=dict)  # step -> (seconds, in collectives)
 
     @property
     def done_steps(self) -> int:
@@ -78,6 +85,10 @@ class RankProgress:
         self.epoch += offset
         self.epochs = self.epochs + offset if self.epochs is not None else None
         self.logs = dict(update.logs)
+        for index, wall, collective in update.step_times:
+            self.step_times[index] = (wall, collective)
+        while len(self.step_times) > KEPT_STEPS:
+            del self.step_times[next(iter(self.step_times))]
         self.history.append((self.elapsed, float(self.samples if self.samples is not None else self.done_steps)))
         if len(self.history) > 4 * MAX_POINTS:
             del self.history[: len(self.history) // 2]
@@ -115,6 +126,25 @@ class ResetEvent:
     died: dict[int, str]  # rank -> how it ended ("signal Kill"; "" where unknown)
     stood: dict[int, tuple[int, int | None, int]]  # each dead rank's (epoch, epochs, step) in the current run
     commit: str  # the commit resumed from, in a few words
+
+
+@dataclass
+class StepBreakdown:
+    """Where the recent training steps' time went: in collectives (waiting for the other ranks, moving data)
+    or outside them (``ProgressModel.step_breakdown``).
+
+    >>> breakdown = model.step_breakdown()
+    >>> f"communication {breakdown.fraction:.0%} of each step", breakdown.waited_for
+    ('communication 38% of each step', 1)
+    """
+
+    fraction: float  # seconds in collectives over step seconds, each rank's over the window, mean over ranks
+    waited_for: int | None  # the rank the others wait for; None where no rank holds them back much
+    waited_s: float  # how long the others wait per step, on average, for the rank most often slowest
+    step_s: float  # seconds per step, mean over ranks
+    per_rank: dict[int, tuple[float, float]]  # rank -> (seconds in collectives per step, seconds per step)
+    slowest: dict[int, int]  # step -> the rank with the least time in collectives, the one the others waited for
+    steps: int  # the steps of the window
 
 
 @dataclass
@@ -191,6 +221,7 @@ class ProgressModel:
             for rank_progress in run.ranks.values():
                 rank_progress.history.clear()  # the new processes' clocks start again
                 rank_progress.recovered.clear()  # ... and their running means
+                rank_progress.step_times.clear()  # ... and their steps' numbers
                 rank_progress.state, rank_progress.error = RankState.RUNNING, None
         return event
 
@@ -292,6 +323,31 @@ class ProgressModel:
         run = self.curve_run
         values = [p.logs[NOISE_SCALE] for p in (run.ranks.values() if run else ()) if NOISE_SCALE in p.logs]
         return statistics.fmean(values) if values else None
+
+    def step_breakdown(self) -> StepBreakdown | None:
+        """Where the time of the latest curve run's recent steps (the last ``STEP_WINDOW`` that every rank
+        timed) went: the share in collectives and the rank the others wait for. None before every rank has
+        timed a step, or where no collective time was counted (one rank; a runtime other than hvd's)."""
+        run = self.curve_run
+        if run is None or not run.ranks or len(run.ranks) < len(self.rank_ids):
+            return None
+        times = {r: p.step_times for r, p in sorted(run.ranks.items())}
+        window = sorted(set.intersection(*(set(t) for t in times.values())))[-STEP_WINDOW:]
+        if not window or not any(t[i][1] for t in times.values() for i in window):
+            return None
+        per_rank = {r: (statistics.fmean(t[i][1] for i in window), statistics.fmean(t[i][0] for i in window))
+                    for r, t in times.items()}
+        fraction = statistics.fmean(min(1.0, c / s) if s > 0 else 0.0 for c, s in per_rank.values())
+        step_s = statistics.fmean(s for _, s in per_rank.values())
+        slowest = {i: min(times, key=lambda r: times[r][i][1]) for i in window}
+        if len(times) < 2:
+            return StepBreakdown(fraction, None, 0.0, step_s, per_rank, slowest, len(window))
+        candidate = Counter(slowest.values()).most_common(1)[0][0]
+        others = [r for r in times if r != candidate]
+        waited_s = statistics.fmean(times[r][i][1] - times[candidate][i][1] for i in window for r in others)
+        held_back = waited_s > max(WAITED_SHARE * step_s, WAITED_MIN_S)
+        return StepBreakdown(fraction, candidate if held_back else None, waited_s, step_s, per_rank, slowest,
+                             len(window))
 
     def curve(self, metric: str) -> tuple[dict[int, tuple[list[int], list[float]]], tuple[list[int], list[float]]]:
         """Each rank's (steps, values) of ``metric`` in the latest curve run, and their mean over ranks at

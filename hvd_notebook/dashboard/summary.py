@@ -10,7 +10,7 @@ from typing import Any
 
 from ..messages import NOISE_SCALE, RankState
 from .curves import smooth
-from .formatting import event_lines, headline, noise_reading, rank_line
+from .formatting import event_lines, headline, noise_reading, rank_line, step_time_reading
 from .model import ProgressModel
 from .outputs import RankOutputs, output_html, outputs_text
 
@@ -37,8 +37,8 @@ def epoch_table_html(model: ProgressModel) -> str:
     return "".join(parts)
 
 
-def _reading_html(reading: str | None) -> str:
-    return f"<p class='hvd-noise-scale'>{html.escape(reading)}</p>" if reading else ""
+def _reading_html(reading: str | None, kind: str) -> str:
+    return f"<p class='{kind}'>{html.escape(reading)}</p>" if reading else ""
 
 
 def _table_cell(value: Any) -> str:
@@ -126,14 +126,15 @@ def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> d
     png = curves_png(model)
     img = f"<img alt='hvd curves' src='data:image/png;base64,{png}'/>" if png else ""
     events = event_lines(model)
-    reading = noise_reading(model)
+    reading, step_time = noise_reading(model), step_time_reading(model)
     text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in ranks]
-                     + ([reading] if reading else []))
+                     + [line for line in (reading, step_time) if line])
     if outputs is not None and outputs_text(outputs):
         text += "\n" + outputs_text(outputs)
     events_html = "".join(f"<p class='hvd-reset' style='color:#d9534f'>{html.escape(line)}</p>" for line in events)
     body = (f"<div class='hvd-summary'><p><b>hvd</b> {html.escape(headline(model))}</p>{events_html}"
-            f"<table>{''.join(rows)}</table>{img}{_reading_html(reading)}{epoch_table_html(model)}"
+            f"<table>{''.join(rows)}</table>{img}{_reading_html(reading, 'hvd-noise-scale')}"
+            f"{_reading_html(step_time, 'hvd-step-time')}{epoch_table_html(model)}"
             f"{outputs_html(outputs) if outputs is not None else ''}</div>")
     bundle = {"text/html": body, "text/plain": text}
     if png:

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .formatting import fmt_logs, fmt_rate, noise_reading, reset_text
+from .formatting import fmt_logs, fmt_rate, noise_reading, reset_text, step_time_reading
 from .model import ProgressModel
 
 
@@ -57,9 +57,9 @@ class TextView:
                 parts += [fmt_logs({k: v for k, v in row.items() if k not in ("epoch", "samples/s")}),
                           f"{row['time']:.1f} s"]
                 out.append(" | ".join(p for p in parts if p))
-                reading = noise_reading(model) if run is model.curve_run else None
-                if reading:
-                    out.append(f"[hvd] {reading}")
+                if run is model.curve_run:
+                    out += [f"[hvd] {reading}" for reading in (noise_reading(model), step_time_reading(model))
+                            if reading]
             if not run.kind.has_curves and index not in self.ended and model.run_done(run):
                 self.ended.add(index)
                 parts = [f"[hvd] {run.kind}", f"{ranks} ranks", f"{fmt_rate(model.rate(run))} {run.unit}",

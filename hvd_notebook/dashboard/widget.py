@@ -15,7 +15,7 @@ from typing import Any
 
 from ..messages import NOISE_SCALE, RankState
 from .curves import smooth
-from .formatting import event_lines, headline, noise_reading, rank_line
+from .formatting import event_lines, headline, noise_reading, rank_line, step_time_reading
 from .model import ProgressModel, RankProgress
 from .outputs import RankOutputs, output_html
 from .summary import epoch_table_html, outputs_bundle, static_bundle
@@ -98,10 +98,12 @@ class WidgetView(TextView):
         self.figures: dict[str, tuple[Any, tuple[Any, Any, Any, Any, Any], dict[int, Any]]] = {}
         self.plots = ipywidgets.HBox(layout=ipywidgets.Layout(flex_flow="row wrap"))
         self.reading = ipywidgets.HTML()  # the noise scale against the global batch, in a sentence
+        self.step_time = ipywidgets.HTML()  # where the steps' time goes, in a sentence
         self.table = ipywidgets.HTML()
         self.events = ipywidgets.HTML()  # the world's resets during the cell
         self.widget = ipywidgets.VBox([self.headline, self.events, self.rows, self.plots, self.reading,
-                                       self.each_rank, self.table] + ([tabs.widget] if tabs is not None else []),
+                                       self.step_time, self.each_rank, self.table]
+                                      + ([tabs.widget] if tabs is not None else []),
                                       layout=ipywidgets.Layout(border="1px solid #ddd", padding="6px"))
         self.widget.add_class("hvd-dashboard")
 
@@ -126,8 +128,9 @@ class WidgetView(TextView):
                 self._draw_bar(bar, text, rank_progress, rank in stragglers)
         for metric in self.model.metrics():
             self._draw_curve(metric)
-        reading = noise_reading(self.model)
-        self.reading.value = html.escape(reading) if reading else ""
+        for widget, reading in ((self.reading, noise_reading(self.model)),
+                                (self.step_time, step_time_reading(self.model))):
+            widget.value = html.escape(reading) if reading else ""
         self.table.value = epoch_table_html(self.model)
         if self.tabs is not None:
             self.tabs.render()

@@ -37,6 +37,8 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     other keyword is a metric to plot (``loss=..., accuracy=...``). With ``batch_size``
     (this rank's samples per step) the dashboard plots the gradient noise scale that
     the distributed optimizer or tape measured (``hvd.noise_scale``) beside them.
+    The time from one report to the next, and its part in collectives, is the steps'
+    in between (the first report only starts the clock).
 
     >>> for step in range(1, 101):
     ...     loss = train_step()
@@ -52,7 +54,9 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     if epochs:
         run.epochs = epochs
     last_epoch = (epoch or 0) + 1 >= (epochs or 1)
-    if epoch is not None and epoch != run.epoch:
+    next_epoch = epoch is not None and epoch != run.epoch
+    run.end_steps(int(step) if next_epoch or not run.steps_timed else int(step) - run.step)
+    if next_epoch:
         if run.epoch not in run.epoch_logs:  # the loop moved on without reporting the last step
             run.epoch_logs[run.epoch] = _custom_epoch_record(run)
         run.epoch, run.epoch_start = epoch, time.monotonic()

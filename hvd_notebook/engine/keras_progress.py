@@ -80,9 +80,14 @@ class ProgressCallback(keras.callbacks.Callback):
             if run.epochs is not None:
                 run.epochs -= epoch
         run.epoch, run.step, run.epoch_start, run.epoch_closed = epoch, 0, time.monotonic(), False
+        if run.steps_timed:  # (the run's first step traces the step function: its end starts the timing)
+            run.start_steps()
         run.update(force=True)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        run = self._run
+        if run is not None and run.kind == RunKind.FIT:
+            run.end_steps(max(batch + 1 - run.step, 1))  # (steps_per_execution > 1: several steps a batch)
         self._batch(RunKind.FIT, batch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:

@@ -7,8 +7,10 @@ is written to files. This module holds what every adapter shares: the engine's s
 ``%%hvd --no-progress``), the publication, the throttle (at most ``MAX_UPDATES_PER_S`` updates a second per
 rank, plus one at the end of every epoch and of every run) and ``RunReport``, one run's state. The adapters
 feed it: ``keras_progress`` (``fit``/``evaluate``/``predict``), ``custom_loops`` (``report``) and
-``tqdm_bars``. Outside an ipyparallel engine (a plain ``mpiexec -n 4 python train.py``) nothing is
-published, so the same code runs as a batch job.
+``tqdm_bars``. Training runs also time each step: its wall seconds and the seconds in collectives within it
+(the runtime's ``collective_time``, read through ``collective_seconds`` so that the kernel side never
+imports the runtime), sent as the steps since the last update. Outside an ipyparallel engine (a plain
+``mpiexec -n 4 python train.py``) nothing is published, so the same code runs as a batch job.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import itertools
 import math
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,7 @@ from ..messages import NOISE_SCALE, ProgressUpdate, RankEvent, RankState, RunKin
 
 MAX_UPDATES_PER_S = 10
 KEPT_EPOCHS = 8  # each update repeats the last few epochs' end-of-epoch logs, so none is lost
+KEPT_STEP_TIMES = 256  # the most recent steps' times an update carries (those since the last update)
 
 
 class Throttle:
@@ -51,6 +55,7 @@ class _State:
     runs = itertools.count()
     publish: Callable[[dict[str, Any]], None] | None = None
     noise_scale: Callable[[int | None], float | None] = staticmethod(lambda batch_size: None)
+    collective_seconds: Callable[[], float | None] = staticmethod(lambda: None)
 
 
 def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
@@ -71,10 +76,11 @@ def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
 def install(rank: int) -> None:
     """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication, and
     send the runtime's events (stalls, warnings) to the kernel with it instead of printing them."""
-    from ..runtime.core import events, noise_scale
+    from ..runtime.core import collective_time, events, noise_scale
 
     _State.rank = rank
     _State.noise_scale = staticmethod(noise_scale.noise_scale)
+    _State.collective_seconds = staticmethod(collective_time.seconds)
     _State.publish = _engine_publisher()
     if _State.publish is not None:
         events.listen(publish_event)
@@ -90,6 +96,12 @@ def publish_event(kind: str, text: str, fields: dict[str, Any]) -> None:
 def measured_noise_scale(batch_size: int | None) -> float | None:
     """The gradient noise scale this rank's distributed optimizer measured last (``hvd.noise_scale``)."""
     return _State.noise_scale(batch_size)
+
+
+def collective_seconds() -> float | None:
+    """The seconds this rank has spent in the runtime's collectives so far (``runtime.core.collective_time``);
+    None outside an engine whose runtime counts them."""
+    return _State.collective_seconds()
 
 
 def set_enabled(enabled: bool) -> None:
@@ -150,6 +162,28 @@ class RunReport:
         self.epoch_logs: dict[int, dict[str, float]] = {}
         self.epoch_start = self.start
         self.throttle = Throttle()
+        self.steps_timed = 0  # training steps whose times were recorded or skipped (the next one's index)
+        self.step_times: deque[list[float]] = deque(maxlen=KEPT_STEP_TIMES)  # not published yet
+        self._step_mark: tuple[float, float] | None = None  # (clock, collective seconds) where the next began
+
+    def start_steps(self) -> None:
+        """The next training step starts now (a run's or an epoch's beginning: what came before it, such as
+        validation, is no step)."""
+        collective = collective_seconds()
+        self._step_mark = None if collective is None else (time.perf_counter(), collective)
+
+    def end_steps(self, count: int = 1) -> None:
+        """``count`` training steps ended now: record their wall and collective seconds (per step) since the
+        last mark, under the index of the last one, and mark the next's start. Nothing before a mark."""
+        if count < 1:
+            return
+        mark = self._step_mark
+        self.start_steps()
+        self.steps_timed += count
+        if mark is None or self._step_mark is None:
+            return
+        (t0, c0), (t1, c1) = mark, self._step_mark
+        self.step_times.append([self.steps_timed - 1, round((t1 - t0) / count, 6), round((c1 - c0) / count, 6)])
 
     def epoch_samples(self) -> int | None:
         if self.batch_size is None:
@@ -174,8 +208,9 @@ class RunReport:
             run=self.id, kind=self.kind, state=state, epoch=self.epoch - self.first_epoch, epochs=self.epochs,
             step=self.step, steps=self.steps, samples=self.samples(), elapsed=time.monotonic() - self.start,
             logs=dict(self.logs), epoch_logs={e - self.first_epoch: self.epoch_logs[e] for e in kept},
-            first_epoch=self.first_epoch, batch_size=self.batch_size,
+            first_epoch=self.first_epoch, batch_size=self.batch_size, step_times=list(self.step_times),
         ))
+        self.step_times.clear()
 
     def end_epoch(self, logs: dict[str, Any] | None) -> None:
         self.logs.update(float_logs(logs))

@@ -92,6 +92,7 @@ def test_widgets_change_during_the_cell_and_reach_the_final_step(model, run, mon
     assert [list(x) for x in epoch_marks.x.reshape(-1, 2)] == [[128, 128]]
     assert set(view.figures) >= {"loss", "accuracy", "noise_scale"}
     assert view.reading.value.startswith("the global batch 32 is ")  # 16 a rank; the measured noise scale beside it
+    assert view.step_time.value.startswith("communication ")
     assert "done" in view.headline.value and "samples/s over 2 rank(s)" in view.headline.value
     assert "hvd-epochs" in view.table.value
     # no rank sent more than about 10 updates a second (plus its epoch and end updates)
@@ -106,14 +107,16 @@ def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
                       "_ = model.evaluate(x, y, verbose=0)")
     assert result.success, out
     lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
-    assert len(lines) == 5, out
+    assert len(lines) == 7, out
     assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | ") and "samples/s | loss " in lines[0]
-    assert lines[2].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[2]
-    for line in lines[0], lines[2]:  # each epoch with the gradient noise scale, and what it means
+    assert lines[3].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[3]
+    for line in lines[0], lines[3]:  # each epoch with the gradient noise scale, and what it means
         assert " noise_scale " in line, line
     assert lines[1].startswith("[hvd] the global batch 128 is ") and "the measured noise scale" in lines[1]
-    assert lines[3].startswith("[hvd] the global batch 128 is ")
-    assert lines[4].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[4]
+    assert lines[4].startswith("[hvd] the global batch 128 is ")
+    for line in lines[2], lines[5]:  # ... and where its steps' time went
+        assert line.startswith("[hvd] communication ") and "% of each step" in line, line
+    assert lines[6].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[6]
 
 
 def test_no_progress_removes_the_callback_and_the_dashboard(model, run, dashboards):
@@ -164,3 +167,25 @@ def test_a_rank_far_behind_the_others_is_marked_as_a_straggler(model, run, monke
     assert any(s.get(1) == "warning" for s in styles), styles
     assert not any(s.get(0) == "warning" for s in styles)
     assert styles[-1] == {0: "success", 1: "success"}
+
+
+def test_the_rank_that_sleeps_in_each_step_is_the_one_the_others_wait_for(model, run, dashboards):
+    sleep = 0.2
+    result, out = run(
+        "%%hvd --progress text\n"
+        "class Sleepy(keras.callbacks.Callback):  # rank 1 computes longer in each step\n"
+        "    def on_train_batch_begin(self, batch, logs=None):\n"
+        "        if hvd.rank() == 1:\n"
+        f"            time.sleep({sleep})\n"
+        "_ = model.fit(x[:128], y[:128], batch_size=16, epochs=1, verbose=0, callbacks=[Sleepy()])"  # 8 steps
+    )
+    assert result.success, out
+    breakdown = dashboards[-1].model.step_breakdown()  # the kernel's figures, from the ranks' updates
+    assert breakdown is not None and breakdown.steps == 7, out  # (the first step traces: not timed)
+    assert breakdown.waited_for == 1, breakdown
+    waiting, step_s = breakdown.per_rank[0]
+    assert waiting == pytest.approx(sleep, rel=0.3), breakdown  # rank 0 waits in the allreduce for rank 1
+    assert breakdown.waited_s == pytest.approx(sleep, rel=0.3) and step_s >= sleep, breakdown
+    reading = [line for line in out.splitlines() if line.startswith("[hvd] communication ")]
+    assert len(reading) == 1 and reading[0].endswith(" a step for rank 1"), out
+    print(f"rank 0 waited {waiting * 1e3:.0f} ms a step for rank 1's {sleep * 1e3:.0f} ms sleep: {reading[0]}")

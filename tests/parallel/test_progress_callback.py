@@ -145,3 +145,41 @@ def test_outside_an_engine_nothing_is_published(hvd, model, monkeypatch):
     x, y = data()
     model.fit(x, y, epochs=1, verbose=0)  # the hook passes straight through
     custom_loops.report(step=1, total=1)
+
+
+def test_fit_times_each_step_and_the_rank_that_sleeps_is_the_one_waited_for(published, hvd, tf, monkeypatch):
+    import keras
+
+    from hvd_notebook.dashboard import ProgressModel
+    from hvd_notebook.messages import ProgressUpdate
+    from hvd_notebook.runtime.core import collective_time
+
+    monkeypatch.setattr(reporter._State, "collective_seconds", staticmethod(collective_time.seconds))  # (install)
+    sleep = 0.2
+
+    class Sleepy(keras.callbacks.Callback):  # rank 1 computes longer in each step
+        def on_train_batch_begin(self, batch, logs=None):
+            if hvd.rank() == 1:
+                time.sleep(sleep)
+
+    keras.utils.set_random_seed(0)
+    m = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    m.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="sparse_categorical_crossentropy")
+    x, y = data(64)
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[Sleepy()])  # 8 steps, one allreduce each
+    mine = [ProgressUpdate.from_dict(u) for u in published]
+    steps = [s for u in mine for s in u.step_times]
+    assert [s[0] for s in steps] == list(range(1, 8))  # the first step (tracing the step function) is not timed
+    assert all(collective <= wall for _, wall, collective in steps)
+    board = ProgressModel(list(range(hvd.size())))  # the notebook kernel's model of every rank's updates
+    for updates in hvd.allgather_object(mine):
+        for update in updates:
+            board.feed(update)
+    breakdown = board.step_breakdown()
+    assert breakdown.waited_for == 1 and breakdown.steps == 7, breakdown
+    waiting, step_s = breakdown.per_rank[0]
+    assert waiting == pytest.approx(sleep, rel=0.3) and breakdown.waited_s == pytest.approx(sleep, rel=0.3), \
+        breakdown
+    assert breakdown.per_rank[1][0] < 0.25 * sleep and step_s >= sleep
+    print(f"rank 0 waited {waiting * 1e3:.0f} ms a step for rank 1's {sleep * 1e3:.0f} ms sleep; "
+          f"steps of {step_s * 1e3:.0f} ms; {breakdown.fraction:.0%} in collectives")

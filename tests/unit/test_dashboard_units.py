@@ -16,6 +16,7 @@ from hvd_notebook.dashboard import (
     resolve_mode,
     static_bundle,
 )
+from hvd_notebook.dashboard.model import KEPT_STEPS, STEP_WINDOW
 from hvd_notebook.dashboard.outputs import OUTPUT_TAIL_BYTES, RankOutputs, output_html
 from hvd_notebook.engine.reporter import Throttle
 from hvd_notebook.messages import KEY_PREFIX, ProgressUpdate, RunKind
@@ -570,3 +571,94 @@ def test_a_noise_scale_not_measured_yet_is_left_out_of_the_published_logs():
 
     assert float_logs({"loss": float("nan"), "noise_scale": float("nan")}).keys() == {"loss"}
     assert float_logs({"noise_scale": 12.0}) == {"noise_scale": 12.0}
+
+
+# ------------------------------------------------------------------ where each step's time goes
+def timed_fit(times: dict[int, list[tuple[float, float]]], ranks: tuple[int, ...] = (0, 1)) -> ProgressModel:
+    """A fit whose ranks timed their steps: rank -> each step's (seconds, seconds in collectives), sent in
+    updates of 4 steps."""
+    board = ProgressModel(list(ranks))
+    for rank, steps in times.items():
+        for seq, first in enumerate(range(0, len(steps), 4)):
+            board.feed(update(rank, seq, step=first + 4, steps=100, step_times=[
+                [i, wall, collective] for i, (wall, collective) in enumerate(steps[first:first + 4], start=first)]))
+    return board
+
+
+def test_the_rank_that_spends_least_in_collectives_is_the_one_the_others_wait_for():
+    # rank 1 computes 0.2 s longer each step; rank 0 waits for it in the gradients' allreduce
+    board = timed_fit({0: [(0.30, 0.21)] * 12, 1: [(0.30, 0.01)] * 12})
+    breakdown = board.step_breakdown()
+    assert breakdown.waited_for == 1 and breakdown.waited_s == pytest.approx(0.20)
+    assert breakdown.fraction == pytest.approx((0.21 / 0.30 + 0.01 / 0.30) / 2)
+    assert breakdown.per_rank == {0: pytest.approx((0.21, 0.30)), 1: pytest.approx((0.01, 0.30))}
+    assert breakdown.slowest == dict.fromkeys(range(12), 1) and breakdown.steps == 12
+    assert formatting.step_time_reading(board) == "communication 37% of each step; the others wait 0.20 s a " \
+                                                  "step for rank 1"
+
+
+def test_balanced_ranks_hold_no_one_back():
+    # each rank a little slower every other step: no rank leads by much
+    board = timed_fit({0: [(0.10, 0.030), (0.10, 0.032)] * 6, 1: [(0.10, 0.032), (0.10, 0.030)] * 6})
+    breakdown = board.step_breakdown()
+    assert breakdown.waited_for is None and breakdown.waited_s == pytest.approx(0.0, abs=1e-9)
+    assert breakdown.fraction == pytest.approx(0.31)
+    assert set(breakdown.slowest.values()) == {0, 1}
+    assert formatting.step_time_reading(board) == "communication 31% of each step; no rank holds the others back"
+    # a lead of 10% of a step but under 5 ms is no one's either: it is noise at this scale
+    small = timed_fit({0: [(0.02, 0.0045)] * 4, 1: [(0.02, 0.0)] * 4}).step_breakdown()
+    assert small.waited_for is None and small.waited_s == pytest.approx(0.0045)
+
+
+def test_the_breakdown_is_over_the_recent_steps_every_rank_timed():
+    # rank 1 is 8 steps behind; the first 60 steps were balanced, then rank 1 slowed down
+    board = timed_fit({0: [(0.1, 0.01)] * 60 + [(0.1, 0.06)] * 60, 1: [(0.1, 0.01)] * 60 + [(0.1, 0.01)] * 52})
+    breakdown = board.step_breakdown()
+    assert breakdown.steps == STEP_WINDOW and max(breakdown.slowest) == 111  # (rank 1's last step)
+    assert breakdown.waited_for == 1 and breakdown.waited_s == pytest.approx(0.05)
+    # each rank keeps its latest steps only
+    long = timed_fit({0: [(0.1, 0.01)] * (KEPT_STEPS + 40)}).runs[0].ranks[0].step_times
+    assert list(long) == list(range(40, KEPT_STEPS + 40))
+
+
+def test_no_breakdown_before_every_rank_timed_a_step_nor_without_collectives():
+    assert ProgressModel([0, 1]).step_breakdown() is None
+    assert timed_fit({0: [(0.1, 0.05)] * 4}).step_breakdown() is None  # rank 1 has sent nothing yet
+    assert timed_fit({0: [(0.1, 0.0)] * 4, 1: [(0.1, 0.0)] * 4}).step_breakdown() is None  # none counted
+    assert formatting.step_time_reading(ProgressModel([0])) is None
+    one = timed_fit({0: [(0.1, 0.02)] * 4}, ranks=(0,))
+    assert one.step_breakdown().waited_for is None
+    assert formatting.step_time_reading(one) == "communication 20% of each step"
+
+
+def test_a_reset_forgets_the_old_worlds_step_times():
+    board = timed_fit({0: [(0.3, 0.2)] * 8, 1: [(0.3, 0.0)] * 8})
+    board.reset({1: "signal Kill"}, "epoch=0")
+    assert board.step_breakdown() is None  # the new world numbers its steps from 0 again
+    for rank in (0, 1):
+        board.feed(update(rank, 1, run="again", step=4, steps=100, step_times=[[0, 0.1, 0.02 + 0.03 * rank]]))
+    assert board.step_breakdown().per_rank == {0: pytest.approx((0.02, 0.1)), 1: pytest.approx((0.05, 0.1))}
+
+
+def test_every_view_keeps_where_the_time_goes():
+    board = timed_fit({0: [(0.30, 0.21)] * 4, 1: [(0.30, 0.01)] * 4})
+    for rank in (0, 1):
+        board.feed(update(rank, 9, state="epoch_end", step=4, steps=4,
+                          epoch_logs={0: {"loss": 1.0, "time": 1.2, "samples": 256}}))
+    reading = "communication 37% of each step; the others wait 0.20 s a step for rank 1"
+    lines: list[str] = []
+    TextView(board, lines.append).render()
+    assert lines[1] == f"[hvd] {reading}\n"
+    bundle = static_bundle(board)
+    assert f"<p class='hvd-step-time'>{reading}</p>" in bundle["text/html"]
+    assert bundle["text/plain"].endswith(reading)
+    pytest.importorskip("bqplot")
+    from hvd_notebook.dashboard.widget import WidgetView
+
+    view = WidgetView(board, display=Front())
+    view.render()
+    assert view.step_time.value == reading
+
+
+def test_step_seconds_read_in_seconds_or_milliseconds():
+    assert [formatting.fmt_seconds(s) for s in (1.5, 0.2, 0.05, 0.0008)] == ["1.50 s", "0.20 s", "50 ms", "0.8 ms"]

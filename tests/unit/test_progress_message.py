@@ -10,7 +10,7 @@ from hvd_notebook.messages import KEY_PREFIX, RING, ProgressUpdate, RankState, R
 def test_round_trip_through_plain_types():
     update = ProgressUpdate("12.0", RunKind.EVALUATE, RankState.DONE, epoch=1, epochs=3, step=10, steps=10,
                             samples=320, elapsed=1.5, logs={"loss": 0.5}, epoch_logs={0: {"loss": 0.7}}, rank=1,
-                            seq=42)
+                            seq=42, step_times=[[8, 0.25, 0.125], [9, 0.5, 0.0]])
     data = update.to_dict()
     assert data["kind"] == "evaluate" and type(data["kind"]) is str and type(data["state"]) is str
     assert ProgressUpdate.from_dict(data) == update

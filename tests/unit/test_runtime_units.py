@@ -21,7 +21,7 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # the core (runtime/core): each module may import (at module level or inside a function) only modules of a
 # lower layer, and no binding
 CORE_LAYERS = [
-    {"ops", "exceptions", "events", "timeline", "topology", "noise_scale"},
+    {"ops", "exceptions", "events", "timeline", "topology", "noise_scale", "collective_time"},
     {"rules", "gradients", "signatures", "fusion", "shared_memory"},
     {"matching"},
     {"coordinator"},
@@ -372,3 +372,181 @@ def test_the_noise_scale_settings(monkeypatch):
     monkeypatch.setenv("HVD_NOTEBOOK_NOISE_SCALE_DECAY", "1.5")
     with pytest.raises(ValueError, match="HVD_NOTEBOOK_NOISE_SCALE_DECAY=1.5: the decay is a number in"):
         noise_scale.NoiseScale().record(3.0, 2.0, ranks=2, batch=32)
+
+
+# ------------------------------------------------------------------ the seconds in collectives
+class _Caller:
+    """A thread of its own that enters or leaves a clock when told, one order at a time."""
+
+    def __init__(self, clock) -> None:
+        import queue
+        import threading
+
+        self.clock, self.orders, self.done = clock, queue.Queue(), queue.Queue()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while (order := self.orders.get()) is not None:
+            getattr(self.clock, order)()
+            self.done.put(order)
+
+    def do(self, order: str) -> None:
+        self.orders.put(order)
+        self.done.get(timeout=10)
+
+
+def test_the_collective_clock_counts_overlapping_calls_once(monkeypatch):
+    from hvd_notebook.runtime.core import collective_time
+
+    now = [0.0]
+    monkeypatch.setattr(collective_time.time, "perf_counter", lambda: now[0])
+    clock = collective_time.CollectiveClock()
+    a, b = _Caller(clock), _Caller(clock)
+    # a call of thread a in [0, 2], one of thread b in [1, 3]: the union is 3 seconds, not their sum of 4
+    a.do("enter")
+    now[0] = 1.0
+    b.do("enter")
+    assert clock.seconds() == 1.0 and clock.active == 2
+    now[0] = 2.0
+    a.do("leave")
+    assert clock.seconds() == 2.0 and clock.active == 1  # b is still in: the clock runs on
+    now[0] = 3.0
+    b.do("leave")
+    assert clock.active == 0 and clock.seconds() == 3.0
+    now[0] = 10.0  # nothing under way: the clock stands
+    assert clock.seconds() == 3.0
+    now[0] = 11.0
+    b.do("enter")
+    now[0] = 11.5
+    b.do("leave")
+    assert clock.seconds() == 3.5
+    a.orders.put(None)
+    b.orders.put(None)
+
+
+def test_the_collective_clock_pairs_under_threads_and_runs_in_real_time():
+    import threading
+    import time
+
+    from hvd_notebook.runtime.core.collective_time import CollectiveClock
+
+    clock = CollectiveClock()
+
+    def calls() -> None:
+        for _ in range(20000):
+            clock.enter()
+            clock.leave()
+
+    threads = [threading.Thread(target=calls) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert clock.active == 0
+    before = clock.seconds()
+    clock.enter()
+    time.sleep(0.05)
+    assert clock.seconds() - before >= 0.05  # a call under way counts
+    clock.leave()
+    assert 0.05 <= clock.seconds() - before < 5
+
+
+class _Work:
+    fusion_key, nbytes, solo, done = None, 0, True, False
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def run(self, followers: list) -> None:
+        if self.fail:
+            raise RuntimeError("the data did not move")
+
+
+class _Coordinator:
+    """Answers ``acquire`` as told (a turn, a lone refusal, an error, a request moved by another's call) and
+    notes how many calls the collective clock counted at each step."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer, self.seen = answer, []
+
+    def _active(self) -> int:
+        from hvd_notebook.runtime.core.collective_time import CLOCK
+
+        return CLOCK.active
+
+    def acquire(self, sig, name, h, allow_joined, data, work, lone):
+        self.seen.append(("acquire", self._active()))
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        if self.answer == "done":
+            if work is not None:  # (an earlier request's call moved its data)
+                work.done = True
+            return False
+        if self.answer is None and not lone:  # (only a lone call is sent back)
+            return False
+        return self.answer
+
+    def release(self) -> None:
+        self.seen.append(("release", self._active()))
+
+    def run_fused(self, work) -> None:
+        work.run([])
+
+    def join(self, serve) -> None:
+        self.seen.append(("join", self._active()))
+
+
+def _negotiator(answer: object):
+    from hvd_notebook.runtime.core.negotiation import Negotiator
+
+    negotiator = Negotiator.__new__(Negotiator)  # (no MPI: only what acquire, release, run and join use)
+    negotiator.size, negotiator.seq, negotiator.timeline = 2, 0, Timeline()
+    negotiator._hashes, negotiator.coordinator = {}, _Coordinator(answer)
+    return negotiator
+
+
+@pytest.mark.parametrize("answer", [False, True, None, "done", KeyboardInterrupt(), MismatchError("differ")])
+def test_every_path_through_the_negotiator_leaves_the_collective_clock_as_it_entered(answer):
+    from hvd_notebook.runtime.core.collective_time import CLOCK
+    from hvd_notebook.runtime.core.signatures import BARRIER
+
+    assert CLOCK.active == 0
+    negotiator = _negotiator(answer)
+    # acquire ... release (a turn, check): counted from the agreement until the release
+    try:
+        turn = negotiator.acquire(BARRIER, lone=True)
+    except BaseException as exc:
+        assert exc is answer and CLOCK.active == 0  # failed: left at once
+    else:
+        if turn is None:  # lone, others waiting: no turn, no release; the caller retries
+            assert CLOCK.active == 0
+        else:
+            assert CLOCK.active == 1
+            negotiator.release()
+            assert CLOCK.active == 0
+    assert negotiator.coordinator.seen[0] == ("acquire", 1)
+    # run: its data moved by its own call, by an earlier one's (done: no release), or failing
+    for fail in (False, True):
+        negotiator.coordinator.seen.clear()
+        try:
+            negotiator.run(BARRIER, _Work(fail))
+        except BaseException:
+            pass
+        assert CLOCK.active == 0, (answer, fail, negotiator.coordinator.seen)
+        assert negotiator.coordinator.seen[0] == ("acquire", 1)
+    negotiator.join(lambda sig: None)
+    assert negotiator.coordinator.seen[-1] == ("join", 1) and CLOCK.active == 0
+
+
+def test_a_world_of_one_rank_counts_no_collective():
+    from hvd_notebook.runtime.core.collective_time import CLOCK
+    from hvd_notebook.runtime.core.signatures import BARRIER
+
+    negotiator = _negotiator(False)
+    negotiator.size = 1
+    before = CLOCK.seconds()
+    negotiator.acquire(BARRIER)
+    assert CLOCK.active == 0
+    negotiator.release()
+    negotiator.run(BARRIER, _Work())
+    assert CLOCK.active == 0 and CLOCK.seconds() == before and negotiator.coordinator.seen == []

@@ -96,3 +96,34 @@ def test_a_custom_loop_told_its_batch_reports_the_measured_noise_scale(updates, 
     assert updates[-1].logs["noise_scale"] == pytest.approx(64.0) and updates[-1].batch_size == 32
     custom_loops.report(step=3, total=3, loss=0.8)  # without a batch: only what the loop gave
     assert updates[-1].logs["noise_scale"] == pytest.approx(64.0)  # (the last one reported stays in the logs)
+
+
+def test_a_custom_loop_times_its_steps_and_their_collectives(updates, monkeypatch):
+    now, collective = [0.0], [0.0]
+    monkeypatch.setattr(reporter.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(reporter._State, "collective_seconds", staticmethod(lambda: collective[0]))
+
+    def step(step: int, seconds: float, in_collectives: float, **kwargs) -> list[list[float]]:
+        now[0] += seconds
+        collective[0] += in_collectives
+        custom_loops.report(step=step, total=10, **kwargs)
+        return updates[-1].step_times
+
+    assert step(1, 9.0, 5.0) == []  # the first report starts the clock: the time before it is unknown
+    assert step(2, 1.0, 0.25) == [[1, 1.0, 0.25]]
+    assert step(4, 3.0, 1.0) == [[3, 1.5, 0.5]]  # two steps since the last report: their means
+    assert step(4, 1.0, 1.0) == []  # the same step again: its time goes to the next
+    assert step(1, 1.0, 0.0, epoch=1) == [[4, 2.0, 1.0]]  # the next epoch's first step
+    # throttled updates: the next one carries every step since the last one sent
+    monkeypatch.setattr(reporter.Throttle, "ready", lambda self, force=False: force)
+    sent = len(updates)
+    step(2, 1.0, 0.5, epoch=1)
+    step(3, 1.0, 0.0, epoch=1)
+    assert len(updates) == sent
+    assert step(10, 7.0, 0.0, epoch=1) == [[5, 1.0, 0.5], [6, 1.0, 0.0], [13, 1.0, 0.0]]  # (its end is forced)
+
+
+def test_without_the_runtime_no_step_is_timed(updates):
+    custom_loops.report(step=1, total=3)
+    custom_loops.report(step=2, total=3)
+    assert updates[-1].step_times == []

@@ -19,6 +19,8 @@ rest "have not arrived", and a warning names them. After
 
 ``Negotiator.check`` is what the backends call: agreement, its timeline phase,
 and the verdict (a ``MismatchError``, or fine where the others have joined).
+Every call from ``acquire`` to its ``release`` (or its failure) is counted by
+``collective_time``, the seconds a step spends in collectives.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import numpy as np
 from ... import config
 from ...messages import EventKind
 from . import events
+from .collective_time import enter as _enter_collective
+from .collective_time import leave as _leave_collective
 from .coordinator import Coordinator, Work
 from .exceptions import HorovodInternalError, MismatchError, RefusedError, StallError
 from .matching import Entry
@@ -114,7 +118,8 @@ class Negotiator:
             work.run([])
             return
         self.acquire(sig, allow_joined, work=work)
-        if work.done:
+        if work.done:  # (moved by a call ahead of it: no turn to release)
+            _leave_collective()
             return
         try:
             self.coordinator.run_fused(work)
@@ -134,11 +139,20 @@ class Negotiator:
         if self.size == 1:
             self.seq += 1
             return False
-        timeline = self.timeline
-        if timeline.path is None:  # (a phase's context manager is measurable on the hot path)
-            return self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
-        with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
-            return self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
+        _enter_collective()  # (left by release, or here where no turn follows)
+        try:
+            timeline = self.timeline
+            if timeline.path is None:  # (a phase's context manager is measurable on the hot path)
+                turn = self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
+            else:
+                with timeline.phase(f"NEGOTIATE_{sig.kind.upper()}", sig.name if name is None else name, 0):
+                    turn = self.coordinator.acquire(sig, name, h, allow_joined, data, work, lone)
+        except BaseException:
+            _leave_collective()
+            raise
+        if turn is None:  # lone, other calls waiting: the caller retries on the general path
+            _leave_collective()
+        return turn
 
     def add_shared(self, dtype: np.dtype, count: int, out: np.ndarray) -> np.ndarray:
         """After ``acquire`` returned True: every rank's data summed, in rank order, into ``out``."""
@@ -146,7 +160,10 @@ class Negotiator:
 
     def release(self) -> None:
         if self.size > 1:
-            self.coordinator.release()
+            try:
+                self.coordinator.release()
+            finally:
+                _leave_collective()
 
     def refuse(self, sig: Signature, message: str) -> NoReturn:
         """Raise ``ValueError(message)`` for a call this rank cannot make, after telling
@@ -161,7 +178,11 @@ class Negotiator:
     def join(self, serve: Callable[[Signature], None]) -> None:
         """Wait until every rank has joined, serving the others' allreduces with zeros (``serve``)."""
         if self.size > 1:
-            self.coordinator.join(serve)
+            _enter_collective()
+            try:
+                self.coordinator.join(serve)
+            finally:
+                _leave_collective()
 
     def exchange(self, h: int, sig: Signature, name: str, data: np.ndarray | None = None) -> bool:
         """One agreement round: post ``h`` (with ``data`` on the board) and wait for every
