@@ -324,6 +324,21 @@ class ProgressModel:
         values = [p.logs[NOISE_SCALE] for p in (run.ranks.values() if run else ()) if NOISE_SCALE in p.logs]
         return statistics.fmean(values) if values else None
 
+    def step_rate(self) -> float | None:
+        """Samples a second of the latest curve run's recent training steps, summed over its ranks, from the
+        steps' own times (no validation, no epoch's end, not the first step, which traces): the throughput
+        that scaling efficiency compares. None where a rank's steps were not timed or its batch is unknown."""
+        run = self.curve_run
+        if run is None or not run.ranks:
+            return None
+        rates = []
+        for rank_progress in run.ranks.values():
+            walls = [wall for wall, _ in rank_progress.step_times.values()]
+            if not walls or not rank_progress.batch_size or statistics.fmean(walls) <= 0:
+                return None
+            rates.append(rank_progress.batch_size / statistics.fmean(walls))
+        return sum(rates)
+
     def step_breakdown(self) -> StepBreakdown | None:
         """Where the time of the latest curve run's recent steps (the last ``STEP_WINDOW`` that every rank
         timed) went: the share in collectives and the rank the others wait for. None before every rank has

@@ -49,7 +49,13 @@ def row_cells(point: SweepPoint, row: dict[str, Any] | None, running: str | None
                                                           key=lambda kv: (kv[0].startswith("val_"), kv[0])))
     noise = row.get("noise_scale")
     return cells + [fmt_rate(row.get("samples_per_s")), _percent(row.get("efficiency")), to_target,
-                    _percent(row.get("communication")), "-" if noise is None else fmt_rate(noise), metrics, "done"]
+                    _communication(row), "-" if noise is None else fmt_rate(noise), metrics, "done"]
+
+
+def _communication(row: dict[str, Any]) -> str:
+    """``37%``, or ``37%, waits for rank 1`` where the others waited for one rank."""
+    waited_for = row.get("waited_for")
+    return _percent(row.get("communication")) + (f", waits for rank {waited_for}" if waited_for is not None else "")
 
 
 def measured_noise_scale(rows: list[dict[str, Any]]) -> float | None:

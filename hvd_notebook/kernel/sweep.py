@@ -128,23 +128,27 @@ def digest(code: str, target: Target | None) -> str:
 
 
 def measure(point: SweepPoint, model: ProgressModel, target: Target | None) -> dict[str, Any]:
-    """A finished point's figures, from its dashboard's model: samples/s over the epochs after the first
-    (which traces the step), seconds and steps to ``target``, the last epoch's metrics, the noise scale."""
+    """A finished point's figures, from its dashboard's model: samples/s of its training steps, seconds and
+    steps to ``target``, the last epoch's metrics, the noise scale, the share of a step in collectives and
+    the rank the others waited for."""
     run = model.curve_run
     if run is None:
         raise HvdError("the cell's code trained nothing the sweep could measure: call fit, or report a custom "
                        "loop's steps with hvd.progress.report")
     rows = model.epoch_rows(run)
     steps = max((p.steps or 0 for p in run.ranks.values()), default=0) or None
-    rated = [r for r in rows if "samples/s" in r and r["time"] > 0]
-    steady = rated[1:] or rated
-    if steady:
-        samples_per_s = sum(r["samples/s"] * r["time"] for r in steady) / sum(r["time"] for r in steady)
-    else:
-        samples_per_s = model.rate(run)
+    samples_per_s = model.step_rate()
+    if samples_per_s is None:  # (steps not timed: the epochs after the first, which traces the step)
+        rated = [r for r in rows if "samples/s" in r and r["time"] > 0]
+        steady = rated[1:] or rated
+        samples_per_s = (sum(r["samples/s"] * r["time"] for r in steady) / sum(r["time"] for r in steady)
+                         if steady else model.rate(run))
+    breakdown = model.step_breakdown()
     figures: dict[str, Any] = {
         "epochs": len(rows), "steps_per_epoch": steps, "seconds": sum(r["time"] for r in rows) or model.elapsed(),
         "samples_per_s": samples_per_s, "noise_scale": model.noise_scale(),
+        "communication": breakdown.fraction if breakdown else None,
+        "waited_for": breakdown.waited_for if breakdown else None,
         "metrics": {k: v for k, v in (rows[-1] if rows else run.mean_logs()).items() if k not in _NOT_METRICS},
     }
     if target is not None:

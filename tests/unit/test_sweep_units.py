@@ -94,13 +94,17 @@ def test_the_results_file_is_not_written_through_a_link(tmp_path):
     assert elsewhere.read_text() == ""
 
 
-def _fit(model: ProgressModel, rank: int, epochs: list[dict], batch: int = 16) -> None:
+def _fit(model: ProgressModel, rank: int, epochs: list[dict], batch: int = 16,
+         step: tuple[float, float] | None = None) -> None:
+    """A fit's updates, an epoch each; ``step``: each step's (seconds, in collectives), where they are timed."""
     for epoch in range(len(epochs)):
         logs = {e: dict(epochs[e]) for e in range(epoch + 1)}
+        timed = [[epoch * 10 + i, *step] for i in range(10)] if step else []
         model.feed(ProgressUpdate.from_dict({
             "rank": rank, "seq": epoch, "run": f"{rank}.r", "kind": "fit", "state": "epoch_end", "epoch": epoch,
             "epochs": len(epochs), "step": 10, "steps": 10, "samples": 160 * (epoch + 1), "elapsed": 1.0 + epoch,
-            "logs": {"loss": epochs[epoch]["loss"], "noise_scale": 300.0}, "epoch_logs": logs, "batch_size": batch}))
+            "logs": {"loss": epochs[epoch]["loss"], "noise_scale": 300.0}, "epoch_logs": logs, "batch_size": batch,
+            "step_times": timed}))
 
 
 def test_a_points_figures_come_from_its_dashboard_model():
@@ -121,6 +125,17 @@ def test_a_points_figures_come_from_its_dashboard_model():
     assert missed["seconds_to_target"] is None and missed["steps_to_target"] is None
     with pytest.raises(HvdError, match="trained nothing the sweep could measure"):
         sweep.measure(point, ProgressModel([0]), None)
+
+
+def test_timed_steps_give_the_training_throughput_and_where_a_steps_time_went():
+    model = ProgressModel([0, 1])
+    epochs = [{"loss": 1.0, "time": 9.0, "samples": 160}, {"loss": 0.5, "time": 9.0, "samples": 160}]
+    _fit(model, 0, epochs, step=(0.1, 0.06))  # rank 0 waits 60 ms of each 100 ms step for rank 1
+    _fit(model, 1, epochs, step=(0.1, 0.01))
+    figures = sweep.measure(SweepPoint(2, 16), model, None)
+    assert figures["samples_per_s"] == pytest.approx(320)  # 2 x 16 samples a 0.1 s step, not the epochs' 9 s
+    assert figures["communication"] == pytest.approx(0.35) and figures["waited_for"] == 1
+    assert "35%, waits for rank 1" in row_cells(SweepPoint(2, 16), {"status": "ok", **figures})
 
 
 def test_efficiency_is_against_the_one_rank_point_of_the_same_per_rank_batch():
