@@ -97,6 +97,7 @@ def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
                    for r in rows.values()), rows
         two = rows["ranks=2 batch=16 lr=linear warmup=0"]
         assert two["efficiency"] > 0 and two["noise_scale"] and two["steps_to_target"], two
+        assert 0 < two["communication"] <= 1 and rows["ranks=1 batch=16 lr=linear warmup=0"]["communication"] is None
         last = bundles[-1]
         assert "sweep: 4 of 4 point(s) done, target val_accuracy>=0.5" in last["text/plain"], last["text/plain"]
         png = re.search(r"<img alt='hvd sweep plots' src='data:image/png;base64,([A-Za-z0-9+/=]+)'", last["text/html"])
@@ -105,7 +106,8 @@ def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
         assert any("fit | " in b["text/plain"] for b in bundles), "no live row of a running point was shown"
         assert "failed: rank" in last["text/plain"], last["text/plain"]
         figure(f"sweep of 4 points: interrupted after {first:.0f} s (2 points), the rest in "
-               f"{time.monotonic() - t0:.0f} s (one failing); 2-rank efficiency {two['efficiency']:.2f}")
+               f"{time.monotonic() - t0:.0f} s (one failing); 2-rank efficiency {two['efficiency']:.2f}, "
+               f"communication {100 * two['communication']:.0f}% of each step")
 
         _, out = execute(kc, "print('N', Session.get().cluster.n)\n%hvd stop")  # the 2-rank world of before
         assert "N 2" in out and "Cluster stopped." in out, out
