@@ -54,6 +54,7 @@ class Session:
         self.commits = ElasticCommits()  # rank 0's last hvd.elastic commit: a cell resumes from it
         self.tenancy = Tenancy(self._release)  # the node's card of the cluster; stops it when its time is up
         self.released: str | None = None  # why the node's rules stopped the cluster, for the next command
+        self.failed_ranks: list[int] = []  # the ranks that raised in the last cell that failed (%hvd debug)
         self._lock = threading.RLock()  # held by every command that uses the cluster (``in_use``)
         atexit.register(self.shutdown)
 
@@ -80,6 +81,7 @@ class Session:
         except (ClusterError, UnsafePathError) as exc:  # (no private folder could be had)
             raise HvdError(f"The cluster did not start: {exc}") from None
         self.cluster, self.options, self.history, self.released = cluster, options, [], None
+        self.failed_ranks = []
         self._announce(cluster)
         return cluster.ranks
 
@@ -216,7 +218,23 @@ class Session:
         completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off). The node's card
         says the cluster is busy meanwhile; where its lease ran out during the cell, it stops after."""
         with self.busy():
-            return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+            try:
+                return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+            except RankError as exc:
+                self.failed_ranks = exc.ranks
+                raise
+
+    def debug_rank(self, rank: int | None) -> int:
+        """The rank ``%hvd debug`` opens: ``rank``, or the first that raised in the last cell that failed."""
+        cluster = self.require()
+        if rank is None:
+            if not self.failed_ranks:
+                raise HvdError("No %%hvd cell has raised on a rank of this cluster: %hvd debug opens pdb where one "
+                               "did (name a rank with --rank R).")
+            rank = self.failed_ranks[0]
+        if rank not in [r.rank for r in cluster.ranks]:
+            raise failures.unknown_ranks([rank], cluster.n)
+        return rank
 
     @contextmanager
     def busy(self) -> Iterator[MPICluster]:
