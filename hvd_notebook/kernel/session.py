@@ -155,17 +155,18 @@ class Session:
 
         return replay(list(self.history), run, say)
 
-    def fresh_world(self, n: int) -> list[RankInfo]:
+    def fresh_world(self, n: int, keep: bool = False) -> list[RankInfo]:
         """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it, quietly (a point of a
         ``%%hvd sweep``): the running cluster restarted (its warm standby promoted) where it has ``n``
-        ranks, else a cluster of ``n`` started in its place; returns once its new standby, if any, has
-        started. What the last ``%hvd start`` asked for and the recorded cells stay as they were."""
+        ranks (``keep``: kept as it is, the set-up cells replayed on it: the end of a sweep), else a cluster
+        of ``n`` started in its place; returns once its new standby, if any, has started. What the last
+        ``%hvd start`` asked for and the recorded cells stay as they were."""
         with self.in_use():
             options, history = self.options, self.history
             if options is None:
                 raise failures.no_cluster()
             if self.cluster is not None and self.cluster.n == n:
-                ranks = self._restart()
+                ranks = self.cluster.ranks if keep else self._restart()
             else:
                 self.stop()
                 try:
