@@ -297,20 +297,37 @@ def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
 def collect(kc, msg_id: str) -> tuple[Any, str]:
     """The shell reply and the text output (streams and tracebacks) of one request."""
     out = []
-    reply = kc.get_shell_msg(timeout=180)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=180)
+    reply = shell_reply(kc, msg_id)
     while True:
         msg = kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+        if is_idle(msg):
             break
+        out.append(iopub_text(msg) or "")
     return reply, "".join(out)
+
+
+def shell_reply(kc, msg_id: str, timeout: float = 180) -> dict:
+    """The shell channel's reply to request ``msg_id`` (earlier replies skipped)."""
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply
+
+
+def iopub_text(msg: dict) -> str | None:
+    """The text of an IOPub stream or error (its traceback) message; None for any other."""
+    if msg["msg_type"] == "stream":
+        return msg["content"]["text"]
+    if msg["msg_type"] == "error":
+        return "\n".join(msg["content"]["traceback"])
+    return None
+
+
+def is_idle(msg: dict) -> bool:
+    """The kernel's status message that a request has ended."""
+    return msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
 
 
 KERNEL = """

@@ -9,7 +9,7 @@ import queue
 import re
 import time
 
-from conftest import ProcessWatch, assert_gone, execute, started_kernel
+from conftest import ProcessWatch, assert_gone, execute, iopub_text, is_idle, shell_reply, started_kernel
 
 FAILING = """%%hvd
 def scaled(x):
@@ -43,18 +43,12 @@ def _debug(kc, commands: list[str], line: str = "%hvd debug") -> tuple[dict, str
             continue
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        if msg["msg_type"] == "stream":
-            out.append(msg["content"]["text"])
-        elif msg["msg_type"] == "error":
-            out.append("\n".join(msg["content"]["traceback"]))
-        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+        if is_idle(msg):
             break
+        out.append(iopub_text(msg) or "")
     else:
         raise AssertionError(f"{line} did not end: {''.join(out)}")
-    reply = kc.get_shell_msg(timeout=60)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=60)
-    return reply, re.sub(r"\x1b\[[0-9;]*m", "", "".join(out)), prompts
+    return shell_reply(kc, msg_id, 60), re.sub(r"\x1b\[[0-9;]*m", "", "".join(out)), prompts
 
 
 def test_post_mortem_on_the_rank_that_failed(tmp_path):

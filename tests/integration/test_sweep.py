@@ -10,7 +10,17 @@ import json
 import re
 import time
 
-from conftest import ProcessWatch, artifacts_dir, assert_gone, execute, figure, started_kernel
+from conftest import (
+    ProcessWatch,
+    artifacts_dir,
+    assert_gone,
+    execute,
+    figure,
+    iopub_text,
+    is_idle,
+    shell_reply,
+    started_kernel,
+)
 
 SETUP = """%%hvd
 import keras
@@ -40,23 +50,18 @@ def _lines(path) -> list[dict]:
 
 def _displays(kc, msg_id: str) -> tuple[dict, str, list[dict]]:
     """The reply, the text output and every display bundle (shown or updated) of one request."""
-    reply = kc.get_shell_msg(timeout=600)
-    while reply["parent_header"].get("msg_id") != msg_id:
-        reply = kc.get_shell_msg(timeout=600)
+    reply = shell_reply(kc, msg_id, 600)
     text, bundles = [], []
     while True:
         msg = kc.get_iopub_msg(timeout=30)
         if msg["parent_header"].get("msg_id") != msg_id:
             continue
-        kind = msg["msg_type"]
-        if kind == "stream":
-            text.append(msg["content"]["text"])
-        elif kind == "error":
-            text.append("\n".join(msg["content"]["traceback"]))
-        elif kind in ("display_data", "update_display_data"):
+        if msg["msg_type"] in ("display_data", "update_display_data"):
             bundles.append(msg["content"]["data"])
-        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+        elif is_idle(msg):
             return reply, "".join(text), bundles
+        else:
+            text.append(iopub_text(msg) or "")
 
 
 def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
