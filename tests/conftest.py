@@ -294,8 +294,9 @@ def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
     return collect(kc, msg_id)
 
 
-def collect(kc, msg_id: str) -> tuple[Any, str]:
-    """The shell reply and the text output (streams and tracebacks) of one request."""
+def collect(kc, msg_id: str, displays: bool = False) -> tuple[Any, str]:
+    """The shell reply and the text output (streams and tracebacks; the plain text of displays too with
+    ``displays``) of one request."""
     out = []
     reply = kc.get_shell_msg(timeout=180)
     while reply["parent_header"].get("msg_id") != msg_id:
@@ -308,6 +309,8 @@ def collect(kc, msg_id: str) -> tuple[Any, str]:
             out.append(msg["content"]["text"])
         elif msg["msg_type"] == "error":
             out.append("\n".join(msg["content"]["traceback"]))
+        elif displays and msg["msg_type"] == "display_data":
+            out.append(msg["content"]["data"].get("text/plain", ""))
         elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
             break
     return reply, "".join(out)

@@ -33,6 +33,7 @@ class Rank0:
     def __init__(self, answers: dict[str, Any], queued: int = 0, delay: float = 0.0) -> None:
         self.answers, self.queued, self.delay = answers, queued, delay
         self.asked: list[tuple[str, tuple]] = []
+        self.outstanding: set[str] = set()  # (the kernel's own requests not answered yet)
 
     def queue_status(self, targets: list[int]) -> dict:
         return {0: {"queue": self.queued, "tasks": 0, "completed": 3}, "unassigned": 0}
@@ -98,7 +99,7 @@ def test_attributes_replace_what_the_cell_typed(ip, rank0):
     assert [(c.start, c.end, c.text) for c in found] == [(19, 22, ".weights")]
 
 
-@pytest.mark.parametrize("why", ["lock", "queued", "slow", "no cluster"])
+@pytest.mark.parametrize("why", ["lock", "queued", "pending", "slow", "no cluster"])
 def test_the_kernel_completes_itself_when_rank_0_cannot_answer(ip, rank0, monkeypatch, why):
     ip.user_ns["rank_only_local"] = 1
     session = Session.get()
@@ -112,6 +113,7 @@ def test_the_kernel_completes_itself_when_rank_0_cannot_answer(ip, rank0, monkey
         held.wait(5)
     rank0.queued = 1 if why == "queued" else 0
     rank0.delay = 5.0 if why == "slow" else 0.0
+    rank0.outstanding = {"an earlier request"} if why == "pending" else set()
     if why == "no cluster":
         monkeypatch.setattr(session, "cluster", None)
     try:
