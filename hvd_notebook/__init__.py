@@ -28,14 +28,19 @@ def ProgressCallback(batch_size: int | None = None, num_samples: int | None = No
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``)."""
+    """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``), and complete and inspect
+    ``%%hvd`` cells from rank 0."""
+    from .kernel import completion
     from .kernel.magics import HvdMagics
 
     ipython.register_magics(HvdMagics)
+    completion.install(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Stop this kernel's cluster when the extension is unloaded."""
+    """Stop this kernel's cluster when the extension is unloaded; complete and inspect as before."""
+    from .kernel import completion
     from .kernel.session import Session
 
+    completion.uninstall(ipython)
     Session.get().stop()

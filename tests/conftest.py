@@ -294,8 +294,9 @@ def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
     return collect(kc, msg_id)
 
 
-def collect(kc, msg_id: str) -> tuple[Any, str]:
-    """The shell reply and the text output (streams and tracebacks) of one request."""
+def collect(kc, msg_id: str, displays: bool = False) -> tuple[Any, str]:
+    """The shell reply and the text output (streams and tracebacks; the plain text of displays too with
+    ``displays``) of one request."""
     out = []
     reply = shell_reply(kc, msg_id)
     while True:
@@ -304,6 +305,8 @@ def collect(kc, msg_id: str) -> tuple[Any, str]:
             continue
         if is_idle(msg):
             break
+        if displays and msg["msg_type"] == "display_data":
+            out.append(msg["content"]["data"].get("text/plain", ""))
         out.append(iopub_text(msg) or "")
     return reply, "".join(out)
 

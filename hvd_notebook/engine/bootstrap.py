@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from ..config import Backend, Framework, choices
-from . import frameworks
+from . import completion, frameworks
 
 
 def usable_cores() -> int:
@@ -147,6 +147,7 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     shell = get_ipython()
     if shell is not None:
         shell.user_ns["hvd"] = hvd
+        completion.show_pages_as_output(shell)  # obj? in a %%hvd cell
 
     from . import reporter, tqdm_bars
 

@@ -367,6 +367,27 @@ class Session:
             cluster.client[cluster.engine_ids()].apply_async(reporter.set_enabled, enabled)
         self._engine_progress = (client_id, enabled)
 
+    def ask_idle(self, func: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        """``func(*args)`` on rank 0 (completion and inspection in ``%%hvd`` cells), only while nothing uses the
+        cluster: None at once where a command holds it (a cell runs) or requests are pending, and None where
+        no answer came within ``timeout`` seconds (the request then runs when rank 0 gets to it) or ``func``
+        raised. ``func`` must not return None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cluster = self.cluster
+            if cluster is None or cluster.client.outstanding:  # (the kernel's own requests not answered yet)
+                return None
+            engine = cluster.engine_ids([0])[0]
+            if is_busy(cluster.client.queue_status(targets=[engine]).get(engine)):  # (other clients' too)
+                return None
+            return cluster.client[engine].apply_async(func, *args).get(timeout=timeout)
+        except Exception as exc:  # (ipyparallel's TimeoutError, a RemoteError, a controller gone)
+            log.debug("rank 0 did not answer %s: %s", getattr(func, "__name__", func), exc)
+            return None
+        finally:
+            self._lock.release()
+
     # ------------------------------------------------------------- transfers
     def pull(self, name: str, rank: int = 0) -> Any:
         """The value of ``name`` on ``rank``."""
