@@ -35,7 +35,10 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Stop this kernel's cluster when the extension is unloaded."""
+    """Stop this kernel's cluster when the extension is unloaded, and run cells in this kernel again."""
     from .kernel.session import Session
 
+    magics = ipython.magics_manager.registry.get("HvdMagics")
+    if getattr(magics, "auto", None) is not None:
+        magics.auto.uninstall()
     Session.get().stop()

@@ -69,6 +69,13 @@ def no_cluster() -> NoClusterError:
     return NoClusterError("No cluster is running. Start one with %hvd start (e.g. %hvd start -n 2).")
 
 
+def auto_without_cluster(released: str | None) -> NoClusterError:
+    """A cell of ``%hvd auto on`` found the cluster gone (``released``: why the node's rules stopped it)."""
+    why = released or "The cluster is no longer running (stopped, or lost when a restart failed)."
+    return NoClusterError(f"{why} So %hvd auto is now off, and this cell did not run: run it again to run it in "
+                          "this kernel, or %hvd start and %hvd auto on to run cells on ranks again.")
+
+
 def unknown_ranks(unknown: list[int], size: int) -> HvdError:
     return HvdError(f"Rank(s) {unknown} do not exist: this cluster has ranks 0..{size - 1}.")
 
