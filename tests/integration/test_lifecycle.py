@@ -189,7 +189,7 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
             km, kc, "%%hvd\nfrom mpi4py import MPI\nimport time\nif hvd.rank() == 0:\n"
                     "    MPI.COMM_WORLD.barrier()\nelse:\n    time.sleep(600)", limit=10)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-        assert ("Rank(s) [0, 1] were still running (rank 0 was at a cell, line 5; rank 1 was at a cell, line 7). "
+        assert ("Rank(s) [0, 1] were still running (rank 0 was at a cell, line 4; rank 1 was at a cell, line 6). "
                 "Rank(s) [0] did not respond to an interrupt") in out, out  # rank 1 took it
         assert "every rank's variables are lost" in out and "re-run your set-up cells" in out, out
         reply, out = execute(kc, "%%hvd --all-output\nimport numpy as np\n"
