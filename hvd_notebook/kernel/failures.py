@@ -23,10 +23,11 @@ class NoClusterError(HvdError):
 class RankError(HvdError):
     """A ``%%hvd`` cell failed on one or more ranks; carries the first failure's traceback."""
 
-    def __init__(self, message: str, remote_traceback: list[str], outcomes: list[str]):
+    def __init__(self, message: str, remote_traceback: list[str], outcomes: list[str], ranks: list[int] | None = None):
         super().__init__(message)
         self.remote_traceback = remote_traceback
         self.outcomes = outcomes
+        self.ranks = ranks or []  # the ranks that raised, the first first (what %hvd debug opens)
 
     def _render_traceback_(self) -> list[str]:
         return (
@@ -151,8 +152,10 @@ def rank_error(errors: dict[int, Any], first: int, running: list[int], where: di
         outcomes.append(note)
     first_error = errors[first]
     tb = getattr(first_error, "traceback", None) or []
+    raised = [first] + [r for r, e in errors.items() if e is not None and r != first and r not in running]
     return RankError(
         f"rank {first} raised {first_error.ename}: {first_error.evalue}",
         tb.splitlines() if isinstance(tb, str) else list(tb),
         outcomes,
+        raised,
     )

@@ -15,7 +15,7 @@ from ..cluster import stacks
 from ..cluster.world import RankInfo
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
-from . import auto, failures, sweep
+from . import auto, debugging, failures, sweep
 from .failures import HvdError
 from .session import Session
 
@@ -86,6 +86,10 @@ def _build_line_parser() -> _Parser:
                                  "start with %% (%%hvd ..., %%time ...), which run in this kernel; off: back to "
                                  "this kernel; no argument: switch; off by itself when the cluster stops")
     auto_parser.add_argument("state", nargs="?", choices=["on", "off"], help="on or off (default: the other one)")
+
+    debug = sub.add_parser("debug", help="pdb on a rank's failed cell, its commands typed in this notebook "
+                           "(default: the first rank that raised in the last failed cell)")
+    debug.add_argument("--rank", type=non_negative_int, default=None, help="the rank to debug")
 
     pull = sub.add_parser("pull", help="copy a variable from a rank into this notebook")
     pull.add_argument("name", help="variable name on the rank")
@@ -275,6 +279,8 @@ class HvdMagics(Magics):
         elif args.command == "stacks":
             ranks = [r for r in session.require().ranks if r.here]
             print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
+        elif args.command == "debug":
+            debugging.post_mortem(session.require(), session.debug_rank(args.rank))
         elif args.command == "pull":
             self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
             print(f"Pulled {args.name!r} from rank {args.rank}.")

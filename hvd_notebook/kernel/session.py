@@ -54,6 +54,7 @@ class Session:
         self.commits = ElasticCommits()  # rank 0's last hvd.elastic commit: a cell resumes from it
         self.tenancy = Tenancy(self._release)  # the node's card of the cluster; stops it when its time is up
         self.released: str | None = None  # why the node's rules stopped the cluster, for the next command
+        self.failed_ranks: list[int] = []  # the ranks that raised in the last cell that failed (%hvd debug)
         self._lock = threading.RLock()  # held by every command that uses the cluster (``in_use``)
         atexit.register(self.shutdown)
 
@@ -80,6 +81,7 @@ class Session:
         except (ClusterError, UnsafePathError) as exc:  # (no private folder could be had)
             raise HvdError(f"The cluster did not start: {exc}") from None
         self.cluster, self.options, self.history, self.released = cluster, options, [], None
+        self.failed_ranks = []
         self._announce(cluster)
         return cluster.ranks
 
@@ -153,17 +155,18 @@ class Session:
 
         return replay(list(self.history), run, say)
 
-    def fresh_world(self, n: int) -> list[RankInfo]:
+    def fresh_world(self, n: int, keep: bool = False) -> list[RankInfo]:
         """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it, quietly (a point of a
         ``%%hvd sweep``): the running cluster restarted (its warm standby promoted) where it has ``n``
-        ranks, else a cluster of ``n`` started in its place; returns once its new standby, if any, has
-        started. What the last ``%hvd start`` asked for and the recorded cells stay as they were."""
+        ranks (``keep``: kept as it is, the set-up cells replayed on it: the end of a sweep), else a cluster
+        of ``n`` started in its place; returns once its new standby, if any, has started. What the last
+        ``%hvd start`` asked for and the recorded cells stay as they were."""
         with self.in_use():
             options, history = self.options, self.history
             if options is None:
                 raise failures.no_cluster()
             if self.cluster is not None and self.cluster.n == n:
-                ranks = self._restart()
+                ranks = self.cluster.ranks if keep else self._restart()
             else:
                 self.stop()
                 try:
@@ -216,7 +219,23 @@ class Session:
         completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off). The node's card
         says the cluster is busy meanwhile; where its lease ran out during the cell, it stops after."""
         with self.busy():
-            return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+            try:
+                return self._run_cell(code, ranks, output_ranks, timeout, progress, record)
+            except RankError as exc:
+                self.failed_ranks = exc.ranks
+                raise
+
+    def debug_rank(self, rank: int | None) -> int:
+        """The rank ``%hvd debug`` opens: ``rank``, or the first that raised in the last cell that failed."""
+        cluster = self.require()
+        if rank is None:
+            if not self.failed_ranks:
+                raise HvdError("No %%hvd cell has raised on a rank of this cluster: %hvd debug opens pdb where one "
+                               "did (name a rank with --rank R).")
+            rank = self.failed_ranks[0]
+        if rank not in [r.rank for r in cluster.ranks]:
+            raise failures.unknown_ranks([rank], cluster.n)
+        return rank
 
     @contextmanager
     def busy(self) -> Iterator[MPICluster]:

@@ -255,10 +255,11 @@ def _run_point(session: Any, code: str, point: SweepPoint, target: Target | None
 
 
 def _back_to(session: Any, n: int) -> None:
-    """The world of the sweep's start again: ``n`` ranks with the set-up cells replayed."""
+    """The world of the sweep's start again: ``n`` ranks with the set-up cells replayed (on the last point's
+    world where it has as many)."""
     try:
-        session.fresh_world(n)
+        session.fresh_world(n, keep=True)
     except HvdError as exc:
         print(f"[hvd] sweep: the {n}-rank world of before the sweep did not start again: {exc}", file=sys.stderr)
         return
-    print(f"[hvd] sweep: back on a fresh world of {n} rank(s), the set-up cells replayed.", flush=True)
+    print(f"[hvd] sweep: back on a world of {n} rank(s), the set-up cells replayed.", flush=True)

@@ -2,7 +2,8 @@
 driven by Playwright): it appears under the running cell, its bars move and
 reach 100 %, its curve has points, and it freezes into a static summary; a
 tab per rank holds that rank's output, with a badge where it wrote to stderr
-or failed, and the summary keeps their text.
+or failed, and the summary keeps their text; `%hvd debug` after the failed cell takes pdb's commands from
+the notebook's input box.
 
 Screenshots go to build/test-artifacts/ (conftest.artifacts_dir: under $TMPDIR where the clone is not
 writable). Chromium is the one thing only root can install: without it the test fails and says so."""
@@ -56,9 +57,10 @@ while not os.path.exists(RELEASE) and time.monotonic() < deadline:
     time.sleep(0.1)""",
     "%%hvd\nprint(f'rank {hvd.rank()} before the error')\nif hvd.rank() == 1:\n"
     "    raise ValueError('rank 1 gives up')",
+    "%hvd debug",  # pdb on rank 1, its commands typed into the notebook's input box
     "%hvd stop",
 ]
-FAILING_CELL = len(CELLS) - 2  # run-all stops there; the test runs the last cell itself
+FAILING_CELL = len(CELLS) - 3  # run-all stops there; the test runs the last two cells itself
 
 KERNEL_IDLE = """() => {
   const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -84,9 +86,9 @@ STANDALONE_OUTPUTS = """() => [...document.querySelectorAll('.hvd-outputs')].fil
 
 CELL_TEXT = "(i => document.querySelectorAll('.jp-Notebook .jp-Cell')[i].innerText)"
 
-RUN_LAST_CELL = """() => {
+RUN_CELL_FROM_END = """(back) => {
   const notebook = window.jupyterapp.shell.currentWidget.content;
-  notebook.activeCellIndex = notebook.widgets.length - 1;
+  notebook.activeCellIndex = notebook.widgets.length - back;
   window.jupyterapp.commands.execute('notebook:run-cell');
 }"""
 
@@ -208,7 +210,18 @@ def test_dashboard_in_jupyterlab(lab):
                                    polling=250)
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # run-all stopped at the error
             standalone = page.evaluate(STANDALONE_OUTPUTS)
-            page.evaluate(RUN_LAST_CELL)  # %hvd stop
+            page.evaluate(RUN_CELL_FROM_END, 2)  # %hvd debug: pdb's prompt in the notebook's input box
+            for command, answer in (("p hvd.rank() * 21", "\n21\n"), ("q", "pdb on rank 1 ended")):
+                stdin = page.locator(".jp-Stdin-input").last
+                stdin.wait_for(state="visible", timeout=60_000)
+                stdin.fill(command)
+                stdin.press("Enter")
+                page.wait_for_function(f"() => {CELL_TEXT}({FAILING_CELL + 1}).includes({answer!r})",
+                                       timeout=30_000, polling=250)
+            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
+            debugged = page.evaluate(f"() => {CELL_TEXT}({FAILING_CELL + 1})")
+            page.screenshot(path=str(artifacts / "debug-in-jupyterlab.png"), full_page=True)
+            page.evaluate(RUN_CELL_FROM_END, 1)  # %hvd stop
             try:
                 page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
                                        ".includes('Cluster stopped.')", timeout=60_000, polling=250)
@@ -263,6 +276,7 @@ def test_dashboard_in_jupyterlab(lab):
     # the gradient noise scale, read against the global batch (16 a rank), kept in the summary
     assert re.search(r"the global batch 32 is \w+ the measured noise scale [\d,.]+", outputs), outputs[-2000:]
     assert "Cluster stopped." in outputs
+    assert "[hvd] pdb on rank 1, where its cell failed" in debugged and "(Pdb rank 1)" in debugged, debugged
     assert reloaded == ["100"] * 4
     saved = nbformat.read(lab["notebook"], as_version=4)
     bundles = [o.get("data", {}) for o in saved.cells[3].outputs]

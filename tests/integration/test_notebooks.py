@@ -69,7 +69,7 @@ def test_large_batch_sweep(tmp_path):
     assert "4 point(s) measured, 0 failed; results in large-batch-sweep.jsonl" in text, text
     printed = re.findall(r"^ranks=([12]) batch=(16|128) lr=(linear) warmup=2 +ok +samples/s +(\d+)", text, re.M)
     assert len(printed) == 4 and all(int(rate) > 0 for *_, rate in printed), text
-    assert "back on a fresh world of 2 rank(s)" in text and "Cluster stopped." in text, text
+    assert "back on a world of 2 rank(s)" in text and "Cluster stopped." in text, text
 
 
 def test_timeline_chart_and_fusion():

@@ -78,7 +78,7 @@ def test_a_sweep_interrupted_and_run_again_skips_its_finished_points(tmp_path):
         first = time.monotonic() - t0
         assert reply["content"]["status"] == "error" and "KeyboardInterrupt" in reply["content"]["ename"], out
         assert "sweep interrupted; 2 of 4 point(s) are in" in out and "run the cell again" in out, out
-        assert "back on a fresh world of 2 rank(s), the set-up cells replayed" in out, out
+        assert "back on a world of 2 rank(s), the set-up cells replayed" in out, out
         assert [r["point"] for r in _lines(path)] == ["ranks=1 batch=16 lr=linear warmup=0",
                                                       "ranks=1 batch=64 lr=linear warmup=0"]
 
