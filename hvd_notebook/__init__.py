@@ -38,9 +38,13 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Stop this kernel's cluster when the extension is unloaded; complete and inspect as before."""
+    """Stop this kernel's cluster when the extension is unloaded; cells run, complete and are inspected in this
+    kernel again."""
     from .kernel import completion
     from .kernel.session import Session
 
     completion.uninstall(ipython)
+    magics = ipython.magics_manager.registry.get("HvdMagics")
+    if getattr(magics, "auto", None) is not None:
+        magics.auto.uninstall()
     Session.get().stop()

@@ -31,6 +31,7 @@ LIVENESS_S = 0.5  # how often a running cell checks that its ranks' processes ex
 INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world is restarted
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
+WHEREABOUTS_S = 1.0  # how long ranks get to write their stacks (a live rank's faulthandler answers at once)
 
 
 def is_busy(queue: Any) -> bool:
@@ -151,8 +152,7 @@ class RunningCell:
                 try:
                     failed = self._watch(interrupted)
                 except KeyboardInterrupt:
-                    running, note = self._stop_running()
-                    print(failures.interrupted(running, note), file=sys.stderr)
+                    print(failures.interrupted(*self._stop_running()), file=sys.stderr)
                     raise
             if failed:
                 self._fail(failed)
@@ -216,8 +216,9 @@ class RunningCell:
             if rank in self._located:
                 continue
             self._located.add(int(rank))
-            for line in self._whereabouts([int(rank)], verb="is"):
-                print(f"{WARNING_PREFIX}: stall: {line} "
+            where = self._whereabouts([int(rank)])
+            if where:
+                print(f"{WARNING_PREFIX}: stall: {failures.whereabouts(where, verb='is')} "
                       "(all of its stack: %hvd stacks, or hvd-notebook stacks while the cell runs)",
                       file=sys.stderr, flush=True)
 
@@ -246,8 +247,7 @@ class RunningCell:
                 if dead:
                     raise self._ranks_died(dead)
             if self.deadline is not None and time.monotonic() > self.deadline:
-                running, note = self._stop_running()
-                raise failures.cell_timeout(self.timeout or 0.0, running, note)
+                raise failures.cell_timeout(self.timeout or 0.0, *self._stop_running())
 
     def _fail(self, failed: list[RankRequest]) -> None:
         """Raise the error of a cell that failed on the ranks ``failed``."""
@@ -259,18 +259,20 @@ class RunningCell:
             # MPI ends the other ranks when one dies: name the one(s) that died first
             raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at])
         time.sleep(SIMULTANEOUS_FAILURE_S)
-        running, note = self._stop_running(wait_for_output_s=1.0)
-        raise failures.rank_error({req.rank: req.error for req in self.requests}, failed[0].rank, running, note)
+        raise failures.rank_error({req.rank: req.error for req in self.requests}, failed[0].rank,
+                                  *self._stop_running(wait_for_output_s=1.0))
 
-    def _stop_running(self, wait_for_output_s: float = 0.0) -> tuple[list[int], str]:
-        """Stop the ranks still running, then forward the last of the output.
-        Returns those ranks and a note for the user (empty when they stopped)."""
+    def _stop_running(self, wait_for_output_s: float = 0.0) -> tuple[list[int], dict[int, str], str]:
+        """Stop the ranks still running, then forward the last of the output. Returns those ranks, where
+        each was (taken before the interrupt, which moves them) and a note for the user (empty when they
+        stopped)."""
         running = [req.rank for req in self.requests if not req.done]
+        where = self._whereabouts(running)
         note = self._interrupt(running)
         if wait_for_output_s:
             self.async_result.wait_for_output(wait_for_output_s)
         self.pump(final=True)
-        return running, note
+        return running, where, note
 
     def _interrupt(self, ranks: list[int]) -> str:
         """Interrupt ranks; a rank stuck in an MPI collective ignores SIGINT, so
@@ -284,28 +286,32 @@ class RunningCell:
         except Exception:
             log.debug("send_signal failed", exc_info=True)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
-        while time.monotonic() < deadline:
-            if not any(is_busy(queue) for queue in client.queue_status(targets=targets).values()):
+        while True:
+            queues = client.queue_status(targets=targets)
+            stuck = [rank for rank, target in zip(ranks, targets) if is_busy(queues.get(target))]
+            if not stuck:
                 return ""
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.1)
-        whereabouts = self._whereabouts(ranks)  # before the restart ends them
         try:
             self.cluster.restart()
         except ClusterError as exc:
             self.cluster_lost = True
-            return failures.unresponsive(ranks, whereabouts, str(exc))
-        return failures.unresponsive(ranks, whereabouts)
+            return failures.unresponsive(stuck, str(exc))
+        return failures.unresponsive(stuck)
 
-    def _whereabouts(self, ranks: list[int], verb: str = "was") -> list[str]:
-        """Where each of ``ranks`` on this host is (``verb``: is, or was: stuck), a line each (from its Python
-        stack)."""
+    def _whereabouts(self, ranks: list[int]) -> dict[int, str]:
+        """Where each of ``ranks`` on this host is now, a line each (``stacks.where`` of its Python stack;
+        a signal and a file read per rank): rank -> line, without the ranks that did not answer."""
         pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
+        if not pids:
+            return {}
         try:
-            dumps = stacks.collect(list(pids))
+            dumps = stacks.collect(list(pids), timeout=WHEREABOUTS_S)
         except OSError:
-            return []
-        return [f"rank {pids[pid]} {verb} {stacks.where(dump)}" for pid, (_, dump) in sorted(dumps.items(),
-                key=lambda item: pids[item[0]]) if dump.strip()]
+            return {}
+        return {pids[pid]: stacks.where(dump) for pid, (_, dump) in dumps.items() if dump.strip()}
 
     def _ranks_died(self, dead: list[int]) -> failures.RankDied:
         """A rank's process is gone (os._exit, a signal, out of memory): end the

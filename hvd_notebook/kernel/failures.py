@@ -3,7 +3,6 @@ sees (each shown as its message alone) and every message they carry."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
@@ -71,6 +70,13 @@ def no_cluster() -> NoClusterError:
     return NoClusterError("No cluster is running. Start one with %hvd start (e.g. %hvd start -n 2).")
 
 
+def auto_without_cluster(released: str | None) -> NoClusterError:
+    """A cell of ``%hvd auto on`` found the cluster gone (``released``: why the node's rules stopped it)."""
+    why = released or "The cluster is no longer running (stopped, or lost when a restart failed)."
+    return NoClusterError(f"{why} So %hvd auto is now off, and this cell did not run: run it again to run it in "
+                          "this kernel, or %hvd start and %hvd auto on to run cells on ranks again.")
+
+
 def unknown_ranks(unknown: list[int], size: int) -> HvdError:
     return HvdError(f"Rank(s) {unknown} do not exist: this cluster has ranks 0..{size - 1}.")
 
@@ -95,35 +101,49 @@ def ranks_died(died: dict[int, str], others: list[int], last_lines: list[str], m
     )
 
 
-def cell_timeout(timeout: float, running: list[int], note: str) -> CellTimeout:
-    return CellTimeout(f"The cell did not finish within --timeout {timeout:g} s; rank(s) "
-                       f"{running} were still running. {note or INTERRUPTED}")
+def whereabouts(where: dict[int, str], verb: str = "was") -> str:
+    """Where each rank was (``where``: rank -> a line of ``stacks.where``), as one clause:
+    "rank 0 was in hvd.barrier(), called from a cell, line 3; rank 1 was at a cell, line 5"."""
+    return "; ".join(f"rank {rank} {verb} {where[rank]}" for rank in sorted(where))
 
 
-def interrupted(running: list[int], note: str) -> str:
+def _running(running: list[int], where: dict[int, str]) -> str:
+    """"rank(s) [0, 1] were still running (rank 0 was in ...; rank 1 was at ...)"."""
+    return f"rank(s) {running} were still running" + (f" ({whereabouts(where)})" if where else "")
+
+
+def cell_timeout(timeout: float, running: list[int], where: dict[int, str], note: str) -> CellTimeout:
+    """``where``: rank -> where it was when time ran out (before it was interrupted)."""
+    return CellTimeout(f"The cell did not finish within --timeout {timeout:g} s; {_running(running, where)}. "
+                       f"{note or INTERRUPTED}")
+
+
+def interrupted(running: list[int], where: dict[int, str], note: str) -> str:
     """What the user reads after interrupting a cell (Ctrl-C or the stop button)."""
-    return f"Rank(s) {running} were still running. {note or INTERRUPTED}"
+    text = _running(running, where)
+    return f"{text[0].upper()}{text[1:]}. {note or INTERRUPTED}"
 
 
-def unresponsive(ranks: list[int], whereabouts: Sequence[str] = (), restart_error: str | None = None) -> str:
-    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to);
-    ``whereabouts``: where each was stuck, a line each."""
-    where = f" ({'; '.join(whereabouts)})" if whereabouts else ""
+def unresponsive(ranks: list[int], restart_error: str | None = None) -> str:
+    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to)."""
     if restart_error is not None:
-        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?){where} "
+        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?) "
                 f"and restarting the engines failed: {restart_error}. Run %hvd restart.")
-    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?){where}, so "
+    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?), so "
             "the MPI world was restarted: every rank's variables are lost; re-run your "
             "set-up cells.")
 
 
-def rank_error(errors: dict[int, Any], first: int, running: list[int], note: str) -> RankError:
+def rank_error(errors: dict[int, Any], first: int, running: list[int], where: dict[int, str],
+               note: str) -> RankError:
     """The error of a cell that raised on rank ``first``: its remote traceback, and
-    the outcome on each rank (``errors``: every rank of the cell, None where it finished)."""
+    the outcome on each rank (``errors``: every rank of the cell, None where it finished; ``where``:
+    rank -> where each rank still running was)."""
     outcomes = []
     for rank, error in errors.items():
         if rank in running:
-            outcomes.append(f"rank {rank}: was still running; interrupted")
+            at = f" ({where[rank]})" if rank in where else ""
+            outcomes.append(f"rank {rank}: was still running{at}; interrupted")
         elif error is not None:
             outcomes.append(f"rank {rank}: raised {error.ename}: {error.evalue}")
         else:

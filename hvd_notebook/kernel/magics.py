@@ -15,7 +15,7 @@ from ..cluster import stacks
 from ..cluster.world import RankInfo
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
-from . import debugging, sweep
+from . import auto, debugging, failures, sweep
 from .failures import HvdError
 from .session import Session
 
@@ -82,6 +82,10 @@ def _build_line_parser() -> _Parser:
     stacks_parser = sub.add_parser("stacks", help="each rank's Python stack now (while a cell runs, from a "
                                    "terminal: hvd-notebook stacks)")
     stacks_parser.add_argument("--all-threads", action="store_true", help="every thread of each rank")
+    auto_parser = sub.add_parser("auto", help="on: run every cell on the ranks as a %%%%hvd cell, except cells that "
+                                 "start with %% (%%hvd ..., %%time ...), which run in this kernel; off: back to "
+                                 "this kernel; no argument: switch; off by itself when the cluster stops")
+    auto_parser.add_argument("state", nargs="?", choices=["on", "off"], help="on or off (default: the other one)")
 
     debug = sub.add_parser("debug", help="pdb on a rank's failed cell, its commands typed in this notebook "
                            "(default: the first rank that raised in the last failed cell)")
@@ -109,6 +113,7 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
                       help="fail the cell after S seconds, naming the ranks still running")
     cell.add_argument("--no-replay", action="store_true", help="leave this cell out of %%hvd restart --replay "
                       "(a long training run, say)")
+    cell.add_argument(auto.AUTO_OPTION, action="store_true", help=argparse.SUPPRESS)  # a cell of %hvd auto on
     out = cell.add_mutually_exclusive_group()
     out.add_argument("--all-output", action="store_true", help="show every rank's output")
     out.add_argument("--output-ranks", type=rank_list, default=None, metavar="LIST",
@@ -219,7 +224,12 @@ def _mib(nbytes: int | None) -> str:
 
 @magics_class
 class HvdMagics(Magics):
-    """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks."""
+    """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks (and, after ``%hvd auto on``,
+    every cell that does not start with ``%``)."""
+
+    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+        super().__init__(shell=shell, **kwargs)
+        self.auto = auto.AutoCells(shell).install() if shell is not None else None
 
     @line_cell_magic
     def hvd(self, line: str, cell: str | None = None) -> Any:
@@ -247,6 +257,11 @@ class HvdMagics(Magics):
                 print(f"This node's rules: {rules}.")
         elif args.command == "stop":
             print("Cluster stopped." if session.stop() else "No cluster was running.")
+            if self.auto is not None and self.auto.on:
+                self.auto.on = False
+                print(auto.state(False))
+        elif args.command == "auto":
+            self._auto(args.state)
         elif args.command == "restart":
             ranks = session.restart()
             print(f"Restarted {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
@@ -259,6 +274,8 @@ class HvdMagics(Magics):
             cluster = session.require()
             print(f"{describe_hvd(cluster.ranks[0])}\n{format_status(rows)}\n"
                   f"{format_standby(cluster.standby_state, cluster.n)}")
+            if self.auto is not None and self.auto.on:
+                print(auto.state(True))
         elif args.command == "stacks":
             ranks = [r for r in session.require().ranks if r.here]
             print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
@@ -277,12 +294,28 @@ class HvdMagics(Magics):
             print(_build_cell_parser().format_help())
         return None
 
+    def _auto(self, state: str | None) -> None:
+        """``%hvd auto [on|off]``: switch it (on needs a running cluster)."""
+        if self.auto is None:
+            raise HvdError("%hvd auto needs an IPython shell to run the cells of.")
+        on = not self.auto.on if state is None else state == "on"
+        if on:
+            Session.get().require()
+        self.auto.on = on
+        print(auto.state(on))
+
     def _cell(self, line: str, cell: str) -> Any:
         argv = _split("%%hvd", line)
         if argv[:1] == ["sweep"]:
             return self._sweep(argv[1:], cell)
         args = _build_cell_parser().parse_args(argv)
         session = Session.get()
+        if args.auto:
+            if session.cluster is None:  # stopped or lost since %hvd auto on
+                if self.auto is not None:
+                    self.auto.on = False
+                raise failures.auto_without_cluster(session.released)
+            print(auto.ran_on(session.cluster.n), flush=True)
         output_ranks = args.output_ranks
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]

@@ -145,7 +145,7 @@ def test_exception_on_one_rank_fails_fast_and_keeps_the_cluster(cluster, run):
     assert elapsed < 15, f"the cell took {elapsed:.1f} s to fail"
     assert "RankError: rank 1 raised ValueError: bad shard on rank one" in out
     assert "Traceback" in out and "raise ValueError" in out  # rank 1's traceback
-    assert "rank 0: was still running; interrupted" in out
+    assert "rank 0: was still running (at a cell, line 4); interrupted" in out, out
     assert "rank 1: raised ValueError: bad shard on rank one" in out
     result, out = run("%%hvd --all-output\nprint('survivor', survivor)")
     assert result.success and "[0] survivor 100" in out and "[1] survivor 101" in out
@@ -163,7 +163,7 @@ def test_timeout_names_running_ranks_and_interrupts_them(cluster, run):
     t0 = time.monotonic()
     result, out = run("%%hvd --timeout 1\nimport time\ntime.sleep(60 if hvd.rank() == 1 else 0)")
     assert not result.success and time.monotonic() - t0 < 10
-    assert "--timeout 1 s; rank(s) [1] were still running" in out
+    assert "--timeout 1 s; rank(s) [1] were still running (rank 1 was at a cell, line 2)" in out, out
     assert "interrupted; their variables are kept" in out
     result, out = run("%%hvd --all-output\nprint(before_timeout)")
     assert result.success and "[1] kept" in out
@@ -252,15 +252,19 @@ def test_stall_warning_of_any_rank_is_shown(cluster, run):
 
 
 def test_interrupt_in_a_collective_then_a_clear_way_out(cluster, run):
-    """Rank 1 waits in an allreduce that rank 0 never reaches; the timeout interrupts both.
-    MPI cannot cancel rank 1's half-done collective: its next one says to restart, and the
+    """Rank 1 waits in an allreduce that rank 0 never reaches; the timeout interrupts both, saying where
+    each was. MPI cannot cancel rank 1's half-done collective: its next one says to restart, and the
     rank that is then left inside MPI gets a fresh world."""
+    t0 = time.monotonic()
     result, out = run(
         "%%hvd --timeout 2\nimport time, numpy as np\n"
         "if hvd.rank() == 0:\n    time.sleep(30)\nelse:\n    hvd.allreduce(np.ones(2))"
     )
-    assert not result.success and "were still running" in out
+    took = time.monotonic() - t0
+    assert not result.success and ("rank(s) [0, 1] were still running (rank 0 was at a cell, line 3; rank 1 was in "
+                                   "hvd.allreduce(), called from a cell, line 5)") in out, out
     assert "interrupted; their variables are kept" in out  # both responded: no MPI call was blocking
+    assert took < 6, f"a 2 s timeout took {took:.1f} s to end the cell"
     result, out = run("%%hvd\nimport numpy as np\nhvd.allreduce(np.ones(2))")
     assert not result.success
     assert "can no longer agree on collectives" in out and "%hvd restart" in out

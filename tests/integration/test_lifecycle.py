@@ -180,7 +180,8 @@ def test_kernel_shutdown_stops_the_cluster():
 
 def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
     """JupyterLab's stop button during a cell where rank 0 waits in a barrier that
-    rank 1 never joins: MPI does not return on SIGINT, so the session escalates."""
+    rank 1 never joins: MPI does not return on SIGINT, so the session escalates. Then, in the same
+    kernel, %hvd auto."""
     with started_kernel() as (km, kc):
         reply, out = execute(kc, KERNEL_CODE)
         assert reply["content"]["status"] == "ok", out
@@ -188,15 +189,38 @@ def test_interrupting_the_kernel_stops_ranks_blocked_in_a_collective():
             km, kc, "%%hvd\nfrom mpi4py import MPI\nimport time\nif hvd.rank() == 0:\n"
                     "    MPI.COMM_WORLD.barrier()\nelse:\n    time.sleep(600)", limit=10)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
-        assert "did not respond to an interrupt" in out and "every rank's variables are lost" in out, out
-        assert "re-run your set-up cells" in out
+        assert ("Rank(s) [0, 1] were still running (rank 0 was at a cell, line 4; rank 1 was at a cell, line 6). "
+                "Rank(s) [0] did not respond to an interrupt") in out, out  # rank 1 took it
+        assert "every rank's variables are lost" in out and "re-run your set-up cells" in out, out
         reply, out = execute(kc, "%%hvd --all-output\nimport numpy as np\n"
                                   "print('fresh', hvd.allreduce(np.ones(1), op=hvd.Sum))")
         assert reply["content"]["status"] == "ok" and "[1] fresh [2.]" in out, out
         figure(f"interrupt: ranks stopped in {stopped:.1f} s, cell returned with a fresh world in {back:.1f} s")
         pids = cluster_pids(kc)
+        _every_cell_on_the_ranks(kc)
         km.shutdown_kernel(now=False)
         assert_gone(pids | old, timeout=30)
+
+
+def _every_cell_on_the_ranks(kc) -> None:
+    """%hvd auto in a real kernel (ipykernel transforms a cell before it runs, not IPython's run_cell):
+    plain cells on the ranks, line magics in the kernel; off by hand, and by itself at %hvd stop."""
+    def ok(code: str) -> str:
+        reply, out = execute(kc, code)
+        assert reply["content"]["status"] == "ok", out
+        return out
+
+    assert "auto: on: every cell runs on the ranks" in ok("%hvd auto on")
+    out = ok("auto_rank = hvd.rank()\nprint('on rank', auto_rank, 'of', hvd.size())")
+    assert out == "[hvd] auto: runs on 2 ranks\n[0] on rank 0 of 2\n", out  # (rank 0's output only, as %%hvd)
+    out = ok("%hvd status")
+    assert "rank  state" in out and "auto: on" in out and "[hvd] auto" not in out, out
+    assert "[1] explicit 1\n" in ok("%%hvd --all-output\nprint('explicit', auto_rank)")  # %%hvd as it is
+    assert "auto: off" in ok("%hvd auto")  # (switches)
+    assert ok("print('in the kernel', 'auto_rank' in globals())") == "in the kernel False\n"
+    ok("%hvd auto")
+    assert "Cluster stopped.\nauto: off" in ok("%hvd stop")
+    assert ok("print('back in the kernel')") == "back in the kernel\n"
 
 
 def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):

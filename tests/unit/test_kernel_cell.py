@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import pytest
 
@@ -64,11 +65,12 @@ class FakeClient:
 
 
 class FakeCluster:
-    def __init__(self, parts: list[Future], busy: bool = False, restart_fails: bool = False) -> None:
+    def __init__(self, parts: list[Future], busy: bool = False, restart_fails: bool = False,
+                 ranks: list[SimpleNamespace] | None = None) -> None:
         self.client = FakeClient(parts, busy)
         self.restarts = 0
         self.restart_fails = restart_fails
-        self.ranks = []  # (no processes here to ask for their stacks)
+        self.ranks = ranks or []  # (none: no processes here to ask for their stacks)
 
     def engine_ids(self, ranks):
         return [10 + r for r in ranks]
@@ -111,6 +113,69 @@ def test_a_timeout_interrupts_the_running_ranks_once():
     assert cluster.client.signals == [(signal.SIGINT, [10, 11])] and cluster.restarts == 0
 
 
+BARRIER_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/hvd_notebook/runtime/core/world.py", line 120 in _wait
+  File "/venv/lib/python3.11/site-packages/hvd_notebook/runtime/core/ops.py", line 88 in barrier
+  File "/tmp/ipykernel_4242/123.py", line 3 in <module>
+"""
+SLEEP_DUMP = """Current thread 0x00007f0000000002 (most recent call first):
+  File "/tmp/ipykernel_4243/123.py", line 5 in <module>
+"""
+
+
+@pytest.fixture
+def stacks_asked(monkeypatch) -> list[tuple[list[int], bool]]:
+    """Stand-in stacks of pids 100 (rank 0, in hvd.barrier) and 101 (rank 1, at line 5): each time
+    they are asked for, the pids asked and whether the ranks had been interrupted before."""
+    asked: list[tuple[list[int], bool]] = []
+    dumps = {100: ("rank 0 of 2", BARRIER_DUMP), 101: ("rank 1 of 2", SLEEP_DUMP)}
+
+    def collect(pids, timeout=2.0):
+        asked.append((sorted(pids), bool(CLUSTERS and CLUSTERS[-1].client.signals)))
+        return {pid: dumps[pid] for pid in pids}
+
+    monkeypatch.setattr(cell.stacks, "collect", collect)
+    yield asked
+    CLUSTERS.clear()
+
+
+CLUSTERS: list[FakeCluster] = []
+
+
+def on_two_ranks(parts: list[Future], busy: bool = False) -> FakeCluster:
+    ranks = [SimpleNamespace(rank=r, pid=100 + r, here=True) for r in (0, 1)]
+    CLUSTERS.append(FakeCluster(parts, busy=busy, ranks=ranks))
+    return CLUSTERS[-1]
+
+
+def test_a_timeout_says_where_each_running_rank_was_before_the_interrupt(stacks_asked):
+    with pytest.raises(failures.CellTimeout) as raised:
+        start(on_two_ranks([part(), part()]), timeout=0.01).wait()
+    assert str(raised.value) == (
+        "The cell did not finish within --timeout 0.01 s; rank(s) [0, 1] were still running (rank 0 was in "
+        "hvd.barrier(), called from a cell, line 3; rank 1 was at a cell, line 5). They were interrupted; "
+        "their variables are kept and the cluster is ready.")
+    assert stacks_asked == [([100, 101], False)]  # once, before the SIGINT
+
+
+def test_ranks_that_ignore_the_interrupt_are_named_with_where_they_were(stacks_asked):
+    parts = [part(), part()]
+    parts[0].set_result(None)  # rank 0 finished: only rank 1 is asked for its stack, and named
+    with pytest.raises(failures.CellTimeout, match=r"rank\(s\) \[1\] were still running \(rank 1 was at a cell, "
+                                                   r"line 5\)\. Rank\(s\) \[1\] did not respond to an interrupt"):
+        start(on_two_ranks(parts, busy=True), timeout=0.01).wait()
+    assert stacks_asked == [([101], False)]
+
+
+def test_a_rank_error_says_where_the_ranks_still_running_were(stacks_asked):
+    parts = [part(), part()]
+    parts[1].set_exception(RemoteError("ValueError", "bad shard"))
+    with pytest.raises(failures.RankError) as raised:
+        start(on_two_ranks(parts)).wait()
+    assert raised.value.outcomes == ["rank 0: was still running (in hvd.barrier(), called from a cell, line 3); "
+                                     "interrupted", "rank 1: raised ValueError: bad shard"]
+
+
 def test_ranks_that_ignore_the_interrupt_get_the_world_restarted():
     cluster = FakeCluster([part(), part()], busy=True)
     with pytest.raises(failures.CellTimeout, match="did not respond to an interrupt .* so the MPI world was "
@@ -138,15 +203,14 @@ def test_a_rank_that_raises_fails_the_cell_and_stops_the_others():
     assert cluster.client.signals == [(signal.SIGINT, [10])]
 
 
-def test_interrupting_the_kernel_stops_the_ranks_and_says_so(capsys):
+def test_interrupting_the_kernel_stops_the_ranks_and_says_where_they_were(capsys, stacks_asked):
     """A real SIGINT while the cell waits (as ipykernel's interrupt sends it), twice: the first is taken
     at the loop's next turn, the second changes nothing; the kernel's own handler is back afterwards."""
     import os
     import signal
     import threading
 
-    cluster = FakeCluster([part(), part()])
-    running = start(cluster)
+    running = start(on_two_ranks([part(), part()]))
     before = signal.getsignal(signal.SIGINT)
     def press_stop_twice():
         os.kill(os.getpid(), signal.SIGINT)
@@ -155,7 +219,9 @@ def test_interrupting_the_kernel_stops_the_ranks_and_says_so(capsys):
     threading.Timer(0.2, press_stop_twice).start()
     with pytest.raises(KeyboardInterrupt):
         running.wait()
-    assert "Rank(s) [0, 1] were still running. They were interrupted" in capsys.readouterr().err
+    assert ("Rank(s) [0, 1] were still running (rank 0 was in hvd.barrier(), called from a cell, line 3; rank 1 was "
+            "at a cell, line 5). They were interrupted") in capsys.readouterr().err
+    assert stacks_asked == [([100, 101], False)]
     assert signal.getsignal(signal.SIGINT) is before
 
 

@@ -90,3 +90,44 @@ def test_status_shows_gpu_memory_from_the_driver():
     assert "GPU 0 (NVIDIA H200)" in table and "1530 MiB" in table and "812 MiB" in table
     cpu = format_status([{**rows[0], "device": "CPU", "gpu_memory": None}])
     assert "GPU memory" not in cpu
+
+
+@pytest.fixture
+def auto(ip):
+    """The shell's %hvd auto, off again after the test."""
+    cells = ip.magics_manager.registry["HvdMagics"].auto
+    yield cells
+    cells.on = False
+
+
+def test_auto_puts_the_magic_line_before_plain_cells_only(ip, auto):
+    auto.on = True
+    assert ip.transform_cell("  \nx = 1\nprint(x)\n").startswith("get_ipython().run_cell_magic('hvd', '--auto', "
+                                                                 "'x = 1\\nprint(x)\\n')")
+    for cell in ("%hvd status\n", "%time x = 1\n", "%%hvd --all-output\nx = 1\n", "%%bash\necho\n", "\n\n"):
+        assert "--auto" not in ip.transform_cell(cell), cell
+    assert ip.input_transformer_manager.check_complete("x = 1\n")[0] == "complete"  # the console's Enter runs it
+    auto.on = False
+    assert ip.transform_cell("x = 1\n") == "x = 1\n"
+
+
+def test_auto_leaves_what_a_line_magic_runs_in_the_kernel(ip, run, auto):
+    auto.on = True  # (no cluster: a cell sent to the ranks would fail)
+    result, out = run("%time auto_local = 6 * 7")
+    assert result.success and ip.user_ns["auto_local"] == 42, out
+
+
+def test_auto_needs_a_cluster_and_turns_off_when_it_is_gone(ip, run, auto):
+    result, out = run("%hvd auto on")
+    assert not result.success and "No cluster is running" in out and not auto.on
+    auto.on = True  # as if the cluster stopped after %hvd auto on
+    result, out = run("never_ran = 1")
+    assert not result.success and "%hvd auto is now off, and this cell did not run" in out, out
+    assert not auto.on and "never_ran" not in ip.user_ns
+    result, out = run("ran_here = 1")
+    assert result.success and ip.user_ns["ran_here"] == 1
+    result, out = run("%hvd auto off")
+    assert result.success and "auto: off" in out
+    auto.on = True
+    result, out = run("%hvd stop")
+    assert "No cluster was running.\nauto: off" in out and not auto.on, out
