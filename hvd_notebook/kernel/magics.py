@@ -129,13 +129,7 @@ def _build_cell_parser(add_help: bool = True) -> _Parser:
 
 
 def _positive_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers above 0")
-    return values
+    return tuple(positive_int(part) for part in text.split(","))
 
 
 def _word_list(text: str) -> tuple[str, ...]:
