@@ -31,6 +31,7 @@ CELLS = [
     """%%hvd
 import time
 import numpy as np, keras
+keras.utils.set_random_seed(0)  # the same start on every rank and in every run (the noise scale read below)
 rng = np.random.default_rng(hvd.rank())
 x = rng.normal(size=(2048, 8)).astype('float32'); y = (x[:, 0] > 0).astype('int64')
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation='relu'),
@@ -102,6 +103,19 @@ def _cluster_pids(root: psutil.Process) -> set[int]:
         except psutil.Error:
             pass
     return pids
+
+
+def wait_or_explain(page, lab, condition: str, timeout_s: float, what: str) -> None:
+    """Wait for the JavaScript ``condition``; where it does not come true in ``timeout_s``, fail with a
+    screenshot, what the notebook shows and the end of the lab's log (what CI's log needs to tell why)."""
+    try:
+        page.wait_for_function(condition, timeout=timeout_s * 1000, polling=250)
+    except Exception:
+        name = re.sub(r"\W+", "-", what).strip("-")[:60]
+        page.screenshot(path=str(artifacts_dir() / f"missing-{name}.png"), full_page=True)
+        raise AssertionError(f"no {what} in {timeout_s:g} s; the notebook shows:\n"
+                             + page.inner_text(".jp-Notebook")[-4000:] + "\nlab log:\n"
+                             + lab["log"].read_text()[-3000:]) from None
 
 
 @pytest.fixture
@@ -184,10 +198,10 @@ def test_dashboard_in_jupyterlab(lab):
                 time.sleep(0.2)
             page.wait_for_selector(".hvd-summary img[alt='hvd curves']", timeout=30_000)
             # the tqdm cell's dashboard, then its summary
-            page.wait_for_function("() => document.querySelectorAll('.hvd-summary').length >= 2", timeout=90_000,
-                                   polling=250)
+            wait_or_explain(page, lab, "() => document.querySelectorAll('.hvd-summary').length >= 2", 90,
+                            "summary of the tqdm cell")
             # the cell that prints and waits: rank 1 wrote to stderr, so its tabs appear on their own, badged
-            page.wait_for_function(f"() => ({TAB_TITLES})().includes('rank 1 ⚠')", timeout=90_000, polling=250)
+            wait_or_explain(page, lab, f"() => ({TAB_TITLES})().includes('rank 1 ⚠')", 90, "tab 'rank 1 ⚠'")
             titles = page.evaluate(TAB_TITLES)
             tabs = page.locator(".hvd-output-tabs")
             tabs.scroll_into_view_if_needed()
@@ -204,11 +218,11 @@ def test_dashboard_in_jupyterlab(lab):
             # then the cell where rank 1 raises: its tabs' static copy, rank 1 marked failed
             # (waited for by its own text: a count of outputs or an idle kernel alone can be seen between two
             # cells of the run-all, and a cell run then is aborted when the failing cell stops the run-all)
-            page.wait_for_function(f"() => ({STANDALONE_OUTPUTS})().some(c => c.some(d => d.title === 'rank 1 ✗'))",
-                                   timeout=90_000, polling=250)
-            page.wait_for_function(f"() => {CELL_TEXT}({FAILING_CELL}).includes('rank 1 gives up')", timeout=60_000,
-                                   polling=250)
-            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)  # run-all stopped at the error
+            wait_or_explain(page, lab, f"() => ({STANDALONE_OUTPUTS})().some(c => c.some(d => d.title === 'rank 1 ✗'))",
+                            90, "the failed cell's output tabs, rank 1 marked failed")
+            wait_or_explain(page, lab, f"() => {CELL_TEXT}({FAILING_CELL}).includes('rank 1 gives up')", 60,
+                            "rank 1's error in the failed cell")
+            wait_or_explain(page, lab, KERNEL_IDLE, 60, "idle kernel after the failed cell")  # run-all stopped there
             standalone = page.evaluate(STANDALONE_OUTPUTS)
             page.evaluate(RUN_CELL_FROM_END, 2)  # %hvd debug: pdb's prompt in the notebook's input box
             for command, answer in (("p hvd.rank() * 21", "\n21\n"), ("q", "pdb on rank 1 ended")):
@@ -216,20 +230,14 @@ def test_dashboard_in_jupyterlab(lab):
                 stdin.wait_for(state="visible", timeout=60_000)
                 stdin.fill(command)
                 stdin.press("Enter")
-                page.wait_for_function(f"() => {CELL_TEXT}({FAILING_CELL + 1}).includes({answer!r})",
-                                       timeout=30_000, polling=250)
-            page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
+                wait_or_explain(page, lab, f"() => {CELL_TEXT}({FAILING_CELL + 1}).includes({answer!r})", 30,
+                                f"pdb's answer to {command!r}")
+            wait_or_explain(page, lab, KERNEL_IDLE, 60, "idle kernel after %hvd debug")
             debugged = page.evaluate(f"() => {CELL_TEXT}({FAILING_CELL + 1})")
             page.screenshot(path=str(artifacts / "debug-in-jupyterlab.png"), full_page=True)
             page.evaluate(RUN_CELL_FROM_END, 1)  # %hvd stop
-            try:
-                page.wait_for_function("() => document.querySelector('.jp-Notebook').innerText"
-                                       ".includes('Cluster stopped.')", timeout=60_000, polling=250)
-            except Exception:
-                page.screenshot(path=str(artifacts / "dashboard-stop-missing.png"), full_page=True)
-                raise AssertionError("%hvd stop said nothing in 60 s; the notebook shows:\n"
-                                     + page.inner_text(".jp-Notebook")[-3000:]
-                                     + "\nlab log:\n" + lab["log"].read_text()[-3000:]) from None
+            wait_or_explain(page, lab, "() => document.querySelector('.jp-Notebook').innerText"
+                            ".includes('Cluster stopped.')", 60, "'Cluster stopped.' from %hvd stop")
             page.wait_for_function(KERNEL_IDLE, timeout=60_000, polling=250)
             page.screenshot(path=str(artifacts / "dashboard-outputs.png"), full_page=True)
             page.evaluate("() => document.querySelectorAll('.jp-Notebook .jp-Cell')[3].scrollIntoView()")
