@@ -70,7 +70,7 @@ class Console:
             while True:
                 with self.cond:
                     if self.command is not None:
-                        line, self.command = self.command, None
+                        line, self.command, self.prompting = self.command, None, False
                         return line + "\n"
                     self.cond.wait(POLL_S)
                 self.idle(self.where)
@@ -100,19 +100,19 @@ class Console:
         with self.cond:
             if stop != self.stop or not self.stopped:
                 return {"stale": True, "done": True, "stop": self.stop, "output": "", "quit": self.quit}
-            if command is not None and self.prompting:
+            if command is not None:
                 self.command, self.prompting = command, False
                 self.cond.notify_all()
             deadline, linger = time.monotonic() + ANSWER_S, None
             while not (self.stopped and self.prompting):
                 now = time.monotonic()
-                if not self.stopped:
+                if not self.stopped:  # gone on: a `next` may stop again at once
                     linger = linger or now + LINGER_S
                     if now >= linger:
                         break
                 elif now >= deadline:
                     return {"busy": True, "done": False, "stop": self.stop, "output": "", "quit": False}
-                self.cond.wait(min(deadline, linger or deadline) - now)
+                self.cond.wait((deadline if self.stopped else linger) - now)
             output, self.text = "".join(self.text), []
             return {"output": output, "stop": self.stop, "done": not self.stopped, "quit": self.quit,
                     "busy": False}
