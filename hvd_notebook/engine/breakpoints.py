@@ -132,7 +132,28 @@ def _make_pdb(console: Console, rank: int) -> Any:
             self.use_rawinput = False
             self.prompt = ""
 
+        first_file: str | None = None  # until the first stop: the file of the line breakpoint() was called on
+
+        def set_trace(self, frame: Any = None, **kwargs: Any) -> None:
+            # The first stop is the next line of that file: IPython runs each top-level statement of a cell
+            # as a code object of its own, so the line after an `if ...: breakpoint()` is in another frame;
+            # neither that statement's return nor the next one's call is a stop, nor anything of other files.
+            self.first_file = frame.f_code.co_filename if frame is not None else None
+            super().set_trace(frame, **kwargs)
+
+        def stop_here(self, frame: Any) -> bool:
+            return (self.first_file is None or frame.f_code.co_filename == self.first_file) and super().stop_here(frame)
+
+        def user_call(self, frame: Any, argument_list: Any) -> None:
+            if self.first_file is None:
+                super().user_call(frame, argument_list)
+
+        def user_return(self, frame: Any, return_value: Any) -> None:
+            if self.first_file is None or frame.f_code.co_name != "<module>":
+                super().user_return(frame, return_value)
+
         def interaction(self, frame: Any, tb_or_exc: Any) -> None:
+            self.first_file = None
             at = where(frame) if frame is not None else "?"
             stop = console.stopping(at)
             events.emit(EventKind.BREAKPOINT, f"rank {rank} stopped at {at}", stop=stop, where=at)
@@ -199,7 +220,12 @@ def hook(*args: Any, frame: FrameType | None = None, **kwargs: Any) -> None:
     ``PYTHONBREAKPOINT=0`` turns it off, as Python's own hook."""
     if os.environ.get("PYTHONBREAKPOINT") == "0" or _Engine.console is None:
         return
-    _make_pdb(_Engine.console, _Engine.rank).set_trace(frame or sys._getframe(1))
+    stop(_Engine.console, _Engine.rank, frame or sys._getframe(1))
+
+
+def stop(console: Console, rank: int, frame: FrameType) -> None:
+    """pdb at ``frame``'s next line, reading ``console``."""
+    _make_pdb(console, rank).set_trace(frame)
 
 
 hook.takes_frame = True  # type: ignore[attr-defined]

@@ -120,7 +120,7 @@ def test_breakpoint_on_rank_1_continued_then_quit(kc):
     assert "[hvd] rank 1 stopped at a cell, line 8; pdb on it" in out, out
     assert "\n11\n" in out and "[hvd] rank 1 goes on." in out, out  # rank 1's local, read in its debugger
     assert "[0] total 21" in out and "[1] total 21" in out, out
-    stalls = [line for line in out.splitlines() if "stall" in line]
+    stalls = [line for line in out.splitlines() if "WARNING: stall" in line]
     assert stalls and all("rank 1 is in the debugger (a cell, line 8)" in line and "have not arrived" not in line
                for line in stalls), stalls
 
@@ -135,3 +135,10 @@ def test_breakpoint_on_rank_1_continued_then_quit(kc):
 
     _, out = execute(kc, "%%hvd --all-output\nprint('sum', int(hvd.allreduce(1, op=hvd.Sum)))")
     assert "[0] sum 2" in out and "[1] sum 2" in out, out  # both ranks usable after, without a restart
+
+    # both ranks stop: taken one after the other, each named
+    reply, out, prompts = _debug(kc, ["p hvd.rank()", "c", "p hvd.rank()", "c"],
+                                 "%%hvd --all-output\nbreakpoint()\nprint('both', int(hvd.allreduce(1, op=hvd.Sum)))")
+    assert reply["content"]["status"] == "ok", out
+    assert sorted(prompts) == ["(Pdb rank 0) "] * 2 + ["(Pdb rank 1) "] * 2, prompts
+    assert out.count("goes on.") == 2 and "[0] both 2" in out and "[1] both 2" in out, out

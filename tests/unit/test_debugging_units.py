@@ -54,7 +54,7 @@ def _stop_in_a_thread(console: breakpoints.Console) -> tuple[threading.Thread, d
 
     def cell() -> None:
         secret = 6 * 7
-        breakpoints._make_pdb(console, 1).set_trace(sys._getframe())
+        breakpoints.stop(console, 1, sys._getframe())
         after = secret + 1
         outcome["after"] = after
 
