@@ -119,12 +119,15 @@ class ProgressUpdate(_Published):
 
 
 class EventKind(enum.StrEnum):
-    """What a ``RankEvent`` tells: a stall (its fields' ``missing``: the ranks that have not arrived), another
-    warning of the runtime, or an ``hvd.elastic`` commit (its summary; "" once there is none to resume from)."""
+    """What a ``RankEvent`` tells: a stall (its fields' ``missing``: the ranks that have not arrived;
+    ``debugging``: those in a debugger), another warning of the runtime, an ``hvd.elastic`` commit (its summary;
+    "" once there is none to resume from), or a stop at a breakpoint (its fields' ``stop``: the rank's stop
+    number, ``where``: the line; ``engine/breakpoints.py``)."""
 
     STALL = "stall"
     WARNING = "warning"
     COMMIT = "commit"
+    BREAKPOINT = "breakpoint"
 
 
 @dataclass

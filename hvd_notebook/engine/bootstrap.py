@@ -149,9 +149,10 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
         shell.user_ns["hvd"] = hvd
         completion.show_pages_as_output(shell)  # obj? in a %%hvd cell
 
-    from . import reporter, tqdm_bars
+    from . import breakpoints, reporter, tqdm_bars
 
     reporter.install(hvd.rank())  # what reports to the dashboard: the reporter, and its adapters
+    breakpoints.install(hvd.rank())  # breakpoint() in a cell: pdb driven from the notebook
     if chosen is Framework.TENSORFLOW:  # (keras_progress imports Keras: on a CPU rank, a cell imports it first)
         frameworks.when_imported("keras", _install_keras_progress)
     tqdm_bars.install()

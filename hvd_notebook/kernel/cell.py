@@ -21,8 +21,9 @@ from ..cluster import ClusterError, stacks
 from ..cluster.cluster import MPICluster
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
+from ..engine import breakpoints
 from ..messages import EventKind, RankEvent
-from . import failures
+from . import debugging, failures
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,9 @@ class RunningCell:
         self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
         self._told: dict[int, int] = {}  # per rank: the seq of the last of its events shown
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
+        self._stops: dict[int, int] = {}  # per rank: the number of its last breakpoint stop taken
+        self.ending = False  # the cell is being ended: a rank's breakpoint is not opened any more
+        self.quit: list[int] = []  # the ranks whose debugger was quit (q): the cell ends on every rank
         self.commits: list[str] = []  # rank 0's hvd.elastic commit events, in order ("": the commit was removed)
         engine_ids = cluster.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
@@ -188,7 +192,7 @@ class RunningCell:
     def _tell_events(self) -> None:
         """The events of every rank (``runtime/core/events.py``) not taken yet: a stall or a warning as a
         warning line of its rank (after a stall, where each rank it names as missing is), an ``hvd.elastic``
-        commit into ``commits``."""
+        commit into ``commits``, a stop at a breakpoint as pdb on that rank (``_debug``)."""
         board = self.dashboard if self.copies else None
         for req in self.requests:
             data = dict(req.metadata.get("data") or {})
@@ -201,6 +205,9 @@ class RunningCell:
                 if event.kind == EventKind.COMMIT:
                     self.commits.append(event.text)
                     continue
+                if event.kind == EventKind.BREAKPOINT:
+                    self._debug(req.rank, event)
+                    continue
                 line = f"{WARNING_PREFIX}: {event.text}\n"
                 sys.stderr.write(f"[{req.rank}] {line}")
                 if board is not None:
@@ -208,6 +215,26 @@ class RunningCell:
                 if event.kind == EventKind.STALL:
                     self._locate(event.fields.get("missing") or [])
         sys.stderr.flush()
+
+    def _debug(self, rank: int, event: RankEvent) -> None:
+        """pdb on ``rank``, stopped at a breakpoint, until it goes on (one rank at a time: a rank stopped
+        meanwhile is taken after). The time spent there does not count towards ``--timeout``."""
+        stop = int(event.fields.get("stop", 0))
+        if stop <= self._stops.get(rank, 0) or self.ending:
+            return
+        sys.stdout.flush()
+        sys.stderr.flush()
+        started = time.monotonic()
+        self._stops[rank] = stop
+        try:
+            with _interrupts_raise():  # (the stop button ends the session, as q does)
+                quit, self._stops[rank] = debugging.at_breakpoint(self.cluster, rank, stop,
+                                                                  str(event.fields.get("where", "?")))
+            if quit:
+                self.quit.append(rank)
+        finally:
+            if self.deadline is not None:
+                self.deadline += time.monotonic() - started
 
     def _locate(self, missing: list[int]) -> None:
         """Where each rank a stall names as missing is (once per rank and cell): its Python stack's summary,
@@ -258,6 +285,9 @@ class RunningCell:
         if died:
             # MPI ends the other ranks when one dies: name the one(s) that died first
             raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at])
+        if self.quit and any(getattr(req.error, "ename", "") == "BdbQuit" for req in failed):
+            running, where, note = self._stop_running(wait_for_output_s=1.0)
+            raise failures.debugger_quit(self.quit[0], running, where, note or self._renew())
         time.sleep(SIMULTANEOUS_FAILURE_S)
         raise failures.rank_error({req.rank: req.error for req in self.requests}, failed[0].rank,
                                   *self._stop_running(wait_for_output_s=1.0))
@@ -266,6 +296,7 @@ class RunningCell:
         """Stop the ranks still running, then forward the last of the output. Returns those ranks, where
         each was (taken before the interrupt, which moves them) and a note for the user (empty when they
         stopped)."""
+        self.ending = True
         running = [req.rank for req in self.requests if not req.done]
         where = self._whereabouts(running)
         note = self._interrupt(running)
@@ -301,6 +332,20 @@ class RunningCell:
             return failures.unresponsive(stuck, str(exc))
         return failures.unresponsive(stuck)
 
+    def _renew(self) -> str:
+        """After a debugged rank quit, where a rank was left half-way in a collective (interrupted while it
+        waited for the quitting rank): fresh collectives on every rank, variables kept. A note for the user
+        ("" where none was needed)."""
+        client = self.cluster.client
+        try:
+            if not any(client[self.cluster.engine_ids(self.ranks)].apply_async(breakpoints.broken).get(timeout=10)):
+                return ""
+            client[self.cluster.engine_ids([r.rank for r in self.cluster.ranks])].apply_async(
+                breakpoints.renew).get(timeout=60)
+        except Exception as exc:
+            return failures.not_renewed(f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}")
+        return failures.RENEWED
+
     def _whereabouts(self, ranks: list[int]) -> dict[int, str]:
         """Where each of ``ranks`` on this host is now, a line each (``stacks.where`` of its Python stack;
         a signal and a file read per rank): rank -> line, without the ranks that did not answer."""
@@ -317,6 +362,7 @@ class RunningCell:
         """A rank's process is gone (os._exit, a signal, out of memory): end the
         others too, so that none stays blocked in a collective, and let mpiexec
         report how each one ended."""
+        self.ending = True
         if self.dashboard is not None:
             for rank in dead:
                 self.dashboard.fail(rank, failures.DIED)
@@ -337,6 +383,20 @@ class RunningCell:
         return failures.ranks_died(
             {r: ended.get(r, "") for r in dead}, others=[req.rank for req in self.requests if req.rank not in dead],
             last_lines=last_lines, mpiexec_tail=self.cluster.mpiexec_output_tail())
+
+
+@contextlib.contextmanager
+def _interrupts_raise() -> Iterator[None]:
+    """Within ``_interrupts_as_a_flag``: SIGINT raises KeyboardInterrupt again (where the kernel waits for the
+    user's input, which only an exception ends)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

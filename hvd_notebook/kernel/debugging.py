@@ -1,10 +1,14 @@
-"""``%hvd debug``: pdb on a rank's failed cell, driven from the notebook. Each command is read from the
+"""pdb on a rank, driven from the notebook: ``%hvd debug`` on a rank's failed cell (``post_mortem``), and a
+rank stopped at ``breakpoint()`` while its cell runs (``at_breakpoint``). Each command is read from the
 notebook's input box (the kernel's stdin channel, as IPython's own ``%debug`` reads it in a local kernel),
-run by the rank's side (``engine/debugging.py``) and its output printed here; ``q`` ends it. The other ranks
-are untouched, and nothing but the cluster's own channel carries the commands."""
+run by the rank's side (``engine/debugging.py``; ``engine/breakpoints.py``, reached on the engine's control
+channel because the cell holds its shell) and its output printed here. Nothing but the cluster's own channels
+carries the commands."""
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +18,8 @@ from ..engine import debugging
 from .failures import HvdError
 
 ANSWER_S = 30.0  # a command's answer: pdb on an idle rank answers at once
+NO_INPUT = ("This front end cannot take input, which {what} reads its commands from: run it in JupyterLab, "
+            "Notebook or jupyter console.")
 
 
 def post_mortem(cluster: Any, rank: int, ask: Callable[[str], str] = input,
@@ -26,20 +32,83 @@ def post_mortem(cluster: Any, rank: int, ask: Callable[[str], str] = input,
                        "on a rank (a rank that died has no traceback: see %hvd status).")
     say(f"[hvd] pdb on rank {rank}, where its cell failed (up/down, p EXPR, l, where; q ends it):")
     say(where, end="")
+    try:
+        _drive(rank, lambda line: _call(view, rank, debugging.step, line), ask, say)
+    except StdinNotImplementedError:
+        _call(view, rank, debugging.end)
+        raise HvdError(NO_INPUT.format(what="%hvd debug")) from None
+    say(f"[hvd] pdb on rank {rank} ended.")
+
+
+def at_breakpoint(cluster: Any, rank: int, stop: int, where: str, ask: Callable[[str], str] = input,
+                  say: Callable[..., Any] = print) -> tuple[bool, int]:
+    """pdb on ``rank``, stopped at ``where`` (its stop number ``stop``), a command at a time from ``ask`` until
+    the rank goes on: whether it quit (``q``: its cell then fails there), and its last stop taken (``n`` and
+    ``s`` stop again)."""
+    stopped = _Stopped(cluster.client, cluster.engine_ids([rank])[0], rank, stop)
+    first, _ = stopped.step(None)
+    if stopped.stale:  # (taken already: a `next` of an earlier session stopped there)
+        return False, stop
+    say(f"[hvd] rank {rank} stopped at {where}; pdb on it (p EXPR, l, where, n, s; c goes on, q ends the cell "
+        "on every rank):")
+    say(first, end="")
+    try:
+        _drive(rank, stopped.step, ask, say)
+    except StdinNotImplementedError:
+        stopped.step("c")
+        say(f"[hvd] rank {rank} goes on: {NO_INPUT.format(what='its debugger')}")
+        return False, stopped.stop
+    say(f"[hvd] rank {rank} quit its debugger: the cell ends on every rank." if stopped.quit
+        else f"[hvd] rank {rank} goes on.")
+    return stopped.quit, stopped.stop
+
+
+def _drive(rank: int, step: Callable[[str], tuple[str, bool]], ask: Callable[[str], str],
+           say: Callable[..., Any]) -> None:
+    """Read a command with ``ask``, run it with ``step``, show what it printed, until ``step`` says the session
+    is over; the end of input (or an interrupt) is ``q``."""
     while True:
         try:
             line = ask(f"(Pdb rank {rank}) ")
-        except StdinNotImplementedError:
-            _call(view, rank, debugging.end)
-            raise HvdError("This front end cannot take input, which %hvd debug reads its commands from: run it "
-                           "in JupyterLab, Notebook or jupyter console.") from None
         except (EOFError, KeyboardInterrupt):
             line = "q"
-        out, done = _call(view, rank, debugging.step, line)
+        out, done = step(line)
         say(out, end="")
         if done:
-            say(f"[hvd] pdb on rank {rank} ended.")
             return
+
+
+class _Stopped:
+    """A rank stopped in its debugger, reached with ``hvd_debug_request`` on its engine's control channel."""
+
+    def __init__(self, client: Any, engine_id: int, rank: int, stop: int) -> None:
+        self.client, self.engine_id, self.rank, self.stop = client, engine_id, rank, stop
+        self.stale = self.quit = False
+
+    def step(self, line: str | None) -> tuple[str, bool]:
+        """Run ``line`` (None: nothing) at the stop: what pdb printed, and whether the rank went on."""
+        deadline = time.monotonic() + ANSWER_S
+        while True:
+            reply = self._request(line)
+            if not reply.get("busy"):
+                break
+            line = None  # (the command runs on: ask for its answer again)
+            if time.monotonic() > deadline:
+                deadline = time.monotonic() + ANSWER_S
+                print(f"[hvd] rank {self.rank} is still running the command (interrupt to end the cell)",
+                      file=sys.stderr, flush=True)
+        self.stop, self.stale, self.quit = int(reply["stop"]), bool(reply.get("stale")), bool(reply.get("quit"))
+        return str(reply.get("output", "")), bool(reply.get("done"))
+
+    def _request(self, line: str | None) -> dict[str, Any]:
+        future = self.client._send_control_request(  # (ipyparallel's; a control message of any type)
+            targets=[self.engine_id], msg_type="hvd_debug_request", content={"stop": self.stop, "command": line},
+            block=False)
+        try:
+            return future.result(timeout=ANSWER_S)[0]["content"]
+        except TimeoutError:
+            raise HvdError(f"Rank {self.rank}'s debugger did not answer within {ANSWER_S:g} s: interrupt the "
+                           "cell (the stop button) to end it.") from None
 
 
 def _call(view: Any, rank: int, function: Callable[..., Any], *args: Any) -> Any:

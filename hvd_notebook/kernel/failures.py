@@ -7,6 +7,8 @@ from typing import Any
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
+RENEWED = ("They were interrupted, and every rank's collectives were renewed (one was left half-way); their "
+           "variables are kept and the cluster is ready.")
 
 
 class HvdError(Exception):
@@ -122,6 +124,18 @@ def interrupted(running: list[int], where: dict[int, str], note: str) -> str:
     """What the user reads after interrupting a cell (Ctrl-C or the stop button)."""
     text = _running(running, where)
     return f"{text[0].upper()}{text[1:]}. {note or INTERRUPTED}"
+
+
+def debugger_quit(rank: int, running: list[int], where: dict[int, str], note: str) -> HvdError:
+    """A rank's debugger was quit (``q`` at a ``breakpoint()``), which ends the cell on every rank."""
+    return HvdError(f"rank {rank} quit its debugger (q), which ends the cell on every rank"
+                    + (f"; {_running(running, where)}. {note or INTERRUPTED}" if running else "."))
+
+
+def not_renewed(why: str) -> str:
+    """The note when the ranks' collectives could not be renewed after a debugger was quit."""
+    return (f"They were interrupted, but renewing their collectives failed ({why}): run %hvd restart before the "
+            "next collective.")
 
 
 def unresponsive(ranks: list[int], restart_error: str | None = None) -> str:

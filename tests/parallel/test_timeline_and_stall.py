@@ -79,6 +79,27 @@ def test_stall_warning_names_the_missing_rank(hvd, capfd, monkeypatch):
         assert "stall" not in err
 
 
+def test_stall_of_a_rank_in_the_debugger_is_waited_for(hvd, capfd, monkeypatch):
+    """Rank 1 sits in a debugger (between its commands it answers stall queries): rank 0, waiting for it in an
+    allreduce, says where it is once and does not give up past the shutdown time."""
+    from hvd_notebook.runtime.core import negotiation
+    stall = hvd_negotiator().stall
+    monkeypatch.setattr(stall, "check_s", 1.0)
+    monkeypatch.setattr(stall, "shutdown_s", 1.5)
+    if hvd.rank() == 1:
+        until = time.monotonic() + 3.5
+        while time.monotonic() < until:
+            negotiation.answer_from_debugger("a cell, line 4")
+            time.sleep(0.05)
+    total = hvd.allreduce(np.ones(2), name="debugged", op=hvd.Sum)
+    assert list(total) == [2.0, 2.0]
+    err = capfd.readouterr().err
+    if hvd.rank() == 0:
+        stalls = [line for line in err.splitlines() if "stall" in line]
+        assert len(stalls) == 1 and "rank 1 is in the debugger (a cell, line 4)" in stalls[0], err
+        assert "have not arrived" not in err
+
+
 def test_stall_shutdown_raises_on_the_waiting_rank(hvd, monkeypatch):
     negotiator = hvd_negotiator()
     monkeypatch.setattr(negotiator.stall, "shutdown_s", 1.5)
@@ -102,3 +123,20 @@ def hvd_negotiator():
     from hvd_notebook.runtime.core import world
     return world.current().negotiator
 
+
+
+def test_stall_left_a_collective_half_way_then_renewed(hvd, monkeypatch):
+    """What a debugged rank's quit leaves (rank 0 left a collective that rank 1 never reached; here also the
+    test before's): renewed on every rank, the next collectives work."""
+    from hvd_notebook.runtime.core import debugger
+    monkeypatch.setattr(hvd_negotiator().stall, "shutdown_s", 1.0)
+    monkeypatch.setattr(hvd_negotiator().stall, "check_s", 100.0)
+    if hvd.rank() == 0:
+        with pytest.raises(hvd.StallError):
+            hvd.allreduce(np.ones(2), name="never")
+    else:
+        time.sleep(2.0)  # (until rank 0 gave up: as in a cell, no rank renews while another waits)
+    assert debugger.broken() == (hvd.rank() == 0)
+    debugger.renew()
+    assert not debugger.broken()
+    assert list(hvd.allreduce(np.ones(2), name="after", op=hvd.Sum)) == [2.0, 2.0]

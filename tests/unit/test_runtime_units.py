@@ -30,7 +30,7 @@ CORE_LAYERS = [
     {"world"},
     {"process_sets"},
     {"basics", "objects", "compression"},
-    {"elastic"},
+    {"elastic", "debugger"},
     {"__init__"},
 ]
 # what each binding may import of the runtime: the core, itself, and (Keras on TensorFlow) the TensorFlow one

@@ -15,7 +15,9 @@ Waiting for the others' hashes is where a stall shows: after
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` the waiting rank asks every other rank,
 on a separate communicator, where it is; ranks that are waiting too answer, the
 rest "have not arrived", and a warning names them. After
-``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default off) the waiting ranks raise.
+``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (default off) the waiting ranks raise. A rank
+stopped in a debugger (``breakpoint()`` in a cell) answers "in the debugger"
+(``answer_from_debugger``): the waiting rank says so instead, and does not give up.
 
 ``Negotiator.check`` is what the backends call: agreement, its timeline phase,
 and the verdict (a ``MismatchError``, or fine where the others have joined).
@@ -28,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
 import numpy as np
@@ -47,9 +50,18 @@ from .timeline import Timeline
 
 __all__ = ["MismatchError", "Negotiator", "Signature", "StallError", "describe_mismatch"]
 
-_QUERY, _HERE, _LEAVING, _RESETTING = "query", "here", "leaving", "resetting"
+_QUERY, _HERE, _LEAVING, _RESETTING, _DEBUGGER = "query", "here", "leaving", "resetting", "debugger"
 _STALL_TAG = 7001
 _yield_cpu = getattr(os, "sched_yield", lambda: None)  # (not on every platform)
+_live: weakref.WeakSet[Negotiator] = weakref.WeakSet()  # this process's negotiators not freed yet
+
+
+def answer_from_debugger(where: str) -> None:
+    """While this rank is stopped in a debugger (``where``: at which line): answer the other ranks' stall
+    queries, on every communicator of this rank, with "in the debugger", so that a rank waiting for this one
+    says so and does not give up (called between the debugger's commands)."""
+    for negotiator in list(_live):
+        negotiator.stall.answer_from_debugger(negotiator.seq, where)
 
 
 class _Turn:
@@ -85,8 +97,10 @@ class Negotiator:
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
         self.board = SharedMemoryBoard.for_comm(comm, MPI)
         self.coordinator = Coordinator(self)
+        _live.add(self)
 
     def free(self) -> None:
+        _live.discard(self)
         self.stall.comm.Free()
 
     def hash_of(self, sig: Signature) -> int:
@@ -245,6 +259,7 @@ class StallInspector:
         self.shutdown_s = float(config.STALL_SHUTDOWN_TIME.number())
         self.enabled = not config.STALL_CHECK_DISABLE.flag()
         self._queries = 0  # this rank's stall queries so far: answers name the one they answer
+        self._held: list[tuple[int, tuple]] = []  # notes that came while this rank was in a debugger
 
     def report_unmatched(self, lists: list[list[Entry]], waited: float) -> bool:
         """Past the stall check time with no name matched: say which ranks lack which names;
@@ -270,7 +285,7 @@ class StallInspector:
     def wait(self, done: Callable[[], bool], sig: Signature, name: str | None, seq: int) -> None:
         """Wait until ``done()``, in collective number ``seq`` (``sig`` labelled ``name``): answer the
         others' queries, warn of a stall, raise past the shutdown time."""
-        start = time.monotonic()
+        start = counted = time.monotonic()  # (counted: since when the wait counts towards the shutdown time)
         spin_until = start + 2e-3  # spin first: a sleep wakes far later than a partner usually arrives
         pause = 10e-6
         warned = False
@@ -292,7 +307,10 @@ class StallInspector:
                 if self.enabled and not warned and now - start >= self.check_s:
                     warned = True
                     self._report_stall(done, sig, seq, now - start)
-                if self.shutdown_s > 0 and now - start >= self.shutdown_s:
+                if self.shutdown_s > 0 and now - counted >= self.shutdown_s:
+                    if done() or self._ask(done, sig, seq)[1]:
+                        counted = time.monotonic()  # a rank in the debugger: its time there does not count
+                        continue
                     raise StallError(
                         f"rank {self.rank} waited {now - start:.0f} s in {sig.describe()} (collective "
                         f"#{seq}) past HOROVOD_STALL_SHUTDOWN_TIME_SECONDS={self.shutdown_s:g}; "
@@ -310,13 +328,32 @@ class StallInspector:
         while notes and not self.MPI.Request.Testall(notes) and time.monotonic() < deadline:
             time.sleep(1e-3)
 
-    def _answer_queries(self, sig: Signature, seq: int, collected: dict[int, tuple] | None = None) -> None:
+    def answer_from_debugger(self, seq: int, where: str) -> None:
+        """This rank is in a debugger after ``seq`` collectives: answer each query with ``where``; notes of
+        ranks that left are kept for the next wait in a collective, which acts on them."""
         status = self.MPI.Status()
         while self.comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
             source = status.Get_source()
+            note = self.comm.recv(source=source, tag=_STALL_TAG)
+            if note[0] == _QUERY and note[1] >= seq:
+                self.comm.isend((_DEBUGGER, seq, where, note[3]), dest=source, tag=_STALL_TAG)
+            elif note[0] in (_LEAVING, _RESETTING):
+                self._held.append((source, note))
+
+    def _notes(self) -> Iterator[tuple[int, tuple]]:
+        """The notes of the other ranks: those kept while in a debugger, then those that wait now."""
+        while self._held:
+            yield self._held.pop(0)
+        status = self.MPI.Status()
+        while self.comm.iprobe(source=self.MPI.ANY_SOURCE, tag=_STALL_TAG, status=status):
+            source = status.Get_source()
+            yield source, self.comm.recv(source=source, tag=_STALL_TAG)
+
+    def _answer_queries(self, sig: Signature, seq: int, collected: dict[int, tuple] | None = None) -> None:
+        for source, note in self._notes():
             # (kind, their collective number, what they wait in or who they are, the query answered)
-            kind, theirs, where, query = self.comm.recv(source=source, tag=_STALL_TAG)
-            if (kind == _HERE and query != self._queries) or (kind in (_QUERY, _HERE) and theirs < seq):
+            kind, theirs, where, query = note
+            if (kind in (_HERE, _DEBUGGER) and query != self._queries) or (kind in (_QUERY, _HERE) and theirs < seq):
                 # an answer to an earlier query, or a query or answer from a collective every rank has
                 # left since (the ranks go through collective numbers together): says nothing of now
                 continue
@@ -333,9 +370,11 @@ class StallInspector:
                     f"{where} left {sig.describe()} (collective #{seq}) to reset the world (hvd.elastic): "
                     "this rank restores the last commit and joins the new world.")
             if collected is not None:
-                collected[source] = (theirs, where)
+                collected[source] = (theirs, where, kind == _DEBUGGER)
 
-    def _report_stall(self, done: Callable[[], bool], sig: Signature, seq: int, waited: float) -> None:
+    def _ask(self, done: Callable[[], bool], sig: Signature, seq: int) -> tuple[list[int], dict[int, str], str]:
+        """Ask every other rank where it is (up to a second): the ranks that have not arrived, those of them
+        in a debugger (rank -> at which line), and where the others are, as a clause ("" where all are here)."""
         self._queries += 1
         for r in range(self.size):
             if r != self.rank:
@@ -345,17 +384,25 @@ class StallInspector:
         while time.monotonic() < deadline and len(collected) < self.size - 1 and not done():
             self._answer_queries(sig, seq, collected)
             time.sleep(0.01)
+        debugged = {r: where for r, (_, where, in_debugger) in sorted(collected.items()) if in_debugger}
+        missing = [r for r in range(self.size)
+                   if r != self.rank and r not in debugged and collected.get(r, (None,))[0] != seq]
+        elsewhere = [f"rank {r} waits in collective #{theirs} {where}"
+                     for r, (theirs, where, debugging) in sorted(collected.items()) if theirs != seq and not debugging]
+        return missing, debugged, "; ".join(elsewhere)
+
+    def _report_stall(self, done: Callable[[], bool], sig: Signature, seq: int, waited: float) -> None:
+        missing, debugged, elsewhere = self._ask(done, sig, seq)
         if done():
             return
-        missing = [r for r in range(self.size) if r != self.rank and collected.get(r, (None,))[0] != seq]
-        elsewhere = [f"rank {r} waits in collective #{theirs} {where}"
-                     for r, (theirs, where) in sorted(collected.items()) if theirs != seq]
+        parts = [f"rank {r} is in the debugger ({where})" for r, where in debugged.items()]
+        if missing or not debugged:
+            parts.append(f"rank(s) {missing} have not arrived" + (f" ({elsewhere})" if elsewhere else ""))
         events.emit(
             EventKind.STALL,
-            f"stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} "
-            f"(collective #{seq}); rank(s) {missing} have not arrived"
-            + (f" ({'; '.join(elsewhere)})" if elsewhere else "")
-            + ". One or more ranks skipped this collective or are still busy; check that every rank "
-            "calls the same collectives in the same order.",
-            missing=missing,
+            f"stall: rank {self.rank} has waited {waited:.0f} s in {sig.describe()} (collective #{seq}); "
+            + "; ".join(parts) + (". One or more ranks skipped this collective or are still busy; check that every "
+                                  "rank calls the same collectives in the same order." if missing or not debugged
+                                  else ": this rank goes on when the debugger continues."),
+            missing=missing, debugging=sorted(debugged),
         )

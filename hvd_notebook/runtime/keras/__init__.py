@@ -31,6 +31,7 @@ from ..core.basics import (
     shutdown,
     size,
 )
+from ..core.debugger import breakpoint
 from ..core.noise_scale import noise_scale
 from ..core.objects import start_timeline, stop_timeline
 from ..core.ops import Adasum, Average, Sum
@@ -95,5 +96,5 @@ __all__ = [
     "rank", "reducescatter", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
     "ProcessSet", "add_process_set", "global_process_set", "remove_process_set",
     "DistributedOptimizer", "PartialDistributedOptimizer", "SyncBatchNormalization", "callbacks", "elastic",
-    "load_model", "noise_scale",
+    "load_model", "noise_scale", "breakpoint",
 ]

@@ -34,6 +34,7 @@ from ..core.basics import (
     shutdown,
     size,
 )
+from ..core.debugger import breakpoint
 from ..core.exceptions import MismatchError, StallError
 from ..core.noise_scale import noise_scale
 from ..core.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
@@ -99,5 +100,5 @@ __all__ = [  # (and LAZY_NAMES, by attribute)
     "mpi_threads_supported", "nccl_built", "nccl_enabled", "rank", "reducescatter", "shutdown", "size",
     "start_timeline", "stop_timeline", "broadcast_", "ccl_built", "cuda_built", "ddl_built", "local_rank_op",
     "local_size_op", "process_set_included_op", "rank_op", "rocm_built", "size_op", "ProcessSet", "add_process_set",
-    "global_process_set", "remove_process_set", "noise_scale",
+    "global_process_set", "remove_process_set", "noise_scale", "breakpoint",
 ]

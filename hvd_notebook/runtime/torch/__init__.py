@@ -18,6 +18,7 @@ optimizer state, objects), ``optimizer`` (``DistributedOptimizer``), ``compressi
 ``sync_batch_norm`` (``SyncBatchNorm``). TensorFlow is never imported here.
 """
 
+from ..core.debugger import breakpoint
 from ..core.exceptions import HorovodInternalError, MismatchError, StallError
 from ..core.noise_scale import noise_scale
 from ..core.objects import start_timeline, stop_timeline
@@ -88,7 +89,7 @@ __all__ = [
     "global_process_set", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
     "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter",
     "grouped_reducescatter_async", "init", "is_initialized", "join", "local_rank", "local_size", "mpi_built",
-    "mpi_enabled", "mpi_threads_supported", "nccl_built", "noise_scale", "poll", "rank", "reducescatter",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "noise_scale", "breakpoint", "poll", "rank", "reducescatter",
     "reducescatter_async",
     "remove_process_set", "rocm_built", "shutdown", "size", "sparse_allreduce_async", "start_timeline",
     "stop_timeline", "synchronize",
