@@ -8,6 +8,7 @@ and how a failed launch is explained. ``choose_placement`` picks one from the
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import shutil
@@ -200,9 +201,13 @@ class HostList(Placement):
         return hostlib.controller_address([h.name for h in self.hosts], self.options.ip)
 
     def without(self, hosts: list[str]) -> HostList:
-        """The same placement on the other hosts only (``-n`` then their slots)."""
-        kept = ",".join(f"{h.name}:{h.slots}" for h in self.hosts if h.name not in hosts)
-        return HostList(replace(self.options, hosts=kept, hostfile=None, n=None))
+        """The same placement on the other hosts only (``-n`` then their slots); none where every host is
+        left out (its ``slots`` then 0)."""
+        rest = copy.copy(self)
+        rest.hosts = [h for h in self.hosts if h.name not in hosts]
+        rest.options = replace(self.options, hosts=",".join(f"{h.name}:{h.slots}" for h in rest.hosts),
+                               hostfile=None, n=None)
+        return rest
 
     @property
     def slots(self) -> int:

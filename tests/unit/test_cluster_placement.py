@@ -90,6 +90,17 @@ def test_hosts_list(no_slurm, monkeypatch):
         HostList(ClusterOptions(n=4, hosts="localhost:2,127.0.0.1:1")).ranks([])
 
 
+def test_hosts_list_without_some_or_every_host(no_slurm):
+    """--min-np goes on without the hosts that stopped answering; where none answers, nothing is left (the
+    cluster then says --min-np cannot be met), not a TypeError from reading a hostfile of None."""
+    chosen = HostList(ClusterOptions(n=3, hosts="localhost:2,127.0.0.1:1"))
+    rest = chosen.without(["127.0.0.1"])
+    assert [h.name for h in rest.hosts] == ["localhost"] and rest.slots == 2 and rest.ranks([]) == 2
+    assert rest.options.hosts == "localhost:2" and rest.options.n is None and chosen.slots == 3
+    none = chosen.without(["localhost", "127.0.0.1"])
+    assert none.hosts == [] and none.slots == 0
+
+
 def test_hosts_list_from_a_hostfile(no_slurm, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1:2\nnode2 slots=2\n")
