@@ -11,6 +11,7 @@ goes on. The table and the plots (``dashboard/sweep.py``) update while it runs a
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -224,6 +225,8 @@ def run_sweep(session: Any, code: str, grid: Grid, target: Target | None, path: 
             rows[point.key] = row
             view.update(rows)
     except KeyboardInterrupt:
+        with contextlib.suppress(HvdError):  # (an interrupt in a point's append can come after its line is in)
+            rows.update((key, row) for key, row in results.finished().items() if key in keys)
         print(f"[hvd] sweep interrupted; {len(rows)} of {len(points)} point(s) are in {path}: run the cell again "
               "to go on from the first unfinished one.", file=sys.stderr, flush=True)
         raise

@@ -176,3 +176,41 @@ def test_the_table_shows_each_point_finished_running_failed_or_to_come_and_plots
     assert "failed: rank 1 raised ValueError: no" in text and "<img alt='hvd sweep plots'" in page
     assert row_cells(points[1], {**ok, "seconds_to_target": None})[4] == "not reached"
     assert json.dumps(shown.shown[-1])  # plain data, as a notebook saves it
+
+
+class FailingSession:
+    """A session whose every point fails at once: the sweep's bookkeeping without a world."""
+
+    def __init__(self) -> None:
+        self.n = 2
+
+    def require(self) -> FailingSession:
+        return self
+
+    def fresh_world(self, n: int, keep: bool = False) -> list:
+        return []
+
+    def push(self, name: str, value: object) -> None:
+        pass
+
+    def run_measured(self, code: str, board: object, timeout: float | None) -> None:
+        raise HvdError("no")
+
+
+def test_an_interrupt_during_a_points_append_counts_the_line_it_wrote(tmp_path, monkeypatch, capsys):
+    """The stop button can land in the fsync after a point's line is written: the message counts the file."""
+    path, written = tmp_path / "sweep.jsonl", []
+    append = sweep.private.append_text
+
+    def append_then_interrupt(target, text):
+        append(target, text)
+        written.append(text)
+        if len(written) == 3:  # (the empty append that makes the file, then two points)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep.private, "append_text", append_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(FailingSession(), "pass", sweep.Grid((1, 2), (16, 64), ("none",)), None, path,
+                        display=FakeDisplay())
+    assert "sweep interrupted; 2 of 4 point(s) are in" in capsys.readouterr().err
+    assert len(path.read_text().splitlines()) == 2
