@@ -116,7 +116,7 @@ record() {  # record NAME STATUS T0: the outcome of a part, timed from T0
 }
 T0=$(date +%s)
 if [ "$DEMO" = yes ]; then
-  # beside the pytest run (two at a time, as make test's root run; its output follows pytest's); the install is
+  # beside the pytest run (its output follows pytest's); the install is
   # done (make test's own prerequisite): -o keeps make from trying it again as the user
   echo "$SAY as $U: make demo, beside pytest (its output in $TMP_U/demo.log, shown after pytest's)"
   as_user bash -c 'exec make --no-print-directory -o .venv/.installed demo >"$0" 2>&1' "$TMP_U/demo.log" &
@@ -124,7 +124,10 @@ if [ "$DEMO" = yes ]; then
 fi
 echo "$SAY as $U: pytest: ${TESTS[*]}"
 status=0
-as_user "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q "${TESTS[@]}" || status=$?
+# (on two pytest-xdist workers, a module's tests on one: the unit tier beside the integration tests; with the demo,
+# three at a time, as make test's root run)
+as_user "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q -n 2 --dist loadfile \
+  "${TESTS[@]}" || status=$?
 record pytest "$status" "$T0"
 if [ "$DEMO" = yes ]; then
   status=0
