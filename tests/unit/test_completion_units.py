@@ -119,7 +119,7 @@ def test_the_kernel_completes_itself_when_rank_0_cannot_answer(ip, rank0, monkey
     try:
         t0 = time.monotonic()
         assert complete(ip, "%%hvd\nrank_o") == ["rank_only_local"]
-        assert time.monotonic() - t0 < completion.ANSWER_S + 0.5
+        assert time.monotonic() - t0 < 3.0  # the kernel answered without waiting for rank 0 (5 s when slow)
     finally:
         release.set()
     assert len(rank0.asked) == (1 if why == "slow" else 0)

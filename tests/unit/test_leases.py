@@ -205,7 +205,7 @@ def test_a_lock_file_that_is_a_link_or_a_fifo_is_not_used(shared_tmp, monkeypatc
         leases.acquire(["1"], 1, "test")
     with pytest.raises(leases.LeaseError, match="gpu2.lock is a FIFO"):
         leases.acquire(["2"], 1, "test")
-    assert time.monotonic() - t0 < 1.0  # the FIFO did not hang the lease
+    assert time.monotonic() - t0 < 15  # the FIFO did not hang the lease (for ever: not a speed, the load varies)
     assert target.read_text() == "keep me\n" and stat.S_IMODE(target.stat().st_mode) == 0o600  # untouched
     said = leases.setup_node(["0", "1", "2"])  # setup-node replaces both
     assert any(line.startswith(f"removed {folder / 'gpu1.lock'}: it was a symbolic link") for line in said), said
@@ -340,7 +340,7 @@ def test_bad_cards_are_skipped_with_one_warning_and_readers_go_on(node, sleeper,
     caplog.set_level(logging.WARNING, logger="hvd_notebook.cluster.registry")
     t0 = time.monotonic()
     cards = registry.read_all()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 15  # no reader hung on the FIFO (not a speed: the load varies)
     assert [(c.kernel, c.gpus) for c in cards] == [(sleeper.pid, ["0"])]
     warned = [r.getMessage() for r in caplog.records]
     assert sorted(m.split(" in the node's register")[0].rsplit("/", 1)[1] for m in warned) == sorted(bad)
@@ -361,7 +361,7 @@ def test_bad_cards_are_skipped_with_one_warning_and_readers_go_on(node, sleeper,
     finally:
         lease.release()
     assert f"hvd-{sleeper.pid}-1" in text and "GPU 0: " in text
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 15  # none hung
     assert caplog.records == []  # one warning per card and process
 
 

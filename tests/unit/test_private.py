@@ -98,7 +98,7 @@ def test_reads_refuse_links_fifos_other_owners_and_giants_without_waiting(tmp_pa
                        (giant, "bytes long")):
         with pytest.raises(private.UnsafePathError, match=said):
             private.read_text(path)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 15  # the FIFO hung nothing (not a speed: the load varies)
     assert private.read_text(theirs, uid=-1) == "planted"  # (anyone's, where the caller says so)
 
 
