@@ -33,11 +33,24 @@ INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world i
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
 WHEREABOUTS_S = 1.0  # how long ranks get to write their stacks (a live rank's faulthandler answers at once)
+QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
 
 
 def is_busy(queue: Any) -> bool:
     """Whether one engine's entry of ``Client.queue_status()`` shows work running or queued."""
     return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
+
+
+def settled_queue_status(client: Any, settle_s: float = QUEUE_SETTLE_S) -> dict[Any, Any]:
+    """``client.queue_status()``, asked again for up to ``settle_s`` while it shows work although this client
+    awaits no reply: the controller hears of a finished task a moment after the client has its result (right
+    after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        queues = client.queue_status()
+        if client.outstanding or not any(is_busy(q) for q in queues.values()) or time.monotonic() >= deadline:
+            return queues
+        time.sleep(0.02)
 
 
 @dataclass

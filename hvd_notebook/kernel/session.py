@@ -21,7 +21,7 @@ from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from ..private import UnsafePathError
 from . import failures
-from .cell import RankValue, RunningCell, is_busy
+from .cell import RankValue, RunningCell, is_busy, settled_queue_status
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .recovery import ElasticCommits, RecordedCell, replay
 from .tenancy import Tenancy, released_message
@@ -420,7 +420,7 @@ class Session:
         cluster = self.require()
         alive = cluster.alive()
         try:
-            queues = cluster.client.queue_status()
+            queues = settled_queue_status(cluster.client)
         except Exception:
             queues = {}
         from ..cluster.gpus import gpu_memory_by_pid

@@ -12,7 +12,7 @@ import pytest
 from hvd_notebook.cluster import ClusterError
 from hvd_notebook.config import DashboardMode
 from hvd_notebook.kernel import cell, failures
-from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy
+from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy, settled_queue_status
 from hvd_notebook.messages import RankEvent
 
 
@@ -280,6 +280,26 @@ def test_commit_events_are_taken_in_order_and_not_shown(capsys):
 def test_busy_engines():
     assert is_busy({"tasks": 1, "queue": 0}) and is_busy({"tasks": 0, "queue": 2})
     assert not is_busy({"tasks": 0, "queue": 0}) and not is_busy(None) and not is_busy("error")
+
+
+class LaggingController:
+    """``Client.queue_status`` of a controller that hears of a finished task ``lag`` answers late."""
+
+    def __init__(self, lag: int, outstanding: set[str] | None = None) -> None:
+        self.lag, self.outstanding, self.asked = lag, outstanding or set(), 0
+
+    def queue_status(self) -> dict:
+        self.asked += 1
+        return {0: {"tasks": int(self.asked <= self.lag), "queue": 0}, 1: {"tasks": 0, "queue": 0}, "unassigned": 0}
+
+
+def test_the_controllers_queues_are_asked_again_while_they_lag_behind_the_clients_results():
+    lagging = LaggingController(lag=3)
+    assert not is_busy(settled_queue_status(lagging)[0]) and lagging.asked == 4
+    awaiting = LaggingController(lag=3, outstanding={"a cell"})  # the client awaits a reply: busy is believed
+    assert is_busy(settled_queue_status(awaiting)[0]) and awaiting.asked == 1
+    other_client = LaggingController(lag=10**6)  # work of another client shows once the settling time is over
+    assert is_busy(settled_queue_status(other_client, settle_s=0.1)[0])
 
 
 def test_failure_texts():
