@@ -35,7 +35,7 @@ demo: install
 # all tiers: tests/unit (no MPI, no engines), tests/parallel (under mpiexec, through
 # tests/integration/test_parallel.py) and tests/integration (engines, kernels, browser, netns, Slurm).
 # First, run as root (as CI runs it), the part that needs no root as an unprivileged user
-# (scripts/test-unprivileged.sh, ~3 min; TEST_UNPRIVILEGED=no leaves it out), so that the root run's summaries
+# (scripts/test-unprivileged.sh, ~2.5 min on two workers; TEST_UNPRIVILEGED=no leaves it out), so that the root run's summaries
 # end the output; run as any other user, the pytest run is already the unprivileged one and the script only
 # says so.
 TEST_UNPRIVILEGED ?= yes
