@@ -21,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 from ..messages import EventKind
-from .debugging import REFUSED
+from .debugging import refusal
 
 ANSWER_S = 2.0  # the longest a control request waits for pdb's answer (then: busy, ask again)
 LINGER_S = 0.3  # after pdb goes on, how long a `next` or `step` has to stop again within the same answer
@@ -166,8 +166,9 @@ def _make_pdb(console: Console, rank: int) -> Any:
                 raise KeyboardInterrupt
 
         def onecmd(self, line: str) -> Any:
-            if line.strip().split(" ", 1)[0] in REFUSED:
-                self.message(f"*** {line.split()[0]} is not available in a rank's debugger")
+            refused = refusal(line, "a rank's debugger")
+            if refused:
+                self.message(refused)
                 return False
             return super().onecmd(line)
 

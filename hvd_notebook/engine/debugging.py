@@ -19,6 +19,13 @@ from typing import Any
 REFUSED = ("interact", "debug", "run", "restart")
 
 
+def refusal(line: str, where: str) -> str | None:
+    """pdb's message refusing ``line`` where its command is one of ``REFUSED`` (``where``: "%hvd debug", "a
+    rank's debugger"); None where it may run."""
+    command = line.strip().split(" ", 1)[0]
+    return f"*** {command} is not available in {where}" if command in REFUSED else None
+
+
 class _Session:
     debugger: Any = None
     out: io.StringIO | None = None
@@ -49,8 +56,9 @@ def step(line: str) -> tuple[str, bool]:
         return "*** no debugging session on this rank: run %hvd debug\n", True
     out.seek(0)
     out.truncate()
-    if line.strip().split(" ", 1)[0] in REFUSED:
-        return f"*** {line.split()[0]} is not available in %hvd debug\n", False
+    refused = refusal(line, "%hvd debug")
+    if refused:
+        return refused + "\n", False
     with contextlib.redirect_stdout(out):
         line = debugger.precmd(line)
         stop = debugger.postcmd(debugger.onecmd(line), line)

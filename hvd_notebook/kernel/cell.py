@@ -353,8 +353,7 @@ class RunningCell:
         try:
             if not any(client[self.cluster.engine_ids(self.ranks)].apply_async(breakpoints.broken).get(timeout=10)):
                 return ""
-            client[self.cluster.engine_ids([r.rank for r in self.cluster.ranks])].apply_async(
-                breakpoints.renew).get(timeout=60)
+            client[self.cluster.engine_ids()].apply_async(breakpoints.renew).get(timeout=60)
         except Exception as exc:
             return failures.not_renewed(f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}")
         return failures.RENEWED
