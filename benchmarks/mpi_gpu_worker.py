@@ -60,6 +60,47 @@ def one_size(comm: Any, stream: Any, nbytes: int, reps: int) -> dict[str, Any]:
     return {"reps": reps, "hvd_s": statistics.median(hvd_s), "raw_nccl_s": statistics.median(raw_s)}
 
 
+def gradient_shapes() -> list[tuple[int, ...]]:
+    """ResNet-50's parameter shapes (torchvision's; a stand-in list of its sizes where that is missing)."""
+    try:
+        import torchvision
+    except ImportError:
+        return [(256, 256, 3, 3)] * 40 + [(2048,)] * 120 + [(1000, 2048)]  # 161 tensors, 25.9 M
+    return [tuple(p.shape) for p in torchvision.models.resnet50().parameters()]
+
+
+def gradients(comm: Any, stream: Any, reps: int) -> dict[str, Any]:
+    """A step's gradient reduction, ResNet-50's 161 tensors (float32): one grouped call, and one
+    ``allreduce_async`` per tensor then a ``synchronize`` of each (DistributedOptimizer's way at more
+    than one rank), against one raw NCCL allreduce of all their bytes in one buffer. Interleaved medians."""
+    grads = [torch.ones(shape, device="cuda") for shape in gradient_shapes()]
+    n = sum(g.numel() for g in grads)
+    send, recv = cp.ones(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
+
+    def raw() -> None:
+        comm.allReduce(send.data.ptr, recv.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        stream.synchronize()
+
+    def grouped() -> None:
+        hvd.grouped_allreduce(grads, op=hvd.Average, name="grads")
+
+    def per_tensor() -> None:
+        handles = [hvd.allreduce_async(g, op=hvd.Average, name=f"grad.{i}") for i, g in enumerate(grads)]
+        for h in handles:
+            hvd.synchronize(h)
+
+    for _ in range(2):
+        timed(grouped), timed(per_tensor), timed(raw)
+    samples: dict[str, list[float]] = {"grouped_s": [], "per_tensor_s": [], "raw_nccl_s": []}
+    for _ in range(reps):
+        samples["grouped_s"].append(timed(grouped))
+        samples["per_tensor_s"].append(timed(per_tensor))
+        samples["raw_nccl_s"].append(timed(raw))
+    result: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    result.update(tensors=len(grads), nbytes=4 * n, reps=reps)
+    return result
+
+
 def main() -> None:
     out_path, quick = sys.argv[1], "--quick" in sys.argv
     if not torch.cuda.is_available():
@@ -75,11 +116,12 @@ def main() -> None:
         for nbytes, reps in (QUICK_SIZES if quick else SIZES).items():
             sizes[str(nbytes)] = one_size(comm, stream, nbytes, reps)
             torch.cuda.empty_cache()
+        grads = gradients(comm, stream, 3 if quick else 10)
     finally:
         comm.destroy()
     code = nccl.get_version()
     result = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "cupy": cp.__version__,
-              "nccl": f"{code // 10000}.{code % 10000 // 100}.{code % 100}", "sizes": sizes}
+              "nccl": f"{code // 10000}.{code % 10000 // 100}.{code % 100}", "sizes": sizes, "gradients": grads}
     hvd.shutdown()
     with open(out_path, "w") as f:
         json.dump(result, f, indent=2)

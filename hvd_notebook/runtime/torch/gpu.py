@@ -12,6 +12,7 @@ and sent as their 16-bit patterns where nothing is reduced.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -42,7 +43,14 @@ class Ready:
         self.event.record(torch.cuda.current_stream(self.device))
 
     def wait(self, stream: Any) -> None:
-        torch.cuda.ExternalStream(stream.ptr, device=self.device).wait_event(self.event)
+        _external(stream.ptr, self.device).wait_event(self.event)
+
+
+@functools.lru_cache(maxsize=16)
+def _external(pointer: int, device: torch.device) -> torch.cuda.ExternalStream:
+    """PyTorch's handle on the backend's cupy stream, made once: making one per call was a tenth of a
+    small call's time under py-spy (docs/gpus.md)."""
+    return torch.cuda.ExternalStream(pointer, device=device)
 
 
 def _widened(t: torch.Tensor) -> torch.Tensor:
