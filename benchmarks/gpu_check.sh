@@ -79,13 +79,13 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # the machine's MPI may be Open MPI, whose mpiexec refuses root unless told twice (the device machine runs as root)
 [ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-MPIEXEC=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec
+MPIEXEC=$(dirname "$PY")/mpiexec
 if [ ! -x "$MPIEXEC" ]; then MPIEXEC=$(command -v mpiexec || true); fi
 if [ -z "$MPIEXEC" ] || ! "$PY" -c 'from mpi4py import MPI' 2>/dev/null; then
   [ -d "$WHEELS" ] || needs "no working MPI (mpiexec, or mpi4py's library) and no wheel folder at $WHEELS"
   echo "== installing MPICH's wheel from $WHEELS (no working MPI here)"
   "${PIP[@]}" mpich || needs "installing mpich from $WHEELS failed"
-  MPIEXEC=$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec
+  MPIEXEC=$(dirname "$PY")/mpiexec
   [ -x "$MPIEXEC" ] || needs "no mpiexec beside $PY after installing mpich"
 fi
 "$PY" -c 'from mpi4py import MPI; print("MPI:", MPI.Get_library_version().splitlines()[0])' || needs "mpi4py cannot load MPI"

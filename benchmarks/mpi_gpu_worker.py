@@ -37,27 +37,40 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
+def interleaved(calls: dict[str, Callable[[], Any]], warmups: int, reps: int) -> dict[str, float]:
+    """Median seconds of each call, the calls timed in turn (after ``warmups`` untimed rounds), so that the
+    machine's drift hits them all."""
+    for _ in range(warmups):
+        for fn in calls.values():
+            timed(fn)
+    samples: dict[str, list[float]] = {key: [] for key in calls}
+    for _ in range(reps):
+        for key, fn in calls.items():
+            samples[key].append(timed(fn))
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def raw_allreduce(comm: Any, stream: Any, send: Any) -> Callable[[], None]:
+    """cupy's raw out-of-place NCCL allreduce of the float32 array ``send``, waited for."""
+    recv = cp.empty(send.size, dtype=cp.float32)
+
+    def call() -> None:
+        comm.allReduce(send.data.ptr, recv.data.ptr, send.size, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
+        stream.synchronize()
+
+    return call
+
+
 def one_size(comm: Any, stream: Any, nbytes: int, reps: int) -> dict[str, Any]:
     """Median seconds of hvd's allreduce (out of place, into a new tensor) and of the raw out-of-place NCCL
-    call on the same tensor's memory, interleaved so that drift hits both."""
-    n = nbytes // 4
-    t = torch.ones(n, device="cuda")
-    send, recv = as_cupy(t), cp.empty(n, dtype=cp.float32)
-
-    def raw() -> None:
-        comm.allReduce(send.data.ptr, recv.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-        stream.synchronize()
+    call on the same tensor's memory."""
+    t = torch.ones(nbytes // 4, device="cuda")
 
     def ours() -> None:
         hvd.allreduce(t, op=hvd.Sum, name="bench")
 
-    for _ in range(3):
-        timed(ours), timed(raw)
-    hvd_s, raw_s = [], []
-    for _ in range(reps):
-        hvd_s.append(timed(ours))
-        raw_s.append(timed(raw))
-    return {"reps": reps, "hvd_s": statistics.median(hvd_s), "raw_nccl_s": statistics.median(raw_s)}
+    return {"reps": reps, **interleaved({"hvd_s": ours, "raw_nccl_s": raw_allreduce(comm, stream, as_cupy(t))},
+                                        3, reps)}
 
 
 def gradient_shapes() -> list[tuple[int, ...]]:
@@ -72,14 +85,9 @@ def gradient_shapes() -> list[tuple[int, ...]]:
 def gradients(comm: Any, stream: Any, reps: int) -> dict[str, Any]:
     """A step's gradient reduction, ResNet-50's 161 tensors (float32): one grouped call, and one
     ``allreduce_async`` per tensor then a ``synchronize`` of each (DistributedOptimizer's way at more
-    than one rank), against one raw NCCL allreduce of all their bytes in one buffer. Interleaved medians."""
+    than one rank), against one raw NCCL allreduce of all their bytes in one buffer."""
     grads = [torch.ones(shape, device="cuda") for shape in gradient_shapes()]
     n = sum(g.numel() for g in grads)
-    send, recv = cp.ones(n, dtype=cp.float32), cp.empty(n, dtype=cp.float32)
-
-    def raw() -> None:
-        comm.allReduce(send.data.ptr, recv.data.ptr, n, nccl.NCCL_FLOAT32, nccl.NCCL_SUM, stream.ptr)
-        stream.synchronize()
 
     def grouped() -> None:
         hvd.grouped_allreduce(grads, op=hvd.Average, name="grads")
@@ -89,14 +97,9 @@ def gradients(comm: Any, stream: Any, reps: int) -> dict[str, Any]:
         for h in handles:
             hvd.synchronize(h)
 
-    for _ in range(2):
-        timed(grouped), timed(per_tensor), timed(raw)
-    samples: dict[str, list[float]] = {"grouped_s": [], "per_tensor_s": [], "raw_nccl_s": []}
-    for _ in range(reps):
-        samples["grouped_s"].append(timed(grouped))
-        samples["per_tensor_s"].append(timed(per_tensor))
-        samples["raw_nccl_s"].append(timed(raw))
-    result: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    raw = raw_allreduce(comm, stream, cp.ones(n, dtype=cp.float32))
+    result: dict[str, Any] = interleaved({"grouped_s": grouped, "per_tensor_s": per_tensor, "raw_nccl_s": raw},
+                                         2, reps)
     result.update(tensors=len(grads), nbytes=4 * n, reps=reps)
     return result
 
