@@ -35,25 +35,9 @@ os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 PHASE = os.environ.get("HVD_TEST_PHASE", "")
 
 
-# The modules that take longest, longest first: `make test` hands whole modules to its xdist workers in
-# collection order (--dist loadfile --no-loadscope-reorder), and a long module handed out last runs on
-# while the other workers idle (xdist's own order, most tests first, hands the benchmark test, one test of
-# about 4 minutes, out last). Measured with --durations=0 on 2026-12-04; modules not named follow in their
-# usual order. The order changes when tests run, never which.
-LONGEST_FIRST = ("test_lifecycle", "test_benchmarks", "test_parallel", "test_notebooks", "test_reliability",
-                 "test_sweep", "test_jupyterhub", "test_standby", "test_sharing", "test_multihost", "test_cells",
-                 "test_torch", "test_browser", "test_horovodrun", "test_horovod_imports", "test_dashboard")
-
-
-def _longest_first(item: pytest.Item) -> int:
-    name = item.path.stem
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if PHASE not in ("", "beside", "alone"):
         raise pytest.UsageError(f"HVD_TEST_PHASE={PHASE!r}: give beside, alone, or leave it unset.")
-    items.sort(key=_longest_first)  # (stable: a module's tests keep their order)
     if not PHASE:
         return
     kept: list[pytest.Item] = []
