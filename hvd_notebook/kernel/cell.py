@@ -277,9 +277,12 @@ class RunningCell:
             for req in self.requests:
                 if req.finished_at is None and req.done:
                     req.finished_at = now
-            failed = sorted((req for req in self.requests if req.error is not None), key=lambda r: r.finished_at)
+            # one look at which ranks finished: a rank that fails after it (while the output is forwarded) is
+            # seen on the next round, never counted as finished without its error
+            finished = [req for req in self.requests if req.finished_at is not None]
+            failed = sorted((req for req in finished if req.error is not None), key=lambda r: r.finished_at)
             self.pump()
-            if failed or all(req.done for req in self.requests):
+            if failed or len(finished) == len(self.requests):
                 return failed
             if time.monotonic() > next_liveness_check:
                 next_liveness_check = time.monotonic() + LIVENESS_S

@@ -203,6 +203,23 @@ def test_a_rank_that_raises_fails_the_cell_and_stops_the_others():
     assert cluster.client.signals == [(signal.SIGINT, [10])]
 
 
+def test_a_rank_that_fails_while_the_output_is_forwarded_still_fails_the_cell(monkeypatch):
+    # rank 0 has finished; rank 1 raises while the cell forwards output (a loaded machine): its error is not lost
+    parts = [part(), part()]
+    parts[0].set_result(None)
+    running = start(FakeCluster(parts))
+    forward = running.pump
+
+    def pump(final: bool = False) -> None:
+        if not parts[1].done():
+            parts[1].set_exception(RemoteError("ValueError", "rank 1 gives up"))
+        forward(final)
+
+    monkeypatch.setattr(running, "pump", pump)
+    with pytest.raises(failures.RankError, match=r"rank 1 raised ValueError: rank 1 gives up"):
+        running.wait()
+
+
 def test_interrupting_the_kernel_stops_the_ranks_and_says_where_they_were(capsys, stacks_asked):
     """A real SIGINT while the cell waits (as ipykernel's interrupt sends it), twice: the first is taken
     at the loop's next turn, the second changes nothing; the kernel's own handler is back afterwards."""
