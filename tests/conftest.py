@@ -4,6 +4,7 @@ kernel processes (``Kernel``), and proof by PID that every process a test starte
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import getpass
 import os
@@ -134,6 +135,32 @@ def let_others_traverse(paths: Iterable[Path]) -> list[tuple[Path, int]]:
 def put_modes_back(changed: list[tuple[Path, int]]) -> None:
     for folder, mode in reversed(changed):
         folder.chmod(mode)
+
+
+class FakeController:
+    """The part of ipyparallel's ``Client`` that asks the controller for its queues, as
+    ``hvd_notebook.kernel.cell.queue_status`` sends the question: a subclass answers with ``queues(targets)``
+    (None: every engine); ``silent`` is a controller that never answers (stopped or hung)."""
+
+    silent = False
+    _query_stream = "query"
+
+    def queues(self, targets: list[int] | None) -> dict:
+        raise NotImplementedError
+
+    def _build_targets(self, targets: list[int]) -> tuple[None, list[int]]:
+        return None, list(targets)
+
+    def _send(self, stream: str, msg_type: str, content: dict) -> concurrent.futures.Future:
+        assert (stream, msg_type) == ("query", "queue_request"), (stream, msg_type)
+        reply: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.silent:
+            reply.set_result({"content": {"status": "ok", **{str(k): v for k, v in
+                                                             self.queues(content["targets"]).items()}}})
+        return reply
+
+    def _unwrap_exception(self, content: dict) -> Exception:
+        return RuntimeError(content)
 
 
 @pytest.fixture

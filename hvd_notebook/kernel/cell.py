@@ -17,6 +17,8 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
+from ipyparallel import util as ipp_util
+
 from ..cluster import ClusterError, stacks
 from ..cluster.cluster import MPICluster
 from ..config import WARNING_PREFIX, DashboardMode
@@ -34,11 +36,32 @@ DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks en
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
 WHEREABOUTS_S = 1.0  # how long ranks get to write their stacks (a live rank's faulthandler answers at once)
 QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
+QUEUE_ANSWER_S = 5.0  # how long the controller gets to say what its queues hold (it answers in milliseconds)
 
 
 def is_busy(queue: Any) -> bool:
     """Whether one engine's entry of ``Client.queue_status()`` shows work running or queued."""
     return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
+
+
+class ControllerSilent(ClusterError):
+    """The cluster's controller did not answer a question about its queues (stopped, hung, or gone)."""
+
+
+def queue_status(client: Any, targets: list[int] | None = None, timeout: float = QUEUE_ANSWER_S) -> dict[Any, Any]:
+    """``client.queue_status(targets)`` (None: every engine), but ``ControllerSilent`` after ``timeout`` seconds
+    without an answer: ipyparallel's own waits for the controller's reply with no limit, so a stopped or hung
+    controller would hang the kernel (``%hvd status``, an interrupt, a completion)."""
+    content = {"targets": None if targets is None else client._build_targets(targets)[1], "verbose": False}
+    future = client._send(client._query_stream, "queue_request", content=content)  # (what queue_status sends)
+    try:
+        reply = future.result(timeout=timeout)["content"]
+    except TimeoutError:
+        raise ControllerSilent(f"the cluster's controller did not answer within {timeout:g} s (stopped or hung?): "
+                               "%hvd restart starts the cluster again") from None
+    if reply.pop("status") != "ok":
+        raise client._unwrap_exception(reply)
+    return ipp_util.int_keys(reply)
 
 
 def settled_queue_status(client: Any, settle_s: float = QUEUE_SETTLE_S) -> dict[Any, Any]:
@@ -47,7 +70,7 @@ def settled_queue_status(client: Any, settle_s: float = QUEUE_SETTLE_S) -> dict[
     after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``."""
     deadline = time.monotonic() + settle_s
     while True:
-        queues = client.queue_status()
+        queues = queue_status(client)
         if client.outstanding or not any(is_busy(q) for q in queues.values()) or time.monotonic() >= deadline:
             return queues
         time.sleep(0.02)
@@ -328,13 +351,18 @@ class RunningCell:
             return ""
         client = self.cluster.client
         targets = self.cluster.engine_ids(ranks)
-        try:
-            client.send_signal(signal.SIGINT, targets=targets, block=True)
+        try:  # (through the controller, which may not answer: then the world is restarted)
+            client.send_signal(signal.SIGINT, targets=targets, block=False).result(timeout=QUEUE_ANSWER_S)
         except Exception:
             log.debug("send_signal failed", exc_info=True)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
+        stuck, why = ranks, failures.IGNORED_INTERRUPT
         while True:
-            queues = client.queue_status(targets=targets)
+            try:
+                queues = queue_status(client, targets)
+            except ControllerSilent:
+                why = failures.SILENT_CONTROLLER
+                break
             stuck = [rank for rank, target in zip(ranks, targets) if is_busy(queues.get(target))]
             if not stuck:
                 return ""
@@ -345,8 +373,8 @@ class RunningCell:
             self.cluster.restart()
         except ClusterError as exc:
             self.cluster_lost = True
-            return failures.unresponsive(stuck, str(exc))
-        return failures.unresponsive(stuck)
+            return failures.unresponsive(stuck, str(exc), why)
+        return failures.unresponsive(stuck, why=why)
 
     def _renew(self) -> str:
         """After a debugged rank quit, where a rank was left half-way in a collective (interrupted while it

@@ -138,14 +138,16 @@ def not_renewed(why: str) -> str:
             "next collective.")
 
 
-def unresponsive(ranks: list[int], restart_error: str | None = None) -> str:
-    """The note when interrupted ranks did not stop and the MPI world was restarted (or failed to)."""
+IGNORED_INTERRUPT = "did not respond to an interrupt (blocked in a collective?)"
+SILENT_CONTROLLER = "could not be interrupted: the cluster's controller did not answer (stopped or hung?)"
+
+
+def unresponsive(ranks: list[int], restart_error: str | None = None, why: str = IGNORED_INTERRUPT) -> str:
+    """The note when interrupted ranks did not stop (``why``) and the MPI world was restarted (or failed to)."""
     if restart_error is not None:
-        return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?) "
-                f"and restarting the engines failed: {restart_error}. Run %hvd restart.")
-    return (f"Rank(s) {ranks} did not respond to an interrupt (blocked in a collective?), so "
-            "the MPI world was restarted: every rank's variables are lost; re-run your "
-            "set-up cells.")
+        return f"Rank(s) {ranks} {why} and restarting the engines failed: {restart_error}. Run %hvd restart."
+    return (f"Rank(s) {ranks} {why}, so the MPI world was restarted: every rank's variables are lost; re-run "
+            "your set-up cells.")
 
 
 def rank_error(errors: dict[int, Any], first: int, running: list[int], where: dict[int, str],

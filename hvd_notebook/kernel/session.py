@@ -21,7 +21,7 @@ from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from ..private import UnsafePathError
 from . import failures
-from .cell import RankValue, RunningCell, is_busy, settled_queue_status
+from .cell import ControllerSilent, RankValue, RunningCell, is_busy, queue_status, settled_queue_status
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .recovery import ElasticCommits, RecordedCell, replay
 from .tenancy import Tenancy, released_message
@@ -379,7 +379,7 @@ class Session:
             if cluster is None or cluster.client.outstanding:  # (the kernel's own requests not answered yet)
                 return None
             engine = cluster.engine_ids([0])[0]
-            if is_busy(cluster.client.queue_status(targets=[engine]).get(engine)):  # (other clients' too)
+            if is_busy(queue_status(cluster.client, [engine], timeout).get(engine)):  # (other clients' too)
                 return None
             return cluster.client[engine].apply_async(func, *args).get(timeout=timeout)
         except Exception as exc:  # (ipyparallel's TimeoutError, a RemoteError, a controller gone)
@@ -419,8 +419,12 @@ class Session:
 
         cluster = self.require()
         alive = cluster.alive()
+        queues: dict[Any, Any] | None
         try:
             queues = settled_queue_status(cluster.client)
+        except ControllerSilent as exc:  # (what each rank runs is then unknown; the rest is asked of the OS)
+            print(f"[hvd_notebook] {exc}", file=sys.stderr, flush=True)
+            queues = None
         except Exception:
             queues = {}
         from ..cluster.gpus import gpu_memory_by_pid
@@ -438,6 +442,7 @@ class Session:
                 "rank": r.rank, "state": "alive" if alive[r.rank] else "dead", "host": r.host,
                 "pid": r.pid, "device": r.device, "rss": rss,
                 "gpu_memory": gpu_memory.get(r.pid) if r.here else None,  # another host's pid is not ours
-                "running": "dead" if not alive[r.rank] else "busy" if is_busy(queues.get(r.engine_id)) else "idle",
+                "running": "dead" if not alive[r.rank] else "unknown" if queues is None
+                else "busy" if is_busy(queues.get(r.engine_id)) else "idle",
             })
         return rows

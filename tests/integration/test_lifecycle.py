@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import textwrap
 import time
 
@@ -55,6 +56,13 @@ def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
     second = session.cluster.pids()
     result, out = run("%%hvd --all-output\nimport os\nprint('visible', os.environ['CUDA_VISIBLE_DEVICES'])")
     assert "[0] visible 0" in out and "[1] visible 1" in out
+
+    # a controller that does not answer (stopped here) does not hang %hvd status, and the restart replaces it
+    os.kill(session.cluster.world.ipp_cluster.controller.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    result, out = run("%hvd status")
+    assert result.success and time.monotonic() - t0 < 20, out
+    assert "controller did not answer within 5 s" in out and out.count(" unknown") == 2, out
 
     result, out = run("%hvd restart")  # same options as the last start
     assert result.success and "Restarted 2 MPI ranks (hvd: builtin; tensorflow 2." in out

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import FakeController
 from IPython.core.completer import provisionalcompleter
 
 from hvd_notebook.engine import completion as on_rank
@@ -27,7 +28,7 @@ class Answer:
         return self.value
 
 
-class Rank0:
+class Rank0(FakeController):
     """The cluster's client as ``ask_idle`` uses it: rank 0's queue, and its answer to each request."""
 
     def __init__(self, answers: dict[str, Any], queued: int = 0, delay: float = 0.0) -> None:
@@ -35,7 +36,7 @@ class Rank0:
         self.asked: list[tuple[str, tuple]] = []
         self.outstanding: set[str] = set()  # (the kernel's own requests not answered yet)
 
-    def queue_status(self, targets: list[int]) -> dict:
+    def queues(self, targets: list[int]) -> dict:
         return {0: {"queue": self.queued, "tasks": 0, "completed": 3}, "unassigned": 0}
 
     def __getitem__(self, engine: int) -> Rank0:

@@ -4,15 +4,25 @@ stops ranks that are still running; its output streams; the failure messages."""
 from __future__ import annotations
 
 import signal
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
+from conftest import FakeController
 
 from hvd_notebook.cluster import ClusterError
 from hvd_notebook.config import DashboardMode
 from hvd_notebook.kernel import cell, failures
-from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell, is_busy, settled_queue_status
+from hvd_notebook.kernel.cell import (
+    ControllerSilent,
+    OutputStream,
+    RankValue,
+    RunningCell,
+    is_busy,
+    queue_status,
+    settled_queue_status,
+)
 from hvd_notebook.messages import RankEvent
 
 
@@ -39,7 +49,7 @@ class FakeAsyncResult:
         return True
 
 
-class FakeClient:
+class FakeClient(FakeController):
     def __init__(self, parts: list[Future], busy: bool) -> None:
         self.parts, self.busy = parts, busy
         self.signals: list[tuple[int, list[int]]] = []
@@ -54,13 +64,19 @@ class FakeClient:
         return View()
 
     def send_signal(self, sig, targets, block):
+        assert not block  # (a controller that does not answer must not hang the kernel)
+        answered: Future = Future()
+        if self.silent:
+            return answered
         self.signals.append((sig, targets))
         if not self.busy:  # the ranks stop when interrupted
             for future in self.parts:
                 if not future.done():
                     future.set_exception(RemoteError("KeyboardInterrupt", ""))
+        answered.set_result(None)
+        return answered
 
-    def queue_status(self, targets=None):
+    def queues(self, targets):
         return {t: {"tasks": int(self.busy), "queue": 0} for t in targets or []}
 
 
@@ -184,6 +200,28 @@ def test_ranks_that_ignore_the_interrupt_get_the_world_restarted():
     assert cluster.restarts == 1
 
 
+def test_ranks_behind_a_controller_that_does_not_answer_get_the_world_restarted(monkeypatch):
+    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 0.05)
+    cluster = FakeCluster([part(), part()])
+    cluster.client.silent = True  # (stopped: neither the interrupt nor the question about its queues is answered)
+    with pytest.raises(failures.CellTimeout, match=r"Rank\(s\) \[0, 1\] could not be interrupted: the cluster's "
+                                                   r"controller did not answer .* so the MPI world was restarted"):
+        start(cluster, timeout=0.01).wait()
+    assert cluster.restarts == 1
+
+
+def test_a_controller_that_does_not_answer_is_given_up_after_the_timeout():
+    client = LaggingController(lag=0)
+    assert queue_status(client, [0]) == {0: {"tasks": 0, "queue": 0}, 1: {"tasks": 0, "queue": 0},
+                                         "unassigned": 0}  # (ipyparallel's int keys back)
+    client.silent = True
+    t0 = time.monotonic()
+    with pytest.raises(ControllerSilent, match=r"did not answer within 0.2 s \(stopped or hung\?\): %hvd restart "
+                                               "starts the cluster again"):
+        queue_status(client, timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 2
+
+
 def test_a_failed_restart_loses_the_cluster():
     cluster = FakeCluster([part(), part()], busy=True, restart_fails=True)
     running = start(cluster, timeout=0.01)
@@ -299,13 +337,13 @@ def test_busy_engines():
     assert not is_busy({"tasks": 0, "queue": 0}) and not is_busy(None) and not is_busy("error")
 
 
-class LaggingController:
-    """``Client.queue_status`` of a controller that hears of a finished task ``lag`` answers late."""
+class LaggingController(FakeController):
+    """A controller that hears of a finished task ``lag`` answers late."""
 
     def __init__(self, lag: int, outstanding: set[str] | None = None) -> None:
         self.lag, self.outstanding, self.asked = lag, outstanding or set(), 0
 
-    def queue_status(self) -> dict:
+    def queues(self, targets) -> dict:
         self.asked += 1
         return {0: {"tasks": int(self.asked <= self.lag), "queue": 0}, 1: {"tasks": 0, "queue": 0}, "unassigned": 0}
 
