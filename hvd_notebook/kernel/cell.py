@@ -48,10 +48,11 @@ class ControllerSilent(ClusterError):
     """The cluster's controller did not answer a question about its queues (stopped, hung, or gone)."""
 
 
-def queue_status(client: Any, targets: list[int] | None = None, timeout: float = QUEUE_ANSWER_S) -> dict[Any, Any]:
+def queue_status(client: Any, targets: list[int] | None = None, timeout: float | None = None) -> dict[Any, Any]:
     """``client.queue_status(targets)`` (None: every engine), but ``ControllerSilent`` after ``timeout`` seconds
-    without an answer: ipyparallel's own waits for the controller's reply with no limit, so a stopped or hung
-    controller would hang the kernel (``%hvd status``, an interrupt, a completion)."""
+    (default ``QUEUE_ANSWER_S``) without an answer: ipyparallel's own waits for the controller's reply with no
+    limit, so a stopped or hung controller would hang the kernel (``%hvd status``, an interrupt, a completion)."""
+    timeout = QUEUE_ANSWER_S if timeout is None else timeout
     content = {"targets": None if targets is None else client._build_targets(targets)[1], "verbose": False}
     future = client._send(client._query_stream, "queue_request", content=content)  # (what queue_status sends)
     try:
@@ -62,6 +63,17 @@ def queue_status(client: Any, targets: list[int] | None = None, timeout: float =
     if reply.pop("status") != "ok":
         raise client._unwrap_exception(reply)
     return ipp_util.int_keys(reply)
+
+
+def answer(client: Any, result: Any) -> Any:
+    """``result.get()`` of a request that may take the ranks long (a big pull), but ``ControllerSilent`` where
+    the controller stops answering meanwhile: it is asked for its queues after each ``QUEUE_ANSWER_S`` without
+    the answer."""
+    while True:
+        try:
+            return result.get(timeout=QUEUE_ANSWER_S)
+        except TimeoutError:  # (ipyparallel's is one)
+            queue_status(client)
 
 
 def settled_queue_status(client: Any, settle_s: float = QUEUE_SETTLE_S) -> dict[Any, Any]:
@@ -356,19 +368,22 @@ class RunningCell:
         except Exception:
             log.debug("send_signal failed", exc_info=True)
         deadline = time.monotonic() + INTERRUPT_GRACE_S
-        stuck, why = ranks, failures.IGNORED_INTERRUPT
+        hub_answers = True
         while True:
-            try:
-                queues = queue_status(client, targets)
-            except ControllerSilent:
-                why = failures.SILENT_CONTROLLER
-                break
-            stuck = [rank for rank, target in zip(ranks, targets) if is_busy(queues.get(target))]
+            if hub_answers:
+                try:
+                    queues = queue_status(client, targets)
+                    stuck = [rank for rank, target in zip(ranks, targets) if is_busy(queues.get(target))]
+                except ControllerSilent:  # (its hub; the requests and signals may still pass: they go another way)
+                    hub_answers = False
+            if not hub_answers:  # (then whether this cell's own requests came back decides)
+                stuck = [req.rank for req in self.requests if req.rank in ranks and not req.done]
             if not stuck:
                 return ""
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        why = failures.IGNORED_INTERRUPT if hub_answers else failures.SILENT_CONTROLLER
         try:
             self.cluster.restart()
         except ClusterError as exc:

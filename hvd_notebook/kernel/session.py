@@ -21,7 +21,7 @@ from ..config import DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from ..private import UnsafePathError
 from . import failures
-from .cell import ControllerSilent, RankValue, RunningCell, is_busy, queue_status, settled_queue_status
+from .cell import ControllerSilent, RankValue, RunningCell, answer, is_busy, queue_status, settled_queue_status
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .recovery import ElasticCommits, RecordedCell, replay
 from .tenancy import Tenancy, released_message
@@ -395,7 +395,9 @@ class Session:
         if rank not in [r.rank for r in cluster.ranks]:
             raise HvdError(f"--rank {rank} does not exist: this cluster has ranks 0..{cluster.n - 1}.")
         try:
-            return cluster.client[cluster.engine_ids([rank])[0]].pull(name, block=True)
+            return answer(cluster.client, cluster.client[cluster.engine_ids([rank])[0]].pull(name, block=False))
+        except ControllerSilent as exc:
+            raise HvdError(f"Pulling {name!r} from rank {rank} failed: {exc}.") from None
         except Exception as exc:
             ename = getattr(exc, "ename", type(exc).__name__)
             if ename == "NameError":
@@ -407,7 +409,9 @@ class Session:
         """Set ``name`` to ``value`` on every rank."""
         cluster = self.require()
         try:
-            cluster.client[cluster.engine_ids()].push({name: value}, block=True)
+            answer(cluster.client, cluster.client[cluster.engine_ids()].push({name: value}, block=False))
+        except ControllerSilent as exc:
+            raise HvdError(f"Pushing {name!r} to the ranks failed: {exc}.") from None
         except Exception as exc:
             raise HvdError(f"Pushing {name!r} to the ranks failed: {type(exc).__name__}: {exc}. "
                            "The object must be picklable.") from None

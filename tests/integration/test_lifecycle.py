@@ -23,6 +23,8 @@ from conftest import (
     wait_for_standby,
 )
 
+from hvd_notebook.kernel import cell
+
 
 def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
     # (its GPUs leased in a folder of its own: a test beside it, make test's -n 2, may hold the node's)
@@ -57,12 +59,23 @@ def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
     result, out = run("%%hvd --all-output\nimport os\nprint('visible', os.environ['CUDA_VISIBLE_DEVICES'])")
     assert "[0] visible 0" in out and "[1] visible 1" in out
 
-    # a controller that does not answer (stopped here) does not hang %hvd status, and the restart replaces it
-    os.kill(session.cluster.world.ipp_cluster.controller.pid, signal.SIGSTOP)
+    # a controller that does not answer (stopped here) hangs neither %hvd status nor a pull or push, and the
+    # restart replaces it
+    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 2.0)
+    run("pushed = 3")
+    controller = psutil.Process(session.cluster.world.ipp_cluster.controller.pid)
+    for proc in [controller, *controller.children(recursive=True)]:  # (its schedulers are processes of their own)
+        proc.send_signal(signal.SIGSTOP)
     t0 = time.monotonic()
     result, out = run("%hvd status")
-    assert result.success and time.monotonic() - t0 < 20, out
-    assert "controller did not answer within 5 s" in out and out.count(" unknown") == 2, out
+    assert result.success and time.monotonic() - t0 < 15, out
+    assert "controller did not answer within 2 s" in out and out.count(" unknown") == 2, out
+    for line, error in (("%hvd pull HVD_TEST_MARK", "Pulling 'HVD_TEST_MARK' from rank 0 failed"),
+                        ("%hvd push pushed", "Pushing 'pushed' to the ranks failed")):
+        t0 = time.monotonic()
+        result, out = run(line)
+        assert not result.success and time.monotonic() - t0 < 15, out
+        assert f"{error}: the cluster's controller did not answer within 2 s" in out, out
 
     result, out = run("%hvd restart")  # same options as the last start
     assert result.success and "Restarted 2 MPI ranks (hvd: builtin; tensorflow 2." in out

@@ -19,6 +19,7 @@ from hvd_notebook.kernel.cell import (
     OutputStream,
     RankValue,
     RunningCell,
+    answer,
     is_busy,
     queue_status,
     settled_queue_status,
@@ -50,6 +51,8 @@ class FakeAsyncResult:
 
 
 class FakeClient(FakeController):
+    control_silent = False  # (signals are lost: the whole controller is stopped, not only its hub)
+
     def __init__(self, parts: list[Future], busy: bool) -> None:
         self.parts, self.busy = parts, busy
         self.signals: list[tuple[int, list[int]]] = []
@@ -66,7 +69,7 @@ class FakeClient(FakeController):
     def send_signal(self, sig, targets, block):
         assert not block  # (a controller that does not answer must not hang the kernel)
         answered: Future = Future()
-        if self.silent:
+        if self.control_silent:
             return answered
         self.signals.append((sig, targets))
         if not self.busy:  # the ranks stop when interrupted
@@ -200,14 +203,19 @@ def test_ranks_that_ignore_the_interrupt_get_the_world_restarted():
     assert cluster.restarts == 1
 
 
-def test_ranks_behind_a_controller_that_does_not_answer_get_the_world_restarted(monkeypatch):
+def test_ranks_behind_a_controller_that_does_not_answer_get_the_world_restarted_unless_their_answers_come(monkeypatch):
     monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 0.05)
     cluster = FakeCluster([part(), part()])
-    cluster.client.silent = True  # (stopped: neither the interrupt nor the question about its queues is answered)
+    cluster.client.silent = cluster.client.control_silent = True  # (stopped: nothing it is sent is answered)
     with pytest.raises(failures.CellTimeout, match=r"Rank\(s\) \[0, 1\] could not be interrupted: the cluster's "
                                                    r"controller did not answer .* so the MPI world was restarted"):
         start(cluster, timeout=0.01).wait()
     assert cluster.restarts == 1
+    cluster = FakeCluster([part(), part()])
+    cluster.client.silent = True  # (its hub stopped alone: the signals arrive, the ranks stop, their answers come)
+    with pytest.raises(failures.CellTimeout, match="They were interrupted; their variables are kept"):
+        start(cluster, timeout=0.01).wait()
+    assert cluster.restarts == 0
 
 
 def test_a_controller_that_does_not_answer_is_given_up_after_the_timeout():
@@ -220,6 +228,29 @@ def test_a_controller_that_does_not_answer_is_given_up_after_the_timeout():
                                                "starts the cluster again"):
         queue_status(client, timeout=0.2)
     assert 0.2 <= time.monotonic() - t0 < 2
+
+
+class SlowResult:
+    """An ipyparallel AsyncResult whose answer comes after ``late`` of the waits for it."""
+
+    def __init__(self, late: int) -> None:
+        self.late, self.waits = late, 0
+
+    def get(self, timeout: float) -> str:
+        self.waits += 1
+        if self.waits <= self.late:
+            raise TimeoutError("Result not ready.")  # (as ipyparallel's, a subclass)
+        return "the value"
+
+
+def test_a_long_answer_is_awaited_while_the_controller_answers_and_given_up_when_it_does_not(monkeypatch):
+    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 0.05)
+    controller = LaggingController(lag=0)
+    result = SlowResult(late=3)  # (a big pull: the ranks take long, the controller answers meanwhile)
+    assert answer(controller, result) == "the value" and result.waits == 4 and controller.asked == 3
+    controller.silent = True
+    with pytest.raises(ControllerSilent, match="did not answer within 0.05 s"):
+        answer(controller, SlowResult(late=3))
 
 
 def test_a_failed_restart_loses_the_cluster():
