@@ -26,8 +26,13 @@ def auto_names(kind: str, count: int) -> list[str]:
 
 def auto_name(kind: str) -> str:
     """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
-    so nameless calls pair by call order, whichever binding made them."""
-    return auto_names(kind, 1)[0]
+    so nameless calls pair by call order, whichever binding made them. (``auto_names`` for one name, without
+    its list: every small nameless call takes this path.)"""
+    global _next_number
+    with _numbers:
+        number = _next_number
+        _next_number = number + 1
+    return f"{kind}.noname.{number}"
 
 
 def next_auto_number() -> int:
