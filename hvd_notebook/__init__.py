@@ -28,12 +28,13 @@ def ProgressCallback(batch_size: int | None = None, num_samples: int | None = No
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``), and complete and inspect
-    ``%%hvd`` cells from rank 0."""
+    """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``) and the extension's two hooks in
+    the shell: ``%hvd auto``'s input transformer, and completion and inspection of ``%%hvd`` cells from rank 0."""
     from .kernel import completion
+    from .kernel.auto import AutoCells
     from .kernel.magics import HvdMagics
 
-    ipython.register_magics(HvdMagics)
+    ipython.register_magics(HvdMagics(ipython, auto=AutoCells(ipython).install()))
     completion.install(ipython)
 
 
@@ -45,6 +46,6 @@ def unload_ipython_extension(ipython: Any) -> None:
 
     completion.uninstall(ipython)
     magics = ipython.magics_manager.registry.get("HvdMagics")
-    if getattr(magics, "auto", None) is not None:
+    if magics is not None and magics.auto is not None:
         magics.auto.uninstall()
     Session.get().stop()

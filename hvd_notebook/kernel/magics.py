@@ -16,6 +16,7 @@ from ..cluster.world import RankInfo
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
 from . import auto, debugging, failures, sweep
+from .auto import AutoCells
 from .failures import HvdError
 from .session import Session
 
@@ -219,11 +220,12 @@ def _mib(nbytes: int | None) -> str:
 @magics_class
 class HvdMagics(Magics):
     """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks (and, after ``%hvd auto on``,
-    every cell that does not start with ``%``)."""
+    every cell that does not start with ``%``). ``auto``: the shell's ``AutoCells``, which ``%hvd auto`` turns
+    on and off (installed by ``load_ipython_extension``; None: ``%hvd auto`` says it needs a shell)."""
 
-    def __init__(self, shell: Any = None, **kwargs: Any) -> None:
+    def __init__(self, shell: Any = None, auto: AutoCells | None = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)
-        self.auto = auto.AutoCells(shell).install() if shell is not None else None
+        self.auto = auto
 
     @line_cell_magic
     def hvd(self, line: str, cell: str | None = None) -> Any:

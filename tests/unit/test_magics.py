@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import cluster_processes
 
+from hvd_notebook.kernel import completion
+from hvd_notebook.kernel.auto import AutoCells
 from hvd_notebook.kernel.session import Session
 
 SUBCOMMANDS = ["start", "stop", "restart", "status", "pull", "push"]
@@ -131,3 +133,17 @@ def test_auto_needs_a_cluster_and_turns_off_when_it_is_gone(ip, run, auto):
     auto.on = True
     result, out = run("%hvd stop")
     assert "No cluster was running.\nauto: off" in out and not auto.on, out
+
+
+def test_unloading_the_extension_takes_its_hooks_out_and_loading_puts_them_back(ip):
+    def hooks() -> tuple[list, bool]:
+        cells = [t for t in ip.input_transformers_cleanup if isinstance(t, AutoCells)]
+        return cells, completion.rank_matcher in ip.Completer.custom_matchers
+
+    ip.run_line_magic("unload_ext", "hvd_notebook")
+    try:
+        assert hooks() == ([], False)
+    finally:
+        ip.run_line_magic("load_ext", "hvd_notebook")
+    cells, completing = hooks()
+    assert completing and len(cells) == 1 and ip.magics_manager.registry["HvdMagics"].auto is cells[0]
