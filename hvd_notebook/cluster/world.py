@@ -98,16 +98,8 @@ class World:
         try:
             workdir = self._launch(new_cluster_id())
             workdir.mark_standby()
-            ar = self.client[self._wait_for_engines(deadline, cancelled)].apply_async(
-                warm_up, self.gpus, self.options.backend, self.options.framework)
-            while not ar.wait(0.1):
-                if cancelled.is_set() or time.monotonic() > deadline:
-                    raise ClusterError("the standby was cancelled" if cancelled.is_set()
-                                       else diagnosis.setup_late(self.options.timeout))
-            try:
-                self._warm_pids = set(ar.get())
-            except Exception as exc:
-                raise ClusterError(diagnosis.setup_failed(exc)) from None
+            self._warm_pids = set(self._on_engines(self._wait_for_engines(deadline, cancelled), deadline, cancelled,
+                                                   warm_up, self.gpus, self.options.backend, self.options.framework))
             self._pids.add(*self._warm_pids)
             workdir.make_private()
         except BaseException:
@@ -165,20 +157,29 @@ class World:
         """Run the engine bootstrap on every rank and keep what each reports."""
         from ..engine.bootstrap import bootstrap
 
-        ar = self.client[engine_ids].apply_async(bootstrap, self.gpus, self.options.backend,
-                                                 self.ipp_cluster.controller_ip, self.options.framework)
-        if not ar.wait(max(1.0, deadline - time.monotonic())):
-            raise ClusterError(diagnosis.setup_late(self.options.timeout))
-        try:
-            results = ar.get()
-        except Exception as exc:
-            raise ClusterError(diagnosis.setup_failed(exc)) from None
+        results = self._on_engines(engine_ids, max(deadline, time.monotonic() + 1.0), None, bootstrap, self.gpus,
+                                   self.options.backend, self.ipp_cluster.controller_ip, self.options.framework)
         sizes = sorted({r["size"] for r in results})
         if sizes != [self.n] or sorted(r["rank"] for r in results) != list(range(self.n)):
             raise ClusterError(diagnosis.not_one_world(self.n, sizes, self.placement.command))
         self.ranks = sorted(map(RankInfo.from_bootstrap, engine_ids, results), key=lambda r: r.rank)
         self._pids.add(*(r.pid for r in self.ranks if r.here))  # a pid on another host is not ours to kill
         self._check_shm()  # before any cell runs
+
+    def _on_engines(self, engine_ids: list[int], deadline: float, cancelled: threading.Event | None,
+                    func: Any, *args: Any) -> list[Any]:
+        """``func(*args)`` on each engine (a bootstrap step): their results, or a ClusterError where one fails,
+        the deadline passes or ``cancelled`` is set first."""
+        ar = self.client[engine_ids].apply_async(func, *args)
+        while not ar.wait(0.1):
+            if cancelled is not None and cancelled.is_set():
+                raise ClusterError("the standby was cancelled")
+            if time.monotonic() > deadline:
+                raise ClusterError(diagnosis.setup_late(self.options.timeout))
+        try:
+            return ar.get()
+        except Exception as exc:
+            raise ClusterError(diagnosis.setup_failed(exc)) from None
 
     def _check_shm(self) -> None:
         """``shm.ShmError`` where a process of the world here has another user's shared memory (or memory
