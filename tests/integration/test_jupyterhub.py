@@ -72,9 +72,22 @@ CELL_TEXT = "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].out
 
 
 def _remove_users() -> None:
+    """The users, their processes, and the shared memory their killed ranks leave in /dev/shm (MPICH's
+    segments, which only a rank that ends unlinks: left, they would outlive the uid)."""
+    uids = set()
     for user in USERS:
+        try:
+            uids.add(pwd.getpwnam(user).pw_uid)
+        except KeyError:
+            continue
         subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True)
     time.sleep(0.5)
+    for path in Path("/dev/shm").iterdir():
+        try:
+            if path.lstat().st_uid in uids:
+                path.unlink()
+        except FileNotFoundError:
+            pass
     for user in USERS:
         subprocess.run(["userdel", "-r", "-f", user], capture_output=True)
 
