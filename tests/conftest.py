@@ -309,7 +309,7 @@ def started_kernel(env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any
     finally:
         kc.stop_channels()
         if km.is_alive():
-            km.shutdown_kernel(now=True)
+            km.shutdown_kernel(now=False)  # (a shutdown request, as JupyterLab sends: atexit runs; killed after a wait)
 
 
 def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
