@@ -15,24 +15,26 @@ _next_number = 0  # of the next automatic name
 _numbers = threading.Lock()
 
 
-def auto_names(kind: str, count: int) -> list[str]:
-    """``count`` automatic names for the tensors of one grouped call, taken from the counter together so
-    that no other call, however it interleaves, is given one of them."""
+def _take_numbers(count: int) -> int:
+    """The first of ``count`` consecutive numbers taken from the counter together, so that no other call,
+    however it interleaves, is given one of them."""
     global _next_number
     with _numbers:
         first, _next_number = _next_number, _next_number + count
+    return first
+
+
+def auto_names(kind: str, count: int) -> list[str]:
+    """``count`` automatic names for the tensors of one grouped call."""
+    first = _take_numbers(count)
     return [f"{kind}.noname.{first + i}" for i in range(count)]
 
 
 def auto_name(kind: str) -> str:
     """The next automatic name of a nameless call (``allreduce.noname.7``); every rank counts alike,
-    so nameless calls pair by call order, whichever binding made them. (``auto_names`` for one name, without
-    its list: every small nameless call takes this path.)"""
-    global _next_number
-    with _numbers:
-        number = _next_number
-        _next_number = number + 1
-    return f"{kind}.noname.{number}"
+    so nameless calls pair by call order, whichever binding made them. (Without ``auto_names``' list: every
+    small nameless call takes this path.)"""
+    return f"{kind}.noname.{_take_numbers(1)}"
 
 
 def next_auto_number() -> int:
