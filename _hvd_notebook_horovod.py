@@ -9,7 +9,8 @@ and only while ``HVD_NOTEBOOK_HOROVOD_ALIAS`` is on. Nothing else is imported un
 is: interpreter start stays as cheap as it was.
 
 Each alias is a thin module that forwards every attribute to its runtime module, so
-``horovod.tensorflow.allreduce is hvd_notebook.runtime.allreduce``. This module lives outside the
+``horovod.tensorflow.allreduce is hvd_notebook.runtime.allreduce``; a public name is kept on the alias once read,
+so that a training loop's ``hvd.allreduce(t, op=hvd.Sum)`` pays no forwarding call. This module lives outside the
 ``hvd_notebook`` package so that interpreter start does not import (and pin) the package.
 """
 
@@ -106,10 +107,13 @@ class HorovodAliasFinder:
 
         def forward(name: str) -> object:
             try:
-                return getattr(target, name)
+                value = getattr(target, name)
             except AttributeError:
                 raise AttributeError(f"module {module.__name__!r} (hvd_notebook's {target_name}) has no "
                                      f"attribute {name!r}") from None
+            if not name.startswith("_"):  # kept: the next lookup is a plain one, not this call
+                setattr(module, name, value)  # (the runtime never rebinds a public name; private state it may)
+            return value
 
         module.__getattr__ = forward
         module.__dir__ = lambda: sorted(set(dir(target)) | set(vars(module)))

@@ -97,6 +97,17 @@ def test_the_aliases_are_the_runtime(finder):
         importlib.import_module("horovod.tensorflow.functions")  # the runtime has no such module: none here
 
 
+def test_a_public_name_is_kept_on_the_alias_and_a_private_one_is_forwarded_each_time(finder, monkeypatch):
+    import horovod.tensorflow.mpi_ops as alias
+
+    import hvd_notebook.runtime.tensorflow.mpi_ops as runtime_ops
+
+    assert "allreduce" not in vars(alias) or vars(alias)["allreduce"] is runtime_ops.allreduce
+    assert alias.allreduce is runtime_ops.allreduce and vars(alias)["allreduce"] is runtime_ops.allreduce
+    monkeypatch.setattr(runtime_ops, "_last_collective", "state the runtime may rebind")
+    assert alias._last_collective == "state the runtime may rebind" and "_last_collective" not in vars(alias)
+
+
 def test_the_torch_aliases_are_the_torch_runtime(finder):
     import horovod.torch as hvd
     from horovod.torch.compression import Compression

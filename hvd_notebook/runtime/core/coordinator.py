@@ -55,7 +55,11 @@ class Work(Protocol):
         """Move this request's data and the followers' in one call, and mark the followers done."""
 
 
-_thread = threading.local()
+class _ThreadState(threading.local):
+    unordered = False  # (a class default: a per-thread miss is a plain lookup, not getattr's caught error)
+
+
+_thread = _ThreadState()
 
 
 def calls_here_are_unordered() -> None:
@@ -68,7 +72,7 @@ def calls_here_are_unordered() -> None:
 def _by_order(key: str) -> bool:
     """A call without a name of its own (an automatic ``kind.noname.N``), made in program order (not in an
     asynchronous call's worker): paired by call order when alone."""
-    return (not key or ".noname." in key) and not getattr(_thread, "unordered", False)
+    return (not key or ".noname." in key) and not _thread.unordered
 
 
 def _round_hash(h: int, key: str, by_order: bool) -> int:

@@ -100,7 +100,10 @@ class SharedMemoryBoard:
         """After ``arrived``: did every rank post the hash ``h``?"""
         self.win.Sync()
         parity = seq & 1
-        return all(other[parity, 1] == h for other in self.others)
+        for other in self.others:  # (a loop, not all() of a generator: this is on every small call's path)
+            if other[parity, 1] != h:
+                return False
+        return True
 
     def add(self, seq: int, dtype: np.dtype, count: int, out: np.ndarray) -> np.ndarray:
         """After ``same``: the sum of every rank's posted data of collective ``seq``
