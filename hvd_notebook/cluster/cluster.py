@@ -172,6 +172,10 @@ class MPICluster:
         """Per rank: is its engine process still there? (On another host: is its engine still registered?)"""
         return self.world.alive() if self.world is not None else {}
 
+    def controller_routes(self) -> bool:
+        """Can cells and their results still pass the controller (are its schedulers running)?"""
+        return self.world.controller_routes() if self.world is not None else True
+
     def end_world(self, timeout: float = 2.0) -> None:
         """Kill the ranks still alive (an MPI world cannot go on once one of its ranks died) and give
         mpiexec a moment to report how each one ended."""

@@ -72,6 +72,7 @@ class World:
         self._engines: EngineWorld | None = None
         self._pids = PidRegistry()
         self._warm_pids: set[int] = set()  # the engines of a warm standby (``warm_up``)
+        self._routers: list[psutil.Process] = []  # the controller's schedulers (``controller_routes``)
         self._reaper: subprocess.Popen | None = None
 
     # ----------------------------------------------------------------- start
@@ -151,6 +152,7 @@ class World:
                                                           engines.command, engines.output()))
             time.sleep(0.05)
         self._pids.remember_descendants()
+        self._routers = psutil.Process(self.ipp_cluster.controller.pid).children(recursive=True)
         return sorted(registered)
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
@@ -208,6 +210,18 @@ class World:
         i.e. answering the controller's heartbeats?)"""
         registered = set(self.client.ids) if self.client is not None else set()
         return {r.rank: running(r.pid) if r.here else r.engine_id in registered for r in self.ranks}
+
+    def controller_routes(self) -> bool:
+        """Do the controller's schedulers still run? They pass cells to the engines and the results back, each a
+        process of its own: a cell still finishes where the controller's hub alone is gone (its queue questions
+        go unanswered then), never without them."""
+        for proc in self._routers:
+            try:  # (is_running: the pid is still the process it was)
+                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                    return False
+            except psutil.Error:
+                return False
+        return True
 
     def output_tail(self, lines: int = 20) -> str:
         """The last lines the launcher and the engines wrote to the launcher's log."""

@@ -324,6 +324,8 @@ class RunningCell:
                 dead = [r for r, ok in self.cluster.alive().items() if not ok and r in self.ranks]
                 if dead:
                     raise self._ranks_died(dead)
+                if not self.cluster.controller_routes():
+                    raise self._controller_gone()
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise failures.cell_timeout(self.timeout or 0.0, *self._stop_running())
 
@@ -415,6 +417,18 @@ class RunningCell:
         except OSError:
             return {}
         return {pids[pid]: stacks.where(dump) for pid, (_, dump) in dumps.items() if dump.strip()}
+
+    def _controller_gone(self) -> failures.RankDied:
+        """The controller's schedulers are gone: no cell or result passes any more, and the engines would shut
+        down only once they had missed its heartbeats for half a minute. End the world now and say why."""
+        self.ending = True
+        ranks = [req.rank for req in self.requests]
+        if self.dashboard is not None:
+            for rank in ranks:
+                self.dashboard.fail(rank, failures.CONTROLLER_GONE)
+        self.cluster.end_world()
+        self.pump(final=True)
+        return failures.controller_gone(ranks)
 
     def _ranks_died(self, dead: list[int]) -> failures.RankDied:
         """A rank's process is gone (os._exit, a signal, out of memory): end the

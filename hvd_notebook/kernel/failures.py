@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
+CONTROLLER_GONE = "ended: the cluster's controller was gone"  # (its bar, and how it ended in a reset's line)
 INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
 RENEWED = ("They were interrupted, and every rank's collectives were renewed (one was left half-way); their "
            "variables are kept and the cluster is ready.")
@@ -100,6 +101,16 @@ def ranks_died(died: dict[int, str], others: list[int], last_lines: list[str], m
         "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells. "
         "%hvd status shows which ranks are dead.\nLast lines the rank(s) printed:\n" + "\n".join(last_lines)
         + "\nLast lines of mpiexec's output:\n" + mpiexec_tail, died
+    )
+
+
+def controller_gone(ranks: list[int]) -> RankDied:
+    """The controller's processes ended while a cell ran on ``ranks``, which were ended then."""
+    return RankDied(
+        f"The cluster's controller ended while the cell ran (its processes were killed; out of memory is a common "
+        f"cause), so the ranks' results could no longer reach the notebook and rank(s) {ranks} were ended: run "
+        "%hvd restart for a fresh cluster of the same shape, then re-run your set-up cells.",
+        dict.fromkeys(ranks, CONTROLLER_GONE),
     )
 
 

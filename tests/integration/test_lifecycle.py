@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import textwrap
+import threading
 import time
 
 import psutil
@@ -268,15 +269,29 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     result, out = run("%%hvd --all-output\nprint('back', hvd.rank())")
     assert "[0] back 0" in out and "[1] back 1" in out
 
+    # the controller's processes killed while a cell runs: the cell fails at once, saying so, where the ranks
+    # would have waited half a minute for its heartbeats and then ended as ranks that died; a restart recovers
+    second = session.cluster.pids()
+    controller = psutil.Process(session.cluster.world.ipp_cluster.controller.pid)
+    every = [controller, *controller.children(recursive=True)]  # (its schedulers are processes of their own)
+    threading.Timer(1.0, lambda: [proc.kill() for proc in every]).start()
+    t0 = time.monotonic()
+    result, out = run("%%hvd\nimport time\ntime.sleep(60)")
+    assert not result.success and time.monotonic() - t0 < 10, out
+    figure(f"the controller killed 1 s into a cell: the cell failed after {time.monotonic() - t0:.1f} s")
+    assert "RankDied: The cluster's controller ended while the cell ran" in out, out
+    assert "rank(s) [0, 1] were ended: run %hvd restart" in out, out
+    result, out = run("%hvd restart")
+    assert result.success, out
+    assert_gone(second)
+    result, out = run("%%hvd --all-output\nprint('back again', hvd.rank())")
+    assert "[0] back again 0" in out and "[1] back again 1" in out
+
 
 def test_segfault_and_sigkill_of_a_rank_are_reported_with_the_signal(session, run):
     """The other two ways a rank dies: a crash in native code, and SIGKILL from
     outside (what the kernel's out-of-memory killer sends). The other rank is
     blocked in a collective that the dead one never joins."""
-    import os
-    import signal
-    import threading
-
     result, out = run("%hvd start -n 2")
     assert result.success, out
     t0 = time.monotonic()

@@ -90,12 +90,19 @@ class FakeCluster:
         self.restarts = 0
         self.restart_fails = restart_fails
         self.ranks = ranks or []  # (none: no processes here to ask for their stacks)
+        self.routes, self.ended = True, False  # (the controller's schedulers run; the world was not ended)
 
     def engine_ids(self, ranks):
         return [10 + r for r in ranks]
 
     def alive(self):
         return {0: True, 1: True}
+
+    def controller_routes(self):
+        return self.routes
+
+    def end_world(self):
+        self.ended = True
 
     def restart(self):
         self.restarts += 1
@@ -251,6 +258,20 @@ def test_a_long_answer_is_awaited_while_the_controller_answers_and_given_up_when
     controller.silent = True
     with pytest.raises(ControllerSilent, match="did not answer within 0.05 s"):
         answer(controller, SlowResult(late=3))
+
+
+def test_a_controller_gone_while_the_cell_runs_ends_the_world_at_once_and_says_so(monkeypatch, capsys):
+    monkeypatch.setattr(cell, "LIVENESS_S", 0.0)
+    cluster = FakeCluster([part("half way\n"), part()])
+    running = start(cluster, timeout=5.0)  # (unnoticed, the cell would end only by its timeout)
+    assert not cluster.ended
+    cluster.routes = False  # (its schedulers killed: the ranks' results can no longer come)
+    with pytest.raises(failures.RankDied, match=r"The cluster's controller ended while the cell ran \(its processes "
+                                                r"were killed.*rank\(s\) \[0, 1\] were ended: run %hvd restart") as e:
+        running.wait()
+    assert cluster.ended and e.value.died == {0: failures.CONTROLLER_GONE, 1: failures.CONTROLLER_GONE}
+    assert cluster.client.signals == [] and cluster.restarts == 0  # (nothing to interrupt: the world is ended)
+    assert capsys.readouterr().out == "[0] half way\n"  # (what came before is still shown)
 
 
 def test_a_failed_restart_loses_the_cluster():
