@@ -7,6 +7,8 @@ from typing import Any
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 CONTROLLER_GONE = "ended: the cluster's controller was gone"  # (its bar, and how it ended in a reset's line)
+CONTROLLER_ENDED = ("the cluster's controller has ended (its processes are gone; the ranks shut down without it "
+                    "within half a minute): %hvd restart starts the cluster again")
 INTERRUPTED = "They were interrupted; their variables are kept and the cluster is ready."
 RENEWED = ("They were interrupted, and every rank's collectives were renewed (one was left half-way); their "
            "variables are kept and the cluster is ready.")

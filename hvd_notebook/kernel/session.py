@@ -425,6 +425,8 @@ class Session:
         alive = cluster.alive()
         queues: dict[Any, Any] | None
         try:
+            if not cluster.controller_routes():
+                raise ControllerSilent(failures.CONTROLLER_ENDED)
             queues = settled_queue_status(cluster.client)
         except ControllerSilent as exc:  # (what each rank runs is then unknown; the rest is asked of the OS)
             print(f"[hvd_notebook] {exc}", file=sys.stderr, flush=True)

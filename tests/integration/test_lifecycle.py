@@ -269,16 +269,21 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     result, out = run("%%hvd --all-output\nprint('back', hvd.rank())")
     assert "[0] back 0" in out and "[1] back 1" in out
 
-    # the controller's processes killed while a cell runs: the cell fails at once, saying so, where the ranks
-    # would have waited half a minute for its heartbeats and then ended as ranks that died; a restart recovers
+    # the controller's processes killed: %hvd status says so at once, and a cell fails at once, saying so, where
+    # the ranks would have waited half a minute for its heartbeats and then ended as ranks that died (the unit
+    # test kills it in the middle of a cell); a restart recovers
     second = session.cluster.pids()
     controller = psutil.Process(session.cluster.world.ipp_cluster.controller.pid)
-    every = [controller, *controller.children(recursive=True)]  # (its schedulers are processes of their own)
-    threading.Timer(1.0, lambda: [proc.kill() for proc in every]).start()
+    for proc in [controller, *controller.children(recursive=True)]:  # (its schedulers are processes of their own)
+        proc.kill()
+    t0 = time.monotonic()
+    result, out = run("%hvd status")
+    assert result.success and time.monotonic() - t0 < 3 and out.count(" unknown") == 2, out
+    assert "the cluster's controller has ended (its processes are gone;" in out, out
     t0 = time.monotonic()
     result, out = run("%%hvd\nimport time\ntime.sleep(60)")
     assert not result.success and time.monotonic() - t0 < 10, out
-    figure(f"the controller killed 1 s into a cell: the cell failed after {time.monotonic() - t0:.1f} s")
+    figure(f"a cell after the controller was killed: it failed after {time.monotonic() - t0:.1f} s")
     assert "RankDied: The cluster's controller ended while the cell ran" in out, out
     assert "rank(s) [0, 1] were ended: run %hvd restart" in out, out
     result, out = run("%hvd restart")
