@@ -21,7 +21,7 @@ import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 WARNING_PREFIX = "[hvd_notebook] WARNING"  # rank-side warnings; the kernel shows them from every rank
 START_TIMEOUT_S = 120.0  # %hvd start --timeout
@@ -29,6 +29,8 @@ DEFAULT_RANKS_WITHOUT_GPU = 2
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
+
+_Member = TypeVar("_Member", bound=enum.Enum)
 
 
 class Backend(enum.StrEnum):
@@ -75,6 +77,15 @@ class DashboardMode(enum.StrEnum):
 def choices(kind: type[enum.Enum]) -> list[str]:
     """An enum's values, for argparse's ``choices`` and for error messages."""
     return [m.value for m in kind]
+
+
+def parse_choice(kind: type[_Member], text: Any, complaint: str, error: type[Exception] = ValueError) -> _Member:
+    """``kind``'s member named by ``text``, else ``error(complaint)``: the enum's own ValueError would only
+    say that the text is not one of them, not which option it came from."""
+    try:
+        return kind(text)
+    except ValueError:
+        raise error(complaint) from None
 
 
 @dataclass(frozen=True)

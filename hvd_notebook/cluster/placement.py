@@ -301,10 +301,8 @@ def choose_placement(options: ClusterOptions) -> Placement:
     """The placement ``options`` ask for: -H/--hostfile, else srun inside a Slurm
     allocation (``--launcher auto`` picks it where srun is there and no --mpiexec
     was given), else this host."""
-    try:
-        launcher = Launcher(options.launcher)
-    except ValueError:
-        raise ClusterError(f"--launcher {options.launcher!r}: use auto, mpiexec or srun.") from None
+    launcher = config.parse_choice(
+        Launcher, options.launcher, f"--launcher {options.launcher!r}: use auto, mpiexec or srun.", ClusterError)
     if options.hosts and options.hostfile:
         raise ClusterError("give the hosts with -H or with --hostfile, not both.")
     if options.hosts or options.hostfile:

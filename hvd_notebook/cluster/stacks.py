@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .. import private
+from ..engine.breakpoints import code_line
 from ..engine.stacks import SIGNAL, remove_files, stacks_dir
 from .pids import same_process
 
@@ -123,10 +124,7 @@ def where(dump: str) -> str:
             best = best or (f"in {frames[0][2]} ({frames[0][0]}, line {frames[0][1]})" if frames else "")
             continue
         path, line, function = frames[user]
-        caller = f"a cell, line {line}" if "/ipykernel_" in path or path.startswith("<ipython") else \
-            f"{path}, line {line}"
-        if function != "<module>":
-            caller += f", in {function}()"
+        caller = code_line(path, line, function)
         if user > 0 and "/hvd_notebook/runtime/" in frames[user - 1][0]:
             return f"in hvd.{frames[user - 1][2]}(), called from {caller}"
         best = f"at {caller}"

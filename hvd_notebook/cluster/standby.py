@@ -34,10 +34,8 @@ CANCEL_WAIT_S = 60.0  # a standby being launched stops at its next step; ipypara
 def choose(options: ClusterOptions, placement: Placement) -> Standby:
     """What ``--standby`` (else ``HVD_NOTEBOOK_STANDBY``) asks for, checked against the placement."""
     text = options.standby or config.STANDBY.text() or Standby.AUTO.value
-    try:
-        choice = Standby(text)
-    except ValueError:
-        raise ClusterError(f"--standby {text!r} (or HVD_NOTEBOOK_STANDBY): use auto, on or off.") from None
+    choice = config.parse_choice(
+        Standby, text, f"--standby {text!r} (or HVD_NOTEBOOK_STANDBY): use auto, on or off.", ClusterError)
     if choice is Standby.ON and isinstance(placement, SlurmAllocation):
         raise ClusterError("--standby on: the cluster's ranks take the Slurm allocation's tasks, and a second "
                            "job step would wait for them. Use --standby off (the default under srun).")

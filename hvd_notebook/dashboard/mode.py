@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from ..config import PROGRESS, DashboardMode, choices
+from ..config import PROGRESS, DashboardMode, choices, parse_choice
 
 
 def resolve_mode(mode: str | None = None) -> DashboardMode:
@@ -13,10 +13,8 @@ def resolve_mode(mode: str | None = None) -> DashboardMode:
     text = (mode or DashboardMode.AUTO).lower()
     if text == DashboardMode.AUTO:
         text = (PROGRESS.text() or DashboardMode.AUTO).lower()
-    try:
-        resolved = DashboardMode(text)
-    except ValueError:
-        raise ValueError(f"progress mode {text!r}: use one of {', '.join(choices(DashboardMode))}.") from None
+    resolved = parse_choice(
+        DashboardMode, text, f"progress mode {text!r}: use one of {', '.join(choices(DashboardMode))}.")
     if resolved != DashboardMode.AUTO:
         return resolved
     return DashboardMode.WIDGETS if widget_frontend() else DashboardMode.TEXT

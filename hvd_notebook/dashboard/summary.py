@@ -56,14 +56,9 @@ def curves_png(model: ProgressModel) -> str | None:
     metrics = model.metrics()
     if not metrics:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        from matplotlib.figure import Figure
-    except ImportError:
+    fig = new_figure(3.6 * len(metrics), 2.6)
+    if fig is None:
         return None
-    fig = Figure(figsize=(3.6 * len(metrics), 2.6), dpi=100)
     for i, metric in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
         per_rank, (mean_x, mean_y) = model.curve(metric)
@@ -82,10 +77,32 @@ def curves_png(model: ProgressModel) -> str | None:
         ax.set_title(metric)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    return png_text(fig)
+
+
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib figure drawn off screen (Agg), ``width`` by ``height`` inches; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def png_text(fig: Any) -> str:
+    """``fig``, laid out tight, as a PNG's base64 text (what an inline ``<img>`` and a display bundle take)."""
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png")
     return base64.b64encode(out.getvalue()).decode()
+
+
+def png_img(png: str | None, alt: str) -> str:
+    """An ``<img>`` showing ``png`` (base64 text) inline; nothing without one."""
+    return f"<img alt='{alt}' src='data:image/png;base64,{png}'/>" if png else ""
 
 
 def outputs_html(outputs: RankOutputs) -> str:
@@ -124,7 +141,7 @@ def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> d
                     f"{html.escape(rank_progress.state)}</td><td style='font-family:monospace'>"
                     f"{html.escape(rank_line(rank_progress))}</td></tr>")
     png = curves_png(model)
-    img = f"<img alt='hvd curves' src='data:image/png;base64,{png}'/>" if png else ""
+    img = png_img(png, "hvd curves")
     events = event_lines(model)
     reading, step_time = noise_reading(model), step_time_reading(model)
     text = "\n".join([headline(model), *events] + [f"rank {r}: {rank_line(p)}" for r, p in ranks]

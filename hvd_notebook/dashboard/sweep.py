@@ -5,14 +5,13 @@ updated in place (``display_id``), so the last state is what the saved notebook 
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import statistics
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .formatting import fmt_duration, fmt_rate, text_table
+from .summary import new_figure, png_img, png_text
 
 COLUMNS = ("point", "global batch", "samples/s", "efficiency", "to target", "communication", "noise scale",
            "metrics", "status")
@@ -69,14 +68,9 @@ def figure_png(rows: list[dict[str, Any]], target: Any = None) -> str | None:
     done = [r for r in rows if r.get("status") == "ok"]
     if not done:
         return None
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg", force=False)
-        from matplotlib.figure import Figure
-    except ImportError:
+    fig = new_figure(9, 3.2)
+    if fig is None:
         return None
-    fig = Figure(figsize=(9, 3.2), dpi=100)
     eff_ax, time_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     for batch in sorted({r["batch"] for r in done}):
         by_ranks: dict[int, list[float]] = {}
@@ -105,10 +99,7 @@ def figure_png(rows: list[dict[str, Any]], target: Any = None) -> str | None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    out = io.BytesIO()
-    fig.savefig(out, format="png")
-    return base64.b64encode(out.getvalue()).decode()
+    return png_text(fig)
 
 
 class SweepDisplay:
@@ -136,7 +127,7 @@ class SweepDisplay:
         png = self._png[1]
         head = "".join(f"<th>{html.escape(c)}</th>" for c in COLUMNS)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>" for cells in table)
-        img = f"<img alt='hvd sweep plots' src='data:image/png;base64,{png}'/>" if png else ""
+        img = png_img(png, "hvd sweep plots")
         title = f"sweep: {sum(p.key in rows for p in self.points)} of {len(self.points)} point(s) done" + (
             f", target {self.target}" if self.target is not None else "")
         return {"text/html": f"<div class='hvd-sweep'><p><b>hvd</b> {html.escape(title)}</p>"

@@ -16,7 +16,7 @@ import os
 import socket
 from typing import Any
 
-from ..config import Backend, Framework, choices
+from ..config import Backend, Framework, choices, parse_choice
 from . import completion, frameworks
 
 
@@ -31,10 +31,7 @@ def usable_cores() -> int:
 def load_backend(backend: str, framework: Framework = Framework.TENSORFLOW) -> tuple[Any, str]:
     """The module cells call ``hvd`` and a label for it: a real ``horovod.tensorflow`` (``horovod.torch``
     for PyTorch) for ``horovod`` (and for ``auto`` when it imports), else this package's runtime."""
-    try:
-        backend = Backend(backend)
-    except ValueError:
-        raise ValueError(f"backend {backend!r}: use one of {', '.join(choices(Backend))}.") from None
+    backend = parse_choice(Backend, backend, f"backend {backend!r}: use one of {', '.join(choices(Backend))}.")
     api = "horovod.torch" if framework is Framework.TORCH else "horovod.tensorflow"
     if backend in (Backend.AUTO, Backend.HOROVOD):
         try:

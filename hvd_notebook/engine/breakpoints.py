@@ -28,12 +28,16 @@ LINGER_S = 0.3  # after pdb goes on, how long a `next` or `step` has to stop aga
 POLL_S = 0.05  # how often a rank waiting for a command answers the other ranks' stall queries
 
 
+def code_line(path: str, line: int | str, function: str) -> str:
+    """A line of the user's code as they know it: "a cell, line 4" (else the file's path), ", in f()" inside
+    a function; also how ``cluster.stacks`` tells where a rank is."""
+    at = f"a cell, line {line}" if "/ipykernel_" in path or path.startswith("<ipython") else f"{path}, line {line}"
+    return at if function == "<module>" else f"{at}, in {function}()"
+
+
 def where(frame: FrameType) -> str:
-    """``frame``'s line as the user knows it: "a cell, line 4" (", in f()" inside a function)."""
-    path = frame.f_code.co_filename
-    line = f"a cell, line {frame.f_lineno}" if "/ipykernel_" in path or path.startswith("<ipython") \
-        else f"{path}, line {frame.f_lineno}"
-    return line if frame.f_code.co_name == "<module>" else f"{line}, in {frame.f_code.co_name}()"
+    """``frame``'s line as the user knows it."""
+    return code_line(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 class Console:

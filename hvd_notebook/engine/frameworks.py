@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 from .. import private
-from ..config import Framework, choices
+from ..config import Framework, choices, parse_choice
 
 
 def installed(module: str) -> bool:
@@ -38,10 +38,8 @@ def installed(module: str) -> bool:
 def resolve(framework: str) -> Framework:
     """The framework an ``auto`` cluster uses (TensorFlow where installed, else PyTorch); a clear error
     for one that is not installed."""
-    try:
-        chosen = Framework(framework)
-    except ValueError:
-        raise ValueError(f"--framework {framework!r}: use one of {', '.join(choices(Framework))}.") from None
+    chosen = parse_choice(
+        Framework, framework, f"--framework {framework!r}: use one of {', '.join(choices(Framework))}.")
     if chosen is Framework.AUTO:
         if installed("tensorflow"):
             return Framework.TENSORFLOW

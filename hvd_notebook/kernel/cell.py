@@ -458,17 +458,23 @@ class RunningCell:
 
 
 @contextlib.contextmanager
-def _interrupts_raise() -> Iterator[None]:
-    """Within ``_interrupts_as_a_flag``: SIGINT raises KeyboardInterrupt again (where the kernel waits for the
-    user's input, which only an exception ends)."""
+def _sigint(handler: Any) -> Iterator[None]:
+    """SIGINT goes to ``handler`` within; only in the main thread, which signal handlers belong to (a cell run
+    elsewhere cannot be interrupted)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def _interrupts_raise() -> contextlib.AbstractContextManager[None]:
+    """Within ``_interrupts_as_a_flag``: SIGINT raises KeyboardInterrupt again (where the kernel waits for the
+    user's input, which only an exception ends)."""
+    return _sigint(signal.default_int_handler)
 
 
 @contextlib.contextmanager
@@ -478,14 +484,8 @@ def _interrupts_as_a_flag() -> Iterator[threading.Event]:
     zmq or ipyparallel object) it would be printed as "ignored" and lost, and the cell would wait on
     for its blocked ranks. Further interrupts while the ranks are being stopped change nothing."""
     interrupted = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield interrupted  # (signal handlers belong to the main thread; a cell run elsewhere cannot be interrupted)
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
-    try:
+    with _sigint(lambda signum, frame: interrupted.set()):
         yield interrupted
-    finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def _traceback_text(error: Any) -> str:
