@@ -54,7 +54,12 @@ def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]
     sizes = {pid: -1 for pid in asked}
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        now = {pid: path.stat().st_size for pid, path in asked.items()}
+        now = {}
+        for pid, path in list(asked.items()):
+            try:
+                now[pid] = path.stat().st_size
+            except OSError:  # it ended since it was asked (its files removed at its exit): no stacks to give
+                del asked[pid]
         if all(n > 0 and n == sizes[pid] for pid, n in now.items()):  # every answer written, and done
             break
         sizes = now

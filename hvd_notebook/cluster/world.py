@@ -152,7 +152,11 @@ class World:
                                                           engines.command, engines.output()))
             time.sleep(0.05)
         self._pids.remember_descendants()
-        self._routers = psutil.Process(self.ipp_cluster.controller.pid).children(recursive=True)
+        try:
+            self._routers = psutil.Process(self.ipp_cluster.controller.pid).children(recursive=True)
+        except psutil.Error:
+            raise ClusterError("the cluster's controller ended while the ranks started (killed? out of memory?): "
+                               "start the cluster again") from None
         return sorted(registered)
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
