@@ -274,8 +274,10 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     # test kills it in the middle of a cell); a restart recovers
     second = session.cluster.pids()
     controller = psutil.Process(session.cluster.world.ipp_cluster.controller.pid)
-    for proc in [controller, *controller.children(recursive=True)]:  # (its schedulers are processes of their own)
+    every = [controller, *controller.children(recursive=True)]  # (its schedulers are processes of their own)
+    for proc in every:
         proc.kill()
+    psutil.wait_procs(every, timeout=10)  # (a kill takes effect a moment later: on a loaded machine, after status)
     t0 = time.monotonic()
     result, out = run("%hvd status")
     assert result.success and time.monotonic() - t0 < 3 and out.count(" unknown") == 2, out
