@@ -216,16 +216,17 @@ class World:
         return {r.rank: running(r.pid) if r.here else r.engine_id in registered for r in self.ranks}
 
     def controller_routes(self) -> bool:
-        """Do the controller's schedulers still run? They pass cells to the engines and the results back, each a
-        process of its own: a cell still finishes where the controller's hub alone is gone (its queue questions
-        go unanswered then), never without them."""
+        """Does any of the controller's schedulers still run? They pass cells to the engines and the results
+        back, each a process of its own: a cell still finishes where the controller's hub alone is gone (its
+        queue questions go unanswered then), never without them. (Only all of them gone counts: one process
+        seen ending is no proof that no cell can pass.)"""
         for proc in self._routers:
             try:  # (is_running: the pid is still the process it was)
-                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-                    return False
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    return True
             except psutil.Error:
-                return False
-        return True
+                pass
+        return not self._routers
 
     def output_tail(self, lines: int = 20) -> str:
         """The last lines the launcher and the engines wrote to the launcher's log."""
