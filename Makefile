@@ -9,6 +9,10 @@ TF_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev
 # machine's disk (PyPI's newer Linux wheels are CUDA builds of several GB); with a driver, the [torch]
 # extra takes PyPI's CUDA build
 TORCH_CPU := torch==2.13.0
+# Keras 2 for code written for it (TF_USE_LEGACY_KERAS=1, docs/coming-from-horovod.md): TensorFlow's own tf_keras,
+# of TensorFlow's version; without its dependencies, which name the `tensorflow` distribution and would pull
+# TensorFlow's full build beside tensorflow-cpu (the [gpu] extra lists it as a plain dependency)
+TF_KERAS := tf_keras>=2.21,<2.22
 PYTEST_ARGS ?=
 LAB_ARGS ?=
 
@@ -25,7 +29,8 @@ $(STAMP): pyproject.toml setup.py Makefile
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ "$(TF_EXTRA)" = cpu ]; then $(PY) -m pip install --quiet "$(TORCH_CPU)"; fi
 	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),torch,mpich,test,lab]"
-	$(PY) -c "import tensorflow, keras, torch, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| torch', torch.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
+	$(PY) -m pip install --quiet --no-deps "$(TF_KERAS)"
+	$(PY) -c "import tensorflow, keras, tf_keras, torch, ipyparallel, mpi4py; print('installed: tensorflow', tensorflow.__version__, '| keras', keras.__version__, '| tf_keras', tf_keras.__version__, '| torch', torch.__version__, '| ipyparallel', ipyparallel.__version__, '| mpi4py', mpi4py.__version__)"
 	@[ -e $(VENV)/bin/horovodrun ] || [ -L $(VENV)/bin/horovodrun ] || ln -s hvd-notebook $(VENV)/bin/horovodrun
 	@touch $(STAMP)
 

@@ -15,8 +15,8 @@ The patches, each applied at most once per process:
   reference, as for Keras 2's ``tf.Variable``.
 
 ``patched()`` lists what is patched now; ``undo()`` puts the originals back.
-This module imports nothing of the package and imports Keras only when a patch
-is applied.
+This module imports nothing of the package but ``keras_flavour`` (which Keras), and imports Keras only
+when a patch is applied.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from . import keras_flavour
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +82,10 @@ def undo() -> None:
 
 
 def patch_progress(wrap: Wrapper) -> None:
-    """``keras.Model.fit``, ``evaluate`` and ``predict`` through ``wrap`` (the progress hook)."""
-    import keras
-
+    """``Model.fit``, ``evaluate`` and ``predict`` through ``wrap`` (the progress hook), of the Keras this
+    process trains with (``keras_flavour``: Keras 3, or Keras 2's ``tf_keras``)."""
     for name in ("fit", "evaluate", "predict"):
-        patch(keras.Model, name, wrap)
+        patch(keras_flavour.keras().Model, name, wrap)
 
 
 def patch_compile() -> None:
@@ -121,11 +122,10 @@ def _without_auto_xla(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def patch_train_step(wrap: Wrapper) -> None:
-    """``keras.Model.train_step`` through ``wrap`` (it tells a ``DistributedOptimizer`` the step's batch size,
-    for the gradient noise scale); a model class with its own ``train_step`` keeps it."""
-    import keras
-
-    patch(keras.Model, "train_step", wrap)
+    """``Model.train_step`` through ``wrap`` (it tells a ``DistributedOptimizer`` the step's batch size, for the
+    gradient noise scale), of the Keras this process trains with; a model class with its own ``train_step``
+    keeps it."""
+    patch(keras_flavour.keras().Model, "train_step", wrap)
 
 
 def patch_keras2_idioms() -> None:

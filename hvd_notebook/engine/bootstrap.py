@@ -16,6 +16,7 @@ import os
 import socket
 from typing import Any
 
+from .. import keras_flavour
 from ..config import Backend, Framework, choices, parse_choice
 from . import completion, frameworks
 
@@ -109,8 +110,8 @@ def warm_up(gpus: list[str], backend: str = Backend.AUTO, framework: str = Frame
     Returns this process's id."""
     *_, chosen = _prepare(gpus, backend, framework)
     if chosen is Framework.TENSORFLOW:
-        try:
-            import keras  # noqa: F401  (the first cell of nearly every notebook; the replay's too)
+        try:  # (the first cell of nearly every notebook imports Keras; the replay's too)
+            keras_flavour.keras()
         except ImportError:
             pass
     return os.getpid()
@@ -151,7 +152,7 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
     reporter.install(hvd.rank())  # what reports to the dashboard: the reporter, and its adapters
     breakpoints.install(hvd.rank())  # breakpoint() in a cell: pdb driven from the notebook
     if chosen is Framework.TENSORFLOW:  # (keras_progress imports Keras: on a CPU rank, a cell imports it first)
-        frameworks.when_imported("keras", _install_keras_progress)
+        frameworks.when_imported(keras_flavour.module_name(), _install_keras_progress)
     tqdm_bars.install()
 
     return {

@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from .. import private
+from .. import keras_flavour, private
 from ..config import Framework, choices, parse_choice
 
 
@@ -37,7 +37,14 @@ def installed(module: str) -> bool:
 
 def resolve(framework: str) -> Framework:
     """The framework an ``auto`` cluster uses (TensorFlow where installed, else PyTorch); a clear error
-    for one that is not installed."""
+    for one that is not installed, or for Keras 2 asked for (``TF_USE_LEGACY_KERAS``) without ``tf_keras``."""
+    chosen = _installed_framework(framework)
+    if chosen is Framework.TENSORFLOW and keras_flavour.keras2() and not installed("tf_keras"):
+        raise RuntimeError(keras_flavour.missing_tf_keras())
+    return chosen
+
+
+def _installed_framework(framework: str) -> Framework:
     chosen = parse_choice(
         Framework, framework, f"--framework {framework!r}: use one of {', '.join(choices(Framework))}.")
     if chosen is Framework.AUTO:
@@ -56,12 +63,13 @@ def resolve(framework: str) -> Framework:
 
 
 def label(framework: Framework) -> str:
-    """``torch 2.13.0+cpu``, ``tensorflow 2.21.0``: what the rank table's header says (from the installed
+    """``torch 2.13.0+cpu``, ``tensorflow 2.21.0, Keras 3.15.1``: what the rank table's header says (from the installed
     distribution's metadata: a CPU rank imports TensorFlow with the first cell that uses it)."""
     module = "tensorflow" if framework is Framework.TENSORFLOW else "torch"
+    keras = f", {keras_flavour.label()}" if framework is Framework.TENSORFLOW else ""
     for distribution in importlib.metadata.packages_distributions().get(module, []):
-        return f"{framework} {importlib.metadata.version(distribution)}"
-    return f"{framework} {importlib.import_module(module).__version__}"
+        return f"{framework} {importlib.metadata.version(distribution)}{keras}"
+    return f"{framework} {importlib.import_module(module).__version__}{keras}"
 
 
 def when_imported(module: str, hook: Callable[[Any], None]) -> None:

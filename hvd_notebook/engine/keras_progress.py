@@ -1,7 +1,8 @@
 """The Keras adapter of the progress reporter: ``ProgressCallback``, the callback that reports a rank's
 ``fit``, ``evaluate`` and ``predict`` progress to the notebook's dashboard, and the hook that adds one to
 every such call (unless the call has one, or the cell runs with ``%%hvd --no-progress``; the user's own
-callbacks are left as they are). This module imports Keras: only TensorFlow ranks import it.
+callbacks are left as they are). This module imports Keras (the one ``keras_flavour`` names): only TensorFlow
+ranks import it.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import keras
-
-from .. import keras_patches
+from .. import keras_flavour, keras_patches
 from ..messages import RankState, RunKind
 from .reporter import RunReport, float_logs, reporting
+
+keras = keras_flavour.keras()  # (Keras 3, or Keras 2's tf_keras where TF_USE_LEGACY_KERAS asks for it)
 
 
 class ProgressCallback(keras.callbacks.Callback):

@@ -312,11 +312,12 @@ MAY_IMPORT = {
     "config": set(),
     "messages": set(),  # what a rank tells the kernel (progress updates, rank events): one side writes, one reads
     "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
-    "keras_patches": set(),  # every global change to Keras, with undo; imported by the layers that patch
-    "runtime": {"runtime", "config", "private", "keras_patches", "messages"},
+    "keras_flavour": set(),  # which Keras (3, or 2's tf_keras) the process trains with: one choice for all
+    "keras_patches": {"keras_flavour"},  # every global change to Keras, with undo; imported by the layers that patch
+    "runtime": {"runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
     "cluster": {"cluster", "engine", "config", "private"},  # engine: the bootstrap function it runs on new engines
     "dashboard": {"dashboard", "config", "messages"},
-    "engine": {"engine", "runtime", "config", "private", "keras_patches", "messages"},
+    "engine": {"engine", "runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages"},
 }
 # a rank starts its watcher (a process: the cluster's business) from hvd.init()

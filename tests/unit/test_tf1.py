@@ -77,7 +77,7 @@ def test_tf1_optimizer_refuses_unsupported_arguments(argument):
 
 
 def test_other_optimizers_and_eager_accumulation_are_refused():
-    with pytest.raises(TypeError, match="Keras 3 optimizer or a tf.compat.v1.train.Optimizer, not str"):
+    with pytest.raises(TypeError, match=r"Keras 2's from tf_keras\) or a tf.compat.v1.train.Optimizer, not str"):
         DistributedOptimizer("sgd")
     with pytest.raises(ValueError, match="backward_passes_per_step=2 needs a graph"):
         DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.01), backward_passes_per_step=2)

@@ -1,18 +1,22 @@
-"""Keras callbacks for data-parallel training, as ``horovod.tensorflow.keras.callbacks``."""
+"""Keras callbacks for data-parallel training, as ``horovod.tensorflow.keras.callbacks``, on the Keras this
+process trains with (Keras 3, or Keras 2 where ``TF_USE_LEGACY_KERAS`` says: ``keras_flavour``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import keras
 import numpy as np
 
+from ... import keras_flavour
 from ..core import basics
 from ..core.process_sets import check as check_process_set
 from ..core.rules import reject_unsupported
 from ..tensorflow.bridges import tf as _tf
 from ..tensorflow.mpi_ops import allreduce, broadcast_variables
+from ..tensorflow.util import optimizer_variables
 from .training import one_or_list
+
+keras = keras_flavour.keras()
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -38,7 +42,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.process_set = process_set
         self._optimizer_done = False
         self._local_vars: dict[int, Any] = {}  # by identity: variables compare by value
-        for var in one_or_list(local_variables, (keras.Variable, _tf().Variable),
+        variable_types = tuple(t for t in (getattr(keras, "Variable", None), _tf().Variable) if t is not None)
+        for var in one_or_list(local_variables, variable_types,
                                "All local variables must be of keras.Variable or tf.Variable type."):
             self.register_local_var(var)
 
@@ -46,21 +51,22 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Leave ``var`` out of the broadcast: it keeps this rank's value, as Horovod's callback."""
         self._local_vars[id(var)] = var
 
-    def _broadcast(self) -> None:
+    def _broadcast(self, with_optimizer: bool) -> None:
         variables = [v for v in self.model.variables if id(v) not in self._local_vars]
         optimizer = getattr(self.model, "optimizer", None)
-        if optimizer is not None and optimizer.built:
-            variables += list(optimizer.variables)
+        if optimizer is not None and with_optimizer:
+            variables += optimizer_variables(optimizer)
             self._optimizer_done = True
         if self.process_set is None or self.process_set.included():
             broadcast_variables(variables, root_rank=self.root_rank, process_set=self.process_set)
 
     def on_train_begin(self, logs: Any = None) -> None:
-        self._broadcast()
+        # (Keras 3 says when its optimizer has made its variables; Keras 2's makes them in its first update)
+        self._broadcast(with_optimizer=bool(getattr(getattr(self.model, "optimizer", None), "built", False)))
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if not self._optimizer_done:
-            self._broadcast()
+            self._broadcast(with_optimizer=True)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

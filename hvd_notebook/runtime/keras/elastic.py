@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
+from ... import keras_flavour
 from ..tensorflow.elastic import (
     HorovodInternalError,
     HostsUpdatedInterrupt,
@@ -19,6 +18,8 @@ from ..tensorflow.elastic import (
     TensorFlowState,
     run,
 )
+
+keras = keras_flavour.keras()
 
 
 class KerasState(TensorFlowKerasState):

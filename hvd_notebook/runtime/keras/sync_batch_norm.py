@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import keras
-
+from ... import keras_flavour
 from ..core import basics
 from ..core.ops import Sum
 from ..tensorflow.bridges import tf as _tf
 from ..tensorflow.mpi_ops import allreduce
+
+keras = keras_flavour.keras()
 
 
 @keras.saving.register_keras_serializable(package="hvd_notebook")
@@ -35,29 +36,39 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         if kwargs.get("synchronized"):
             raise ValueError("SyncBatchNormalization(synchronized=True): the layer is synchronised over the "
                              "ranks already (Keras's synchronized= is for tf.distribute); omit it.")
+        if keras_flavour.keras2():
+            kwargs["fused"] = False  # (Keras 2's fused kernel computes the statistics itself)
         super().__init__(**kwargs)
 
-    def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        # Keras's one hook for the statistics of a training batch (it has no public one)
-        if basics.size() == 1:
-            return super()._moments(inputs, mask)
-        return global_moments(inputs, mask, self.axis)
+    # Keras's one hook for the statistics of a training batch (neither Keras has a public one)
+    if keras_flavour.keras2():
+        def _calculate_mean_and_var(self, inputs: Any, reduction_axes: Any, keep_dims: bool,
+                                    mask: Any = None) -> tuple[Any, Any]:
+            if basics.size() == 1:
+                return super()._calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=mask)
+            return global_moments(inputs, mask, list(reduction_axes), keep_dims)
+    else:
+        def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
+            if basics.size() == 1:
+                return super()._moments(inputs, mask)
+            rank = inputs.shape.rank
+            return global_moments(inputs, mask, [i for i in range(rank) if i != self.axis % rank])
 
 
-def global_moments(inputs: Any, mask: Any, axis: int) -> tuple[Any, Any]:
-    """Mean and variance per channel (``axis``) over the rows of every rank; ``mask`` (one dimension
-    less than ``inputs``, as Keras's) leaves out masked positions."""
+def global_moments(inputs: Any, mask: Any, axes: list[int], keep_dims: bool = False) -> tuple[Any, Any]:
+    """Mean and variance over ``axes`` (every axis but the channels') of the rows of every rank; ``mask``
+    (one dimension less than ``inputs``, as Keras's) leaves out masked positions."""
     tf = _tf()
-    rank = inputs.shape.rank
-    axes = [i for i in range(rank) if i != axis % rank]
     if mask is None:
-        total, squares = tf.reduce_sum(inputs, axes), tf.reduce_sum(tf.square(inputs), axes)
-        rows = tf.size(inputs, out_type=tf.int64) // tf.shape(inputs, out_type=tf.int64)[axis]
+        total = tf.reduce_sum(inputs, axes, keepdims=keep_dims)
+        squares = tf.reduce_sum(tf.square(inputs), axes, keepdims=keep_dims)
+        rows = tf.reduce_prod(tf.gather(tf.shape(inputs, out_type=tf.int64), axes))
         count = tf.fill(tf.shape(total), tf.cast(rows, inputs.dtype))
     else:
         weights = tf.broadcast_to(tf.cast(tf.expand_dims(mask, -1), inputs.dtype), tf.shape(inputs))
-        total, squares = tf.reduce_sum(inputs * weights, axes), tf.reduce_sum(tf.square(inputs) * weights, axes)
-        count = tf.reduce_sum(weights, axes)
+        total = tf.reduce_sum(inputs * weights, axes, keepdims=keep_dims)
+        squares = tf.reduce_sum(tf.square(inputs) * weights, axes, keepdims=keep_dims)
+        count = tf.reduce_sum(weights, axes, keepdims=keep_dims)
     local = tf.stack([total, squares, count])
     total, squares, count = tf.unstack(allreduce(local, op=Sum))
     count = tf.maximum(count, 1.0)  # a channel with no rows anywhere: zeros, not NaN

@@ -12,18 +12,19 @@ whose ``apply`` first averages the gradients over all ranks with one fused
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
+from ... import keras_flavour
 from ..core import basics
 from ..core.noise_scale import NoiseScale
 from ..core.ops import Adasum, Average, Sum
 from ..core.process_sets import check as check_process_set
 from ..core.rules import reject_unsupported
 from ..tensorflow.compression import Compression
-from ..tensorflow.gradients import noise_scale_of, reduce_gradients, training_step
+from ..tensorflow.gradients import reduce_gradients, telling_batch
 from ..tensorflow.mpi_ops import not_converted
+from . import keras2
 
 
 def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: Any = Compression.none,
@@ -32,8 +33,8 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
                          device_dense: str = "", device_sparse: str = "", process_set: Any = None,
                          num_groups: int = 0, groups: Any = None, use_locking: bool = False,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras 3 optimizer (or a TF1 ``tf.compat.v1.train.Optimizer``) so that
-    gradients are reduced over all ranks before each update.
+    """Wrap a Keras optimizer (Keras 3's, or Keras 2's from ``tf_keras``) or a TF1
+    ``tf.compat.v1.train.Optimizer`` so that gradients are reduced over all ranks before each update.
 
     >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
     >>> model.compile(opt, loss="sparse_categorical_crossentropy")
@@ -44,8 +45,6 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     optimizers only. ``opt.register_local_var(var)`` keeps ``var``'s gradient on
     this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
     """
-    import keras
-
     from ..tensorflow import tf1
 
     reject_unsupported("hvd.DistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
@@ -60,12 +59,17 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     k = backward_passes_per_step
     if tf1.is_v1_optimizer(optimizer):
         return tf1.distributed_v1_optimizer(optimizer, name, use_locking, settings, k, average_aggregated_gradients)
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
-                        f"not {type(optimizer).__name__}.")
     if use_locking:
-        raise ValueError("DistributedOptimizer(use_locking=True) applies to TF1 optimizers only: Keras 3 "
+        raise ValueError("DistributedOptimizer(use_locking=True) applies to TF1 optimizers only: Keras "
                          "optimizers have no locking; omit it.")
+    if keras_flavour.is_keras2_object(optimizer):
+        return keras2.distributed_optimizer(optimizer, name, settings, k, average_aggregated_gradients,
+                                            LocalVariables(scale_local_gradients))
+    import keras
+
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a Keras optimizer (Keras 3's, or Keras 2's from tf_keras) "
+                        f"or a tf.compat.v1.train.Optimizer, not {type(optimizer).__name__}.")
     return _distributed_keras_optimizer(optimizer, name, settings, k, average_aggregated_gradients,
                                         scale_local_gradients)
 
@@ -127,7 +131,7 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
 
     # Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches
     keras_patches.patch_compile()
-    keras_patches.patch_train_step(_telling_batch)
+    keras_patches.patch_train_step(telling_batch)
     _Distributed.__name__ = _Distributed.__qualname__ = f"Distributed{base.__name__}"
     config = optimizer.get_config()
     if k > 1:
@@ -195,28 +199,9 @@ def one_or_list(value: Any, kinds: Any, error: str) -> list[Any]:
     return items
 
 
-def _telling_batch(train_step: Any) -> Any:
-    """``Model.train_step`` that tells the gradient reduction inside its batch size, so that a
-    ``DistributedOptimizer`` knows how many samples its gradients stand for, and adds the noise scale it
-    measured to the step's logs (``history.history["noise_scale"]``, the progress bar, the dashboard)."""
-    import tensorflow as tf
-
-    @functools.wraps(train_step)
-    def wrapper(self: Any, data: Any) -> Any:
-        leaves = tf.nest.flatten(data)
-        with training_step(tf.shape(leaves[0])[0] if leaves else None) as step:
-            logs = train_step(self, data)
-        if step.noise is not None and isinstance(logs, dict):
-            logs = {**logs, "noise_scale": noise_scale_of(step.noise)}
-        return logs
-
-    return wrapper
-
-
 def _local_layers(local_layers: Any) -> list[Any]:
-    import keras
-
-    return one_or_list(local_layers, keras.layers.Layer, "All local layers must be of keras.layers.Layer type.")
+    return one_or_list(local_layers, keras_flavour.keras().layers.Layer,
+                       "All local layers must be of keras.layers.Layer type.")
 
 
 # A training loop makes a DistributedGradientTape each step: the noise scale's averages run over all of them
@@ -318,8 +303,8 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
                        groups=groups)
     if op not in (Average, Sum):
         raise ValueError("PartialDistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"PartialDistributedOptimizer wraps a Keras 3 optimizer, not {type(optimizer).__name__}.")
+    if not (isinstance(optimizer, keras.optimizers.Optimizer) or keras_flavour.is_keras2_object(optimizer)):
+        raise TypeError(f"PartialDistributedOptimizer wraps a Keras optimizer, not {type(optimizer).__name__}.")
     layers = _local_layers(local_layers)
     wrapped = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
                                    op=op, gradient_predivide_factor=gradient_predivide_factor,
@@ -338,26 +323,43 @@ def load_model(filepath: str, custom_optimizers: list[Any] | None = None, custom
     load on rank 0 and broadcast with ``BroadcastGlobalVariablesCallback``.
     ``custom_optimizers`` lists the classes of your own optimizers.
     """
-    import keras
-
-    objects = dict(custom_objects or {})
-    classes = [c for c in vars(keras.optimizers).values()
-               if isinstance(c, type) and issubclass(c, keras.optimizers.Optimizer)]
-    for cls in classes + list(custom_optimizers or []):
-        objects[f"Distributed{cls.__name__}"] = _rewrapping(cls, compression)
+    keras = keras_flavour.keras()
+    by_name: dict[str, list[type]] = {}
+    for cls in list(custom_optimizers or []) + _optimizer_classes(keras):
+        by_name.setdefault(cls.__name__, []).append(cls)
+    objects: dict[str, Any] = {}
+    for name, classes in by_name.items():
+        if keras_flavour.keras2():  # Keras 2 saves a wrapped optimizer under its own class's name
+            objects[name] = objects[name.lower()] = _rewrapping(classes, name, compression)
+        else:
+            objects[f"Distributed{name}"] = _rewrapping(classes, f"Distributed{name}", compression)
+    objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
 
 
-def _rewrapping(cls: Any, compression: Any) -> Any:
-    """A stand-in class that Keras's deserialisation calls to rebuild a wrapped optimizer."""
+def _optimizer_classes(keras: Any) -> list[type]:
+    """The optimizer classes of ``keras.optimizers`` (and, in Keras 2, of ``keras.optimizers.legacy``)."""
+    found = []
+    for module in (keras.optimizers, getattr(keras.optimizers, "legacy", None)):
+        base = getattr(module, "Optimizer", None)
+        found += [c for c in vars(module).values()
+                  if isinstance(c, type) and base is not None and issubclass(c, base) and c is not base]
+    return found
+
+
+def _rewrapping(classes: list[type], name: str, compression: Any) -> Any:
+    """A stand-in class named ``name`` that Keras's deserialisation calls to rebuild a wrapped optimizer: of
+    ``classes`` (Keras 2 has a legacy and a new ``SGD``), the first of the kind the saved config names."""
 
     def from_config(_: Any, config: dict, custom_objects: Any = None) -> Any:
         config = dict(config)
         passes = config.pop("gradient_accumulation_steps", None) or 1
+        legacy = config.get("is_legacy_optimizer", True)  # (Keras 2's rule: a config without it is a legacy one's)
+        cls = next((c for c in classes if keras2.is_legacy_optimizer_class(c) == legacy), classes[0])
         return DistributedOptimizer(cls.from_config(config), compression=compression,
                                     backward_passes_per_step=passes)
 
-    return type(f"Distributed{cls.__name__}", (cls,), {"from_config": classmethod(from_config)})
+    return type(name, (classes[0],), {"from_config": classmethod(from_config)})
 
 
 def shard(data: Any) -> Any:

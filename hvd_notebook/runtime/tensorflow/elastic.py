@@ -12,6 +12,7 @@ from ..core.elastic import HostUpdateResult, ObjectState, State, run, spill
 from ..core.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 from .bridges import tf as _tf
 from .mpi_ops import broadcast_variables
+from .util import optimizer_variables
 
 
 class _VariablesState(ObjectState):
@@ -83,10 +84,7 @@ class TensorFlowKerasState(_VariablesState):
         super().__init__(**kwargs)
 
     def _variables(self) -> list[Any]:
-        optimizer_variables = self.optimizer.variables
-        if callable(optimizer_variables):  # (TF's legacy optimizers: a method)
-            optimizer_variables = optimizer_variables()
-        return [*self.model.variables, *optimizer_variables]
+        return [*self.model.variables, *optimizer_variables(self.optimizer)]
 
 
 def _saved(variables: list[Any], session: Any) -> list[tuple[Any, Any]]:

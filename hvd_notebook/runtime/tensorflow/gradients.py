@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -146,4 +147,22 @@ def noise_scale_of(noise: _noise_scale.NoiseScale) -> Any:
     return tf.numpy_function(read, [], tf.float32, stateful=True)
 
 
-__all__ = ["reduce_gradients", "training_step"]
+def telling_batch(train_step: Any) -> Any:
+    """Keras's ``Model.train_step`` (Keras 3's or Keras 2's) that tells the gradient reduction inside its batch
+    size, so that a ``DistributedOptimizer`` knows how many samples its gradients stand for, and adds the noise
+    scale it measured to the step's logs (``history.history["noise_scale"]``, the progress bar, the dashboard)."""
+    import tensorflow as tf
+
+    @functools.wraps(train_step)
+    def wrapper(self: Any, data: Any) -> Any:
+        leaves = tf.nest.flatten(data)
+        with training_step(tf.shape(leaves[0])[0] if leaves else None) as step:
+            logs = train_step(self, data)
+        if step.noise is not None and isinstance(logs, dict):
+            logs = {**logs, "noise_scale": noise_scale_of(step.noise)}
+        return logs
+
+    return wrapper
+
+
+__all__ = ["reduce_gradients", "telling_batch", "training_step"]

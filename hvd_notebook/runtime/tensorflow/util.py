@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ... import keras_flavour
 from ..core import basics as _basics
 from ..core import process_sets as _process_sets
 from ..core.basics import local_rank, local_size, rank
@@ -17,16 +18,24 @@ from .bridges import tf as _tf
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """``hvd.init`` (``core/basics.init``). Where TensorFlow is in use, Keras's ``BatchNormalization`` then
-    takes what Horovod's code written for Keras 2 does (``keras_patches.patch_keras2_idioms``)."""
+    """``hvd.init`` (``core/basics.init``). Where TensorFlow is in use with Keras 3, Keras's
+    ``BatchNormalization`` then takes what Horovod's code written for Keras 2 does
+    (``keras_patches.patch_keras2_idioms``)."""
     _basics.init(comm, process_sets)
-    if "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules and not keras_flavour.keras2():  # (tf_keras takes Keras 2's code as it is)
         try:
             from ... import keras_patches
 
             keras_patches.patch_keras2_idioms()
         except ImportError:  # TensorFlow without Keras: nothing to patch
             pass
+
+
+def optimizer_variables(optimizer: Any) -> list[Any]:
+    """A Keras optimizer's variables: a property in Keras 3 and in Keras 2's newer optimizers, a method in
+    Keras 2's legacy ones (and TF's)."""
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
 
 
 def _executing_eagerly() -> bool:

@@ -1,0 +1,175 @@
+"""Keras 2 (``tf_keras``, ``TF_USE_LEGACY_KERAS=1``) training across 2 ranks, as Horovod users wrote it for
+TensorFlow 2.15: ``DistributedOptimizer`` over Keras 2's optimizers (the newer ones and ``legacy``) in
+``model.fit``, gradient accumulation, the callbacks, ``load_model``, ``SyncBatchNormalization``. What Horovod's
+own Keras tests cover runs through benchmarks/horovod_suite.py (docs/coming-from-horovod.md)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+# this file has a world of its own (tests/integration/test_parallel.py): TensorFlow is imported after this line
+assert "tensorflow" not in sys.modules, "test_keras2.py must run in a process of its own"
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+@pytest.fixture(scope="module")
+def keras(tf):
+    import tf_keras
+
+    assert tf.keras.Model is tf_keras.Model  # tf.keras is Keras 2 here
+    return tf.keras
+
+
+def data(n=64, features=6, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, features)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+    return x, y
+
+
+def model_for(keras, seed, features=6, classes=3, layers=()):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="tanh"), *layers,
+                             keras.layers.Dense(classes, activation="softmax")])
+
+
+def same_on_every_rank(hvd, arrays, rtol=0.0, atol=0.0):
+    everyone = hvd.allgather_object([np.asarray(a) for a in arrays])
+    for other in everyone[1:]:
+        for a, b in zip(everyone[0], other):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def rank_rows(hvd, x, y, per_rank):
+    """Rank r's rows such that step s of all ranks together is the s-th global batch, in order."""
+    rows = [i for s in range(len(x) // (per_rank * hvd.size()))
+            for i in range(s * per_rank * hvd.size() + hvd.rank() * per_rank,
+                           s * per_rank * hvd.size() + (hvd.rank() + 1) * per_rank)]
+    return x[rows], y[rows]
+
+
+@pytest.mark.parametrize("kind", ["SGD", "legacy.SGD"])
+@pytest.mark.parametrize("passes", [1, 2])
+def test_two_ranks_equal_one_rank_with_the_global_batch(hvd, keras, kind, passes):
+    optimizers = keras.optimizers.legacy if kind.startswith("legacy") else keras.optimizers
+    x, y = data(n=96)
+    per_rank = 8
+    reference = model_for(keras, seed=1)
+    reference.compile(optimizers.SGD(0.2), loss="sparse_categorical_crossentropy")
+    reference.fit(x, y, batch_size=per_rank * hvd.size() * passes, epochs=1, shuffle=False, verbose=0)
+
+    model = model_for(keras, seed=1)
+    opt = hvd.DistributedOptimizer(optimizers.SGD(0.2), backward_passes_per_step=passes,
+                                   average_aggregated_gradients=True)
+    assert type(opt).__name__ == "SGD" and isinstance(opt, optimizers.SGD)  # Horovod's naming: saved models load
+    model.compile(opt, loss="sparse_categorical_crossentropy", experimental_run_tf_function=False)
+    model.fit(*rank_rows(hvd, x, y, per_rank), batch_size=per_rank, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    same_on_every_rank(hvd, model.get_weights())
+    if passes > 1:
+        assert int(opt.iterations) == 96 // (per_rank * hvd.size())  # every pass counts, as in Horovod
+        assert int(opt._agg_helper.counter) == 0
+
+
+@pytest.mark.parametrize("settings", [dict(gradient_predivide_factor=2.0), dict(op="Sum"),
+                                      dict(compression="fp16"), dict(sparse_as_dense=True)])
+def test_reduction_settings(hvd, keras, settings):
+    settings = dict(settings)
+    if settings.get("op") == "Sum":
+        settings["op"] = hvd.Sum
+    if settings.get("compression") == "fp16":
+        settings["compression"] = hvd.Compression.fp16
+    x, y = hvd.shard(data(n=64))
+    model = model_for(keras, seed=4 + hvd.rank())
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01), **settings),
+                  loss="sparse_categorical_crossentropy")
+    history = model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    same_on_every_rank(hvd, model.get_weights(), rtol=1e-6)
+    same_on_every_rank(hvd, [v.numpy() for v in model.optimizer.variables()])
+
+
+def test_fit_reports_the_noise_scale_and_averages_metrics(hvd, keras):
+    x, y = hvd.shard(data(n=256, seed=hvd.rank()))
+    model = model_for(keras, seed=5)
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="sparse_categorical_crossentropy")
+    history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
+        hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
+    assert "noise_scale" in history.history
+    same_on_every_rank(hvd, [history.history["loss"]])  # averaged over the ranks' different data
+
+
+def test_warmup_and_schedule_set_the_learning_rate(hvd, keras):
+    x, y = hvd.shard(data(n=64))
+    model = model_for(keras, seed=6)
+    opt = hvd.DistributedOptimizer(keras.optimizers.legacy.SGD(0.1, momentum=0.9))
+    model.compile(opt, loss="sparse_categorical_crossentropy")
+    seen = []
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(float(opt.lr)))
+    model.fit(x, y, batch_size=8, epochs=4, verbose=0, callbacks=[
+        hvd.callbacks.LearningRateWarmupCallback(0.1 * hvd.size(), warmup_epochs=2),
+        hvd.callbacks.LearningRateScheduleCallback(0.1 * hvd.size(), 0.5, start_epoch=2), record])
+    n = hvd.size()
+    # warm-up: at the end of epoch e, initial / n * ((e + 1) * (n - 1) / 2 + 1); then the schedule's half
+    np.testing.assert_allclose(seen, [0.1 * ((n - 1) / 2 + 1), 0.1 * n, 0.05 * n, 0.05 * n], rtol=1e-5)
+    assert np.isclose(float(opt.momentum), 0.9)  # the momentum correction is undone after its step
+
+
+def test_checkpoint_on_rank_0_and_load_model_rewraps(hvd, keras, tmp_path_factory):
+    folder = hvd.broadcast_object(str(tmp_path_factory.mktemp("k2ckpt")), root_rank=0)
+    x, y = hvd.shard(data(n=64))
+    # (tf_keras's .keras format keeps no state of a legacy optimizer, with or without Horovod: h5 does)
+    for kind, suffix in (("new", "keras"), ("legacy", "h5")):
+        optimizers = keras.optimizers.legacy if kind == "legacy" else keras.optimizers
+        model = model_for(keras, seed=7)
+        model.compile(hvd.DistributedOptimizer(optimizers.Adam(0.01)), loss="sparse_categorical_crossentropy")
+        path = f"{folder}/{kind}-rank{hvd.rank()}.{suffix}"
+        model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
+                  callbacks=[hvd.callbacks.BestModelCheckpoint(path, monitor="val_loss")])
+        hvd.barrier()
+        assert sorted(f for f in os.listdir(folder) if f.startswith(kind)) == [f"{kind}-rank0.{suffix}"]
+        loaded = hvd.load_model(f"{folder}/{kind}-rank0.{suffix}")
+        assert isinstance(loaded.optimizer, optimizers.Adam) and hasattr(loaded.optimizer, "_hvd_settings")
+        assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
+        loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)  # trains on, reduced over the ranks
+        same_on_every_rank(hvd, loaded.get_weights(), rtol=1e-6)
+
+
+def test_sync_batch_normalization_uses_the_global_batch(hvd, keras, tf):
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(loc=hvd.rank() * 3.0, size=(8 + 4 * hvd.rank(), 5)).astype(np.float32)  # unequal batches
+    layer = hvd.SyncBatchNormalization(momentum=0.0, epsilon=0.0, center=False, scale=False)
+    out = layer(x, training=True).numpy()
+    everything = np.concatenate(hvd.allgather_object(x))
+    mean, var = everything.mean(0), everything.var(0)
+    np.testing.assert_allclose(out, (x - mean) / np.sqrt(var), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), mean, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="fused=True"):
+        hvd.SyncBatchNormalization(fused=True)
+
+
+def test_elastic_state_with_a_legacy_optimizer(hvd, keras):
+    x, y = hvd.shard(data(n=32))
+    model = model_for(keras, seed=8 + hvd.rank())
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.legacy.Adam(0.01)), loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the legacy optimizer makes its slots in its first update
+    state = hvd.elastic.KerasState(model, batch=3 + hvd.rank())
+    state.sync()
+    same_on_every_rank(hvd, model.get_weights() + [v.numpy() for v in model.optimizer.variables()])
+    assert state.batch == 3
+    before = model.get_weights()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    state.restore()
+    for a, b in zip(model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_what_is_no_optimizer_is_refused_saying_so(hvd, keras):
+    with pytest.raises(TypeError, match="DistributedOptimizer wraps a Keras optimizer"):
+        hvd.DistributedOptimizer(object())
