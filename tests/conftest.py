@@ -23,8 +23,9 @@ from typing import Any
 import psutil
 import pytest
 
-# tests/parallel/ runs inside an MPI world, started by tests/integration/test_parallel.py
-collect_ignore = [] if os.environ.get("HVD_PARALLEL") else ["parallel"]
+# tests/parallel/ runs inside an MPI world, started by tests/integration/test_parallel.py; tests/horovod_examples/
+# holds Horovod's own scripts, which tests/integration/test_horovod_examples.py runs (never collected)
+collect_ignore = ["horovod_examples"] + ([] if os.environ.get("HVD_PARALLEL") else ["parallel"])
 
 os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # CPU ranks in tests unless a GPU test says otherwise
 # a warm standby doubles every cluster's ranks on 2 cores: only tests/integration/test_standby.py asks for one
