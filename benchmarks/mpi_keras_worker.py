@@ -1,5 +1,6 @@
 """Runs inside `mpiexec -n N` for bench_keras.py: trains a small CNN on synthetic
 28x28 images with one thread per rank and reports samples/s (rank 0 writes JSON).
+`tf.keras`: Keras 3, or Keras 2 (tf_keras) where TF_USE_LEGACY_KERAS=1.
 
     mpiexec -n 1 python benchmarks/mpi_keras_worker.py OUT.json [--quick]   # also times the plain optimizer
     mpiexec -n 2 python benchmarks/mpi_keras_worker.py OUT.json [--quick]
@@ -16,9 +17,10 @@ import time
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+keras = tf.keras  # (Keras 3's own API, or tf_keras under TF_USE_LEGACY_KERAS=1)
 
 import hvd_notebook.runtime as hvd  # noqa: E402
 
@@ -28,7 +30,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 PER_RANK_BATCH = 64
 
 
-def build(distributed: bool) -> keras.Model:
+def build(distributed: bool) -> tf.keras.Model:
     keras.utils.set_random_seed(0)
     model = keras.Sequential([
         keras.Input((28, 28, 1)),
@@ -45,7 +47,7 @@ def build(distributed: bool) -> keras.Model:
     return model
 
 
-def samples_per_s(model: keras.Model, x: np.ndarray, y: np.ndarray, epochs: int) -> float:
+def samples_per_s(model: tf.keras.Model, x: np.ndarray, y: np.ndarray, epochs: int) -> float:
     model.fit(x, y, batch_size=PER_RANK_BATCH, epochs=1, verbose=0)  # trace and warm up
     hvd.barrier()
     t0 = time.perf_counter()
@@ -62,7 +64,8 @@ def main() -> None:
     x = rng.random((n, 28, 28, 1), dtype=np.float32)
     y = rng.integers(0, 10, n)
     epochs = 1 if quick else 2
-    result: dict = {"ranks": hvd.size(), "per_rank_batch": PER_RANK_BATCH, "samples_per_rank_epoch": n}
+    result: dict = {"ranks": hvd.size(), "per_rank_batch": PER_RANK_BATCH, "samples_per_rank_epoch": n,
+                    "keras": keras.__version__}
     distributed = build(True)
     if hvd.size() == 1:  # the wrapper's own cost: alternate plain and wrapped
         plain = build(False)

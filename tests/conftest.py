@@ -75,6 +75,18 @@ def figure(text: str) -> None:
     sys.__stderr__.write(f"\n[figure] {text}\n")
 
 
+def left_running(marker: str) -> list[str]:
+    """Processes of this user whose command line names ``marker`` (a test's own tmp path)."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.info["cmdline"] and any(marker in a for a in p.info["cmdline"]) and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(f"{p.pid} {' '.join(p.info['cmdline'])}")
+        except psutil.Error:
+            pass
+    return found
+
+
 def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:
     """Fail unless every process in ``pids`` has exited within ``timeout`` seconds."""
     pids = set(pids)

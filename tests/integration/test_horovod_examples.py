@@ -18,9 +18,8 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-import psutil
 import pytest
-from conftest import ROOT_DIR, assert_gone
+from conftest import ROOT_DIR, assert_gone, left_running
 
 EXAMPLES = ROOT_DIR / "tests" / "horovod_examples"
 BIN = Path(sys.executable).parent
@@ -39,18 +38,6 @@ TINY = ["--no-cuda", "--model", "MobileNet", "--batch-size", "2", "--num-iters",
 WARMUP = ["--num-warmup-batches", "1"]  # (the two tf.function benchmarks have it, the Keras one not)
 # the scripts' own result line (in a cell, with the rank's prefix)
 RESULT = re.compile(r"^(?:\[0\] )?Total img/sec on 2 CPU\(s\): (\d+\.\d) \+-(\d+\.\d)$", re.M)
-
-
-def left_running(marker: str) -> list[str]:
-    """Processes of this user whose command line names ``marker`` (a test's own tmp path)."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["cmdline"] and any(marker in a for a in p.info["cmdline"]) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(f"{p.pid} {' '.join(p.info['cmdline'])}")
-        except psutil.Error:
-            pass
-    return found
 
 
 def test_the_examples_are_horovods_unchanged():

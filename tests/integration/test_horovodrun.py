@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import assert_gone
+from conftest import assert_gone, left_running
 
 BIN = Path(sys.executable).parent
 HVD_NOTEBOOK = BIN / "hvd-notebook"
@@ -60,18 +60,6 @@ def run(args: list[str], cwd: Path, program: Path = HVD_NOTEBOOK, timeout: float
         out, err = proc.communicate(timeout=30)
         pytest.fail(f"{args} did not end within {timeout} s:\n{out}\n{err}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def left_running(marker: str) -> list[str]:
-    """Processes of this user whose command line names ``marker`` (a test's own tmp path)."""
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if p.info["cmdline"] and any(marker in a for a in p.info["cmdline"]) and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(f"{p.pid} {' '.join(p.info['cmdline'])}")
-        except psutil.Error:
-            pass
-    return found
 
 
 def test_two_ranks_run_a_script_with_horovod_settings(script, tmp_path):

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_keras import same_on_every_rank
 
 # this file has a world of its own (tests/integration/test_parallel.py): TensorFlow is imported after this line
 assert "tensorflow" not in sys.modules, "test_keras2.py must run in a process of its own"
@@ -35,13 +36,6 @@ def model_for(keras, seed, features=6, classes=3, layers=()):
     keras.utils.set_random_seed(seed)
     return keras.Sequential([keras.Input((features,)), keras.layers.Dense(8, activation="tanh"), *layers,
                              keras.layers.Dense(classes, activation="softmax")])
-
-
-def same_on_every_rank(hvd, arrays, rtol=0.0, atol=0.0):
-    everyone = hvd.allgather_object([np.asarray(a) for a in arrays])
-    for other in everyone[1:]:
-        for a, b in zip(everyone[0], other):
-            np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
 
 
 def rank_rows(hvd, x, y, per_rank):
