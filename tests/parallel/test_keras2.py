@@ -118,18 +118,23 @@ def test_warmup_and_schedule_set_the_learning_rate(hvd, keras):
 def test_checkpoint_on_rank_0_and_load_model_rewraps(hvd, keras, tmp_path_factory):
     folder = hvd.broadcast_object(str(tmp_path_factory.mktemp("k2ckpt")), root_rank=0)
     x, y = hvd.shard(data(n=64))
+    class MyAdam(keras.optimizers.legacy.Adam):  # the user's own: load_model(custom_optimizers=[MyAdam])
+        pass
+
     # (tf_keras's .keras format keeps no state of a legacy optimizer, with or without Horovod: h5 does)
-    for kind, suffix in (("new", "keras"), ("legacy", "h5")):
-        optimizers = keras.optimizers.legacy if kind == "legacy" else keras.optimizers
+    for kind, suffix in (("new", "keras"), ("legacy", "h5"), ("custom", "h5")):
+        optimizers = keras.optimizers if kind == "new" else keras.optimizers.legacy
         model = model_for(keras, seed=7)
-        model.compile(hvd.DistributedOptimizer(optimizers.Adam(0.01)), loss="sparse_categorical_crossentropy")
+        base = MyAdam(0.01) if kind == "custom" else optimizers.Adam(0.01)
+        model.compile(hvd.DistributedOptimizer(base), loss="sparse_categorical_crossentropy")
         path = f"{folder}/{kind}-rank{hvd.rank()}.{suffix}"
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
                   callbacks=[hvd.callbacks.BestModelCheckpoint(path, monitor="val_loss")])
         hvd.barrier()
         assert sorted(f for f in os.listdir(folder) if f.startswith(kind)) == [f"{kind}-rank0.{suffix}"]
-        loaded = hvd.load_model(f"{folder}/{kind}-rank0.{suffix}")
-        assert isinstance(loaded.optimizer, optimizers.Adam) and hasattr(loaded.optimizer, "_hvd_settings")
+        loaded = hvd.load_model(f"{folder}/{kind}-rank0.{suffix}", custom_optimizers=[MyAdam])
+        assert isinstance(loaded.optimizer, MyAdam if kind == "custom" else optimizers.Adam)
+        assert hasattr(loaded.optimizer, "_hvd_settings")  # wrapped again
         assert int(loaded.optimizer.iterations) == int(model.optimizer.iterations)
         loaded.fit(x, y, batch_size=8, epochs=1, verbose=0)  # trains on, reduced over the ranks
         same_on_every_rank(hvd, loaded.get_weights(), rtol=1e-6)
@@ -167,3 +172,17 @@ def test_elastic_state_with_a_legacy_optimizer(hvd, keras):
 def test_what_is_no_optimizer_is_refused_saying_so(hvd, keras):
     with pytest.raises(TypeError, match="DistributedOptimizer wraps a Keras optimizer"):
         hvd.DistributedOptimizer(object())
+
+
+def test_broadcast_global_variables_runs_in_keras_s_own_session(hvd, tf):
+    import hvd_notebook.runtime.keras as hvd_keras  # (horovod.tensorflow.keras)
+
+    # a TF1 graph with no default session: Horovod's Keras module runs the broadcast in K.get_session()
+    with tf.Graph().as_default():
+        variable = tf.compat.v1.Variable(float(hvd.rank() + 1))
+        session = tf.compat.v1.keras.backend.get_session()
+        session.run(tf.compat.v1.global_variables_initializer())
+        hvd_keras.broadcast_global_variables(0)
+        assert session.run(variable) == 1.0
+    with pytest.raises(RuntimeError, match="does not support eager execution"):
+        hvd_keras.broadcast_global_variables(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ... import keras_flavour
 from ..core.basics import (
     ccl_built,
     cross_rank,
@@ -48,11 +49,14 @@ from .training import DistributedOptimizer, PartialDistributedOptimizer, load_mo
 
 def _evaluated(result: Any) -> Any:
     """As Horovod's Keras module: eagerly the result itself; in a TF1 graph, its value in the default
-    session where there is one (else the tensor, for the caller's session to run)."""
+    session, or under Keras 2 in Keras's own session (``K.get_session()``, as Horovod's); under Keras 3, which
+    has no session, without a default one the tensor, for the caller's session to run."""
     tf = _tf()
     if tf.executing_eagerly():
         return result
     session = tf.compat.v1.get_default_session()
+    if session is None and keras_flavour.keras2():
+        session = tf.compat.v1.keras.backend.get_session()
     return result if session is None else session.run(result)
 
 
