@@ -63,8 +63,9 @@ class SweepPoint:
         to ``fit`` beside your own, and compile the optimizer with ``lr(base_lr)``."""
         if not self.warmup:
             return []
-        import keras
+        from .. import keras_flavour
 
+        keras = keras_flavour.keras()  # (the cluster's Keras: 3, or 2 under TF_USE_LEGACY_KERAS)
         point = self
 
         class WarmUp(keras.callbacks.Callback):

@@ -89,6 +89,16 @@ def test_reduction_settings(hvd, keras, settings):
     same_on_every_rank(hvd, [v.numpy() for v in model.optimizer.variables()])
 
 
+def test_broadcast_callback_with_a_model_built_by_its_first_batch(hvd, keras):
+    # Keras 2's Sequential without an input shape (Horovod's MNIST examples) has no weights before fit
+    x, y = hvd.shard(data(n=64))
+    keras.utils.set_random_seed(20 + hvd.rank())
+    model = keras.Sequential([keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3, activation="softmax")])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    same_on_every_rank(hvd, model.get_weights(), rtol=1e-6)
+
+
 def test_fit_reports_the_noise_scale_and_averages_metrics(hvd, keras):
     x, y = hvd.shard(data(n=256, seed=hvd.rank()))
     model = model_for(keras, seed=5)

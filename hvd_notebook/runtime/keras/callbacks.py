@@ -26,7 +26,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     Broadcasts at the start of training (so a model restored or initialised on
     the root only is shared too), and once more after the first batch if the
-    optimizer created its variables only then. ``local_variables`` (a variable
+    optimizer created its variables only then (or the model its weights: a Keras 2
+    model without an input shape). ``local_variables`` (a variable
     or a list of them; or ``register_local_var(var)``) keep each rank's own
     values; the optimizer's state is broadcast whole, as Horovod does.
     With ``process_set`` (an extension: Horovod's callback has none) the
@@ -61,6 +62,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             broadcast_variables(variables, root_rank=self.root_rank, process_set=self.process_set)
 
     def on_train_begin(self, logs: Any = None) -> None:
+        if not self.model.built:  # a Keras 2 model without an input shape is built by its first batch
+            return  # (the broadcast after it makes the ranks equal, as Horovod's did on Keras 2)
         # (Keras 3 says when its optimizer has made its variables; Keras 2's makes them in its first update)
         self._broadcast(with_optimizer=bool(getattr(getattr(self.model, "optimizer", None), "built", False)))
 

@@ -65,13 +65,17 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     if keras_flavour.is_keras2_object(optimizer):
         return keras2.distributed_optimizer(optimizer, name, settings, k, average_aggregated_gradients,
                                             LocalVariables(scale_local_gradients))
-    import keras
-
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
+    if not _is_keras3_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer (Keras 3's, or Keras 2's from tf_keras) "
                         f"or a tf.compat.v1.train.Optimizer, not {type(optimizer).__name__}.")
     return _distributed_keras_optimizer(optimizer, name, settings, k, average_aggregated_gradients,
                                         scale_local_gradients)
+
+
+def _is_keras3_optimizer(optimizer: Any) -> bool:
+    import keras
+
+    return isinstance(optimizer, keras.optimizers.Optimizer)
 
 
 def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dict[str, Any], k: int,
@@ -297,13 +301,11 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
 
     >>> model.compile(hvd.PartialDistributedOptimizer(opt, local_layers=model.layers[-1]), loss="mse")
     """
-    import keras
-
     reject_unsupported("hvd.PartialDistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
                        groups=groups)
     if op not in (Average, Sum):
         raise ValueError("PartialDistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
-    if not (isinstance(optimizer, keras.optimizers.Optimizer) or keras_flavour.is_keras2_object(optimizer)):
+    if not (keras_flavour.is_keras2_object(optimizer) or _is_keras3_optimizer(optimizer)):
         raise TypeError(f"PartialDistributedOptimizer wraps a Keras optimizer, not {type(optimizer).__name__}.")
     layers = _local_layers(local_layers)
     wrapped = DistributedOptimizer(optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
