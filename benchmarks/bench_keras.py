@@ -50,7 +50,7 @@ def run(ctx: Context) -> Report:
     notes = [f"scaling efficiency {efficiency:.0%} (target >= 85%): "
              f"{'PASS' if efficiency >= 0.85 else 'FAIL'}; against the machine's ceiling (the same two "
              f"ranks without exchanging gradients) {two['distributed'] / two['independent']:.0%}",
-             f"Keras 2 ({one_k2['keras']}): scaling efficiency {efficiency_k2:.0%}, against the machine's ceiling "
+             f"{one_k2['keras']}: scaling efficiency {efficiency_k2:.0%}, against the machine's ceiling "
              f"{two_k2['distributed'] / two_k2['independent']:.0%}",
              f"small CNN on synthetic 28x28 images, per-rank batch {one['per_rank_batch']}, one thread per rank"]
     if ctx.quick:

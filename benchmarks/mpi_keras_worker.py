@@ -23,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 keras = tf.keras  # (Keras 3's own API, or tf_keras under TF_USE_LEGACY_KERAS=1)
 
 import hvd_notebook.runtime as hvd  # noqa: E402
+from hvd_notebook import keras_flavour  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
@@ -65,7 +66,7 @@ def main() -> None:
     y = rng.integers(0, 10, n)
     epochs = 1 if quick else 2
     result: dict = {"ranks": hvd.size(), "per_rank_batch": PER_RANK_BATCH, "samples_per_rank_epoch": n,
-                    "keras": keras.__version__}
+                    "keras": keras_flavour.label()}
     distributed = build(True)
     if hvd.size() == 1:  # the wrapper's own cost: alternate plain and wrapped
         plain = build(False)

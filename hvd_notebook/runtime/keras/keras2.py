@@ -128,7 +128,8 @@ class Aggregation:
         added = [s.assign_add(g) for s, g in zip(self._sums, grads) if g is not None]
         with tf.control_dependencies(added):
             count = self.counter.assign_add(1)
-        sums = [None if s is None else s.read_value() for s in self._sums]
+        with tf.control_dependencies([count]):  # (a TF1 graph orders nothing by itself)
+            sums = [None if s is None else s.read_value() for s in self._sums]
         present = [i for i, s in enumerate(sums) if s is not None]
 
         def reduced() -> list[Any]:
