@@ -1,9 +1,9 @@
-"""Keras 3 training on the runtime: ``DistributedOptimizer``,
+"""Keras training on the runtime: ``DistributedOptimizer``,
 ``DistributedGradientTape``, their ``Partial`` forms (local layers), ``shard`` and
 ``scale_lr``; ``DistributedOptimizer`` of a TF1 ``tf.compat.v1.train.Optimizer`` is
-built by ``tf1``.
+built by ``tf1``, of a Keras 2 (``tf_keras``) optimizer by ``keras2``.
 
-Horovod's Keras layer stops at Keras 2. Here ``DistributedOptimizer(opt)``
+Horovod's Keras layer stops at Keras 2. Here ``DistributedOptimizer(opt)`` of a Keras 3 optimizer
 returns an optimizer of a subclass of ``type(opt)`` built from the same config,
 whose ``apply`` first averages the gradients over all ranks with one fused
 ``grouped_allreduce``: inside ``model.fit``'s compiled step that is a single
