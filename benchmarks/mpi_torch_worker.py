@@ -45,14 +45,23 @@ def mlp(width: int, depth: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
 
 
-def optimizer_vs_ddp(comm, quick: bool) -> dict:
+def many_small(width: int = 860, blocks: int = 15) -> torch.nn.Module:
+    """ResNet-18's shape of gradients without torchvision: 62 tensors, 11.1 M parameters, half of the tensors
+    tiny (each block a Linear and a LayerNorm, as a ResNet block's convolutions and batch norms)."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(width, width), torch.nn.LayerNorm(width), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def optimizer_vs_ddp(comm, quick: bool, build=lambda: mlp(512, 6), width: int = 512, batch: int = 64) -> dict:
     """The same model, data and SGD step: hvd.DistributedOptimizer against DDP (gloo)."""
-    width, depth, batch = 512, 6, 64
     x, y = torch.randn(batch, width), torch.randint(0, 10, (batch,))
-    model_h = mlp(width, depth)
+    model_h = build()
     opt_h = hvd.DistributedOptimizer(torch.optim.SGD(model_h.parameters(), lr=0.01),
                                      named_parameters=model_h.named_parameters())
-    model_d = torch.nn.parallel.DistributedDataParallel(mlp(width, depth))
+    model_d = torch.nn.parallel.DistributedDataParallel(build())
     opt_d = torch.optim.SGD(model_d.parameters(), lr=0.01)
 
     def step(model, opt):
@@ -64,7 +73,7 @@ def optimizer_vs_ddp(comm, quick: bool) -> dict:
 
     ours, ddp = median_pair(step(model_h, opt_h), step(model_d, opt_d), 10 if quick else 60, comm)
     params = sum(p.numel() for p in model_h.parameters())
-    return {"hvd_step_s": ours, "ddp_step_s": ddp, "parameters": params}
+    return {"hvd_step_s": ours, "ddp_step_s": ddp, "parameters": params, "tensors": len(list(model_h.parameters()))}
 
 
 class _SlowBackward(torch.autograd.Function):
@@ -132,6 +141,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     init_torch_distributed(hvd, "127.0.0.1")  # gloo, as a --framework torch cluster's ranks have it
     result = {"sizes": allreduce_sizes(comm, quick), "ddp": optimizer_vs_ddp(comm, quick),
+              "ddp_many_small": optimizer_vs_ddp(comm, quick, many_small, width=860, batch=32),
               "overlap": overlap(comm, quick), "torch": torch.__version__}
     if hvd.rank() == 0:
         with open(out_path, "w") as f:
