@@ -57,11 +57,6 @@ def missing_tf_keras() -> str:
             f"make install does it), or unset {VARIABLE} for Keras 3.")
 
 
-def available() -> bool:
-    """Is the Keras this process would use installed (without importing it)?"""
-    return _version("tf_keras" if keras2() else "keras") is not None
-
-
 def label() -> str:
     """``Keras 3.15.1`` or ``Keras 2 (tf_keras 2.21.0)``, from the installed distributions' metadata (nothing
     is imported); ``Keras 2 (tf_keras missing)`` where it is asked for and absent."""
@@ -82,5 +77,5 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-__all__ = ["VARIABLE", "available", "is_keras2_object", "keras", "keras2", "label", "missing_tf_keras",
+__all__ = ["VARIABLE", "is_keras2_object", "keras", "keras2", "label", "missing_tf_keras",
            "module_name"]
