@@ -7,10 +7,14 @@ mpiexec then ends the others: MPICH's message names a PID at best, and after
 process beside each rank, reading a pipe that only the rank holds open. When
 the pipe closes without the rank's goodbye (written by ``hvd.shutdown()`` and at
 any normal interpreter exit), the watcher says which rank ended, and how where
-the kernel still tells. Only the first rank of a job to end on a host is named:
-the others were ended by mpiexec (their watchers find the claim taken: a file
-made with ``O_EXCL`` in the user's private folder, which no other user can make
-first to silence the reports, as they could bind an abstract socket's name). Ranks
+the kernel still tells. Only the first rank of a job to end on a host is named,
+not those mpiexec ended after it. Each watcher that finds its rank ended notes
+when it woke (the host's monotonic clock, read first thing) in the user's
+private folder, waits ``SETTLE_S`` for the job's other watchers to note theirs,
+and the one that woke first reports: not the first to finish its work, which a
+loaded host can reorder. The report is then claimed by a file made with
+``O_EXCL`` in that folder, which no other user can make first to silence the
+reports, as they could bind an abstract socket's name. Ranks
 started by ``%hvd start`` or ``hvd-notebook run`` need none: their launcher
 reports how each rank ended.
 
@@ -30,8 +34,9 @@ from pathlib import Path
 from .. import private
 
 GOODBYE = b"bye\n"
-CLAIM_HOLD_S = 3.0  # how long the first watcher of a job holds its claim: long enough for mpiexec to end the rest
-CLAIM_STALE_S = 60.0  # a claim this old was left by a watcher that was killed while it held it
+SETTLE_S = 1.0  # how long a watcher whose rank ended waits for the job's other watchers to note when they woke
+CLAIM_HOLD_S = 3.0  # how long the reporting watcher of a job holds its claim: long enough for mpiexec to end the rest
+CLAIM_STALE_S = 60.0  # a claim or note this old was left by a watcher that was killed while it held it
 
 
 class RankWatch:
@@ -85,16 +90,47 @@ def message(rank: int, size: int, pid: int, ended: str) -> str:
             "mpiexec now ends the other ranks.")
 
 
-def claim(job: str, folder: Path | None = None) -> Path | None:
+def folder() -> Path | None:
+    """The user's private ``rankwatch`` folder, or None where none can be had."""
+    try:
+        return private.subdir("rankwatch")
+    except OSError:
+        return None
+
+
+def note_woken(where: Path, job: str, rank: int, woke_ns: int) -> Path:
+    """Note in ``where`` that ``rank``'s watcher found it ended at ``woke_ns`` (``time.monotonic_ns``)."""
+    path = where / f"woke-{_safe(job)}-{rank}"
+    private.write_text(path, str(woke_ns))
+    return path
+
+
+def first_woken(where: Path, job: str) -> int | None:
+    """The rank whose watcher found it ended first, by the notes of ``job`` in ``where`` (ties: the lower
+    rank); None where there is none. Notes older than ``CLAIM_STALE_S`` were left by killed watchers."""
+    notes = []
+    prefix = f"woke-{_safe(job)}-"
+    for path in where.glob(prefix + "*"):
+        try:
+            if _stale(path):
+                path.unlink(missing_ok=True)
+                continue
+            notes.append((int(private.read_text(path)), int(path.name[len(prefix):])))
+        except (OSError, ValueError):
+            continue  # (its watcher removed it meanwhile, or it is not a note)
+    return min(notes)[1] if notes else None
+
+
+def claim(job: str, where: Path | None = None) -> Path | None:
     """Claim the report of ``job``'s first ended rank on this host: the claim file made, or None where
     another watcher of the job holds it. The file is made with ``O_EXCL`` in the user's private
-    ``rankwatch`` folder (``folder``), so only this user's watchers can take it; one left by a killed
+    ``rankwatch`` folder (``where``), so only this user's watchers can take it; one left by a killed
     watcher goes stale after ``CLAIM_STALE_S``. Where no private folder can be had, every watcher
     reports (a report twice rather than none)."""
-    try:
-        path = (folder or private.subdir("rankwatch")) / f"ended-{job.replace('/', '_')}"
-    except OSError:
+    where = where or folder()
+    if where is None:
         return Path(os.devnull)
+    path = where / f"ended-{_safe(job)}"
     for _ in range(2):
         try:
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600))
@@ -106,6 +142,10 @@ def claim(job: str, folder: Path | None = None) -> Path | None:
     return None
 
 
+def _safe(job: str) -> str:
+    return job.replace("/", "_")
+
+
 def _stale(path: Path) -> bool:
     try:
         return time.time() - os.lstat(path).st_mtime > CLAIM_STALE_S
@@ -114,7 +154,7 @@ def _stale(path: Path) -> bool:
 
 
 def release(path: Path) -> None:
-    """Give the claim up (its holder, after ``CLAIM_HOLD_S``)."""
+    """Remove a claim or a note (its holder's, after ``CLAIM_HOLD_S``)."""
     if path != Path(os.devnull):
         path.unlink(missing_ok=True)
 
@@ -127,18 +167,31 @@ def main(argv: list[str]) -> int:
         if not chunk:
             break
         said += chunk
+    woke = time.monotonic_ns()  # (first: what the host runs next may delay this watcher behind the others)
     if said.endswith(GOODBYE):
         return 0
     ended = how_it_ended(pid)
-    held = claim(job)
-    if held is None:
-        return 0  # another rank of the job ended first here: that one is named
+    where, note = folder(), Path(os.devnull)
+    if where is not None:
+        try:
+            note = note_woken(where, job, rank, woke)
+        except OSError:
+            pass  # (then the first to claim reports)
+        else:
+            time.sleep(SETTLE_S)
+            if first_woken(where, job) not in (rank, None):
+                release(note)
+                return 0  # another rank of the job ended first here: that one is named
+    held = claim(job, where)
     try:
-        print(message(rank, size, pid, ended), file=sys.stderr, flush=True)
-        os.close(sys.stderr.fileno())  # (mpiexec may wait for every copy of its ranks' output pipes)
-        time.sleep(CLAIM_HOLD_S)
+        if held is not None:
+            print(message(rank, size, pid, ended), file=sys.stderr, flush=True)
+            os.close(sys.stderr.fileno())  # (mpiexec may wait for every copy of its ranks' output pipes)
+            time.sleep(CLAIM_HOLD_S)  # (the note, kept meanwhile, silences the watchers that woke later)
     finally:
-        release(held)
+        release(note)
+        if held is not None:
+            release(held)
     return 0
 
 

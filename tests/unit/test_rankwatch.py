@@ -1,5 +1,5 @@
-"""The rank watcher's claim (``cluster.rankwatch``): only the first watcher of a job to find its rank
-ended reports it, and no other user can take the claim first to silence the reports."""
+"""The rank watcher's choice and claim (``cluster.rankwatch``): only the watcher of a job that found its
+rank ended first reports it, and no other user can take the claim first to silence the reports."""
 
 from __future__ import annotations
 
@@ -26,6 +26,46 @@ def test_a_claim_left_by_a_killed_watcher_goes_stale(tmp_path):
     old = time.time() - rankwatch.CLAIM_STALE_S - 1
     os.utime(held, (old, old))
     assert rankwatch.claim("host-1", tmp_path) == held
+
+
+def test_the_watcher_that_woke_first_reports_though_it_noted_last(tmp_path):
+    """A loaded host may run the watcher of the rank mpiexec ended (rank 0) before the one whose rank
+    ended first (rank 1): the time each woke decides, not the order of their notes."""
+    rankwatch.note_woken(tmp_path, "host-1", 0, 2_000)
+    rankwatch.note_woken(tmp_path, "host-2", 1, 500)  # another job's note
+    assert rankwatch.first_woken(tmp_path, "host-1") == 0
+    rankwatch.note_woken(tmp_path, "host-1", 1, 1_000)
+    assert rankwatch.first_woken(tmp_path, "host-1") == 1
+    rankwatch.note_woken(tmp_path, "host-1", 3, 1_000)  # the same instant: the lower rank
+    assert rankwatch.first_woken(tmp_path, "host-1") == 1
+    assert rankwatch.first_woken(tmp_path, "host-3") is None
+
+
+def test_a_note_left_by_a_killed_watcher_is_not_counted(tmp_path):
+    stale = rankwatch.note_woken(tmp_path, "host-1", 0, 1)
+    old = time.time() - rankwatch.CLAIM_STALE_S - 1
+    os.utime(stale, (old, old))
+    rankwatch.note_woken(tmp_path, "host-1", 1, 1_000)
+    (tmp_path / "woke-host-1-x").write_text("not a note")
+    assert rankwatch.first_woken(tmp_path, "host-1") == 1 and not stale.exists()
+
+
+def test_a_watcher_whose_rank_ended_later_stays_silent(tmp_path, monkeypatch):
+    """The watcher process itself: a note of an earlier-woken watcher of the job silences it."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    job = f"{socket.gethostname()}-{os.getpid()}-later"
+    where = tmp_path / "hvd_notebook" / "rankwatch"
+    where.mkdir(parents=True, mode=0o700)
+    tmp_path.chmod(0o700)
+    (tmp_path / "hvd_notebook").chmod(0o700)
+    earlier = rankwatch.note_woken(where, job, 1, time.monotonic_ns())
+    watcher = subprocess.Popen([sys.executable, "-m", "hvd_notebook.cluster.rankwatch", job, "0", "2", "999999"],
+                               stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher.stdin.close()
+    said = watcher.stderr.read()
+    assert watcher.wait(timeout=rankwatch.SETTLE_S + 30) == 0
+    assert "ended without a word" not in said, said
+    assert earlier.exists() and not list(where.glob(f"*{job}-0"))  # its own note removed, the other's kept
 
 
 def test_the_claim_lives_in_the_private_folder(monkeypatch, tmp_path):
