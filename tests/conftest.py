@@ -314,9 +314,18 @@ def started_kernel(env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any
     the end, if the test has not."""
     from jupyter_client.manager import start_new_kernel
 
-    # ipykernel's own spec runs this interpreter (sys.executable)
-    km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
-                              env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
+    # ipykernel's own spec runs this interpreter (sys.executable). jupyter_client picks five free TCP
+    # ports and the kernel binds them later: another process of the suite may take one between the two,
+    # and the kernel dies at start ("Address already in use"). That is the fixture's race, not what a test
+    # tests: a second start, with new ports; a kernel that cannot start dies twice and fails the test.
+    for attempt in (1, 2):
+        try:
+            km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
+                                      env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
+            break
+        except RuntimeError as exc:
+            if attempt == 2 or "Kernel died before replying" not in str(exc):
+                raise
     try:
         yield km, kc
     finally:
