@@ -335,6 +335,49 @@ def test_a_parameter_without_gradient_on_one_rank(thvd):
         np.testing.assert_array_equal(w0, w1)
 
 
+def _wide(sparse: bool) -> torch.nn.Module:
+    """Nine tensors, the largest 1.6 MB: two buckets in backward's order (the last three tensors within the
+    first bucket's 1 MiB; the other six, the embedding's sparse gradient among them, within 25 MiB)."""
+    torch.manual_seed(5)
+    return torch.nn.Sequential(torch.nn.EmbeddingBag(50, 8, mode="sum", sparse=sparse), torch.nn.Linear(8, 640),
+                               torch.nn.LayerNorm(640), torch.nn.Linear(640, 640), torch.nn.Linear(640, 3))
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_gradients_travel_in_buckets_in_backward_order(thvd, tmp_path_factory, sparse):
+    from hvd_notebook.runtime.torch.optimizer import _buckets
+
+    n, r = thvd.size(), thvd.rank()
+    reference, model = _wide(sparse), _wide(sparse)
+    params = list(model.parameters())
+    buckets = _buckets(params)
+    assert [len(b) for b in buckets] == [3, 6] and buckets[0][0] is params[-1], [len(b) for b in buckets]
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=model.named_parameters())
+    path = thvd.broadcast_object(str(tmp_path_factory.mktemp("buckets") / "trace.json"), root_rank=0)
+    g = torch.Generator().manual_seed(9)
+    x, y = torch.randint(0, 50, (4 * n, 3), generator=g), torch.randint(0, 3, (4 * n,), generator=g)
+    thvd.start_timeline(path)
+    for model_, opt_, rows in ((reference, ref_opt, slice(None)), (model, opt, slice(4 * r, 4 * (r + 1)))):
+        opt_.zero_grad()
+        torch.nn.functional.cross_entropy(model_(x[rows]), y[rows]).backward()
+        opt_.step()
+    thvd.stop_timeline()
+    thvd.barrier()
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    calls = []
+    if r == 0:
+        events = json.loads(open(path).read())["traceEvents"]
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"
+                 and not e["args"]["tensors"].startswith("noise_scale")]
+    calls = thvd.broadcast_object(calls, root_rank=0)
+    names = {q: name for name, q in model.named_parameters()}
+    heads = tuple(f"{names[b[0]]}.0 " for b in buckets)  # a grouped call's label: "<its first name>.0 +k ..."
+    # each bucket in one call (two where they shared one), never a tensor alone
+    assert 1 <= len(calls) <= 2 and all(c.startswith(heads) for c in calls), (calls, heads)
+
+
 def test_sync_batch_norm_equals_batch_norm_on_the_whole_batch(thvd):
     n, r = thvd.size(), thvd.rank()
     x = torch.randn(4 * n, 3, 5, generator=torch.Generator().manual_seed(11))

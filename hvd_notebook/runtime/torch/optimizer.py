@@ -1,13 +1,17 @@
 """``hvd.DistributedOptimizer`` for PyTorch: gradients averaged over ranks while backward still runs.
 
-Each parameter gets a post-accumulate-grad hook. When its gradient is final for the step (after
-``backward_passes_per_step`` backward passes), the hook starts an asynchronous in-place allreduce of
-it and returns at once, so autograd goes on with the layers below while the gradient travels. The
-core's coordinator matches these calls by parameter name across ranks and fuses those that are
-ready in the same agreement round into one MPI call (Horovod's tensor fusion; the round is the
-cycle). ``step()`` (or ``synchronize()``) waits for the outstanding reductions, reduces with zeros
-the parameters this rank computed no gradient for (another rank may have), then steps the wrapped
-optimizer.
+Each parameter gets a post-accumulate-grad hook. The parameters are cut into buckets in the
+order backward produces their gradients (the reverse of the model's; the first bucket small, so
+that communication starts early; ``FIRST_BUCKET_BYTES``, ``BUCKET_BYTES``), as PyTorch DDP's: when
+the last gradient of a bucket is final for the step (after ``backward_passes_per_step`` backward
+passes), the hook starts one asynchronous in-place allreduce of the bucket and returns at once, so
+autograd goes on with the layers below while the gradients travel. A bucket is one request to the
+core's coordinator (named after its first parameter, agreed across ranks by that name), whose
+tensors share one MPI call; buckets ready in the same agreement round share one too (Horovod's
+tensor fusion; the round is the cycle). Horovod's ``groups``/``num_groups`` replace the buckets,
+and ``HOROVOD_FUSION_THRESHOLD=0`` reduces each gradient alone. ``step()`` (or ``synchronize()``)
+waits for the outstanding reductions, reduces with zeros the parameters this rank computed no
+gradient for (another rank may have), then steps the wrapped optimizer.
 
 The returned object is the user's optimizer itself under a subclass that adds this (its state,
 param groups and hyperparameters are the original's, not copies), so ``isinstance(opt, SGD)``,
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from ..core import noise_scale, ops
+from ..core.fusion import fusion_threshold
 from ..core.noise_scale import NoiseScale
 from ..core.process_sets import global_process_set
 from .compression import Compression
@@ -33,6 +38,8 @@ from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduc
 
 # a parameter's attribute holding the hook of the newest DistributedOptimizer that took it
 _HOOK_ATTRIBUTE = "_hvd_notebook_hook"
+FIRST_BUCKET_BYTES = 1 << 20  # DDP's sizes: a small first bucket starts communication early in backward,
+BUCKET_BYTES = 25 << 20       # then buckets large enough that each call's fixed cost is paid rarely
 
 
 class _DistributedOptimizer:
@@ -46,7 +53,7 @@ class _DistributedOptimizer:
         self._parameter_names = _parameter_names(self, named_parameters)  # (Horovod's attribute name)
         self.backward_passes_per_step = backward_passes_per_step
         self._passes_left = {p: backward_passes_per_step for p in self._parameter_names}
-        self._handles: dict[tuple, tuple[Any, Any]] = {}  # a group: (handle, ctx)
+        self._handles: dict[tuple, list[tuple[tuple, Any, Any]]] = {}  # a group: its parts in flight
         self._groups = _parameter_groups(self, groups)
         self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
         self._synchronized, self._should_synchronize = False, True
@@ -89,20 +96,26 @@ class _DistributedOptimizer:
             return 1.0 / self._predivide, self._predivide
         return 1.0, 1.0
 
-    def _reduce_async(self, group: tuple) -> tuple[Any, Any]:
+    def _reduce_async(self, group: tuple) -> list[tuple[tuple, Any, Any]]:
+        """Start reducing ``group``'s gradients: one grouped call for the dense ones, one sparse call each for
+        the sparse ones (unless ``sparse_as_dense``); the parts as (parameters, handle, context)."""
         for p in group:
             if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
                 p.grad = torch.zeros_like(p)
         self._add_local_sq([p.grad for p in group])
-        name = self._parameter_names[group[0]]
-        if len(group) == 1 and group[0].grad.is_sparse and not self._sparse_as_dense:
-            return sparse_allreduce_async(group[0].grad, name, self._op, self._process_set), "sparse"
-        grads = [p.grad.to_dense() if p.grad.is_sparse and self._sparse_as_dense else p.grad for p in group]
-        compressed, ctxs = zip(*(self._compression.compress(g) for g in grads))
-        prescale, postscale = self._scales()
-        handle = grouped_allreduce_async_(list(compressed), name=name, op=self._op, prescale_factor=prescale,
-                                          postscale_factor=postscale, process_set=self._process_set)
-        return handle, list(zip(ctxs, compressed))
+        alone = [p.grad.is_sparse and not self._sparse_as_dense for p in group]
+        parts = [((p,), sparse_allreduce_async(p.grad, self._parameter_names[p], self._op, self._process_set),
+                  "sparse") for p, sparse in zip(group, alone) if sparse]
+        dense = tuple(p for p, sparse in zip(group, alone) if not sparse)
+        if dense:
+            grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in dense]
+            compressed, ctxs = zip(*(self._compression.compress(g) for g in grads))
+            prescale, postscale = self._scales()
+            handle = grouped_allreduce_async_(list(compressed), name=self._parameter_names[dense[0]], op=self._op,
+                                              prescale_factor=prescale, postscale_factor=postscale,
+                                              process_set=self._process_set)
+            parts.append((dense, handle, list(zip(ctxs, compressed))))
+        return parts
 
     # ------------------------------------------------------------ the step
     def synchronize(self) -> None:
@@ -116,15 +129,16 @@ class _DistributedOptimizer:
             if p.requires_grad and group not in self._handles:
                 self._handles[group] = self._reduce_async(group)
         noise = self._reduce_local_sq_async()
-        for group, (handle, ctx) in self._handles.items():
-            if ctx == "sparse":
-                output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
-                with torch.no_grad():
-                    group[0].grad.zero_().add_(output)
-                continue
-            synchronize(handle)
-            for p, (c, compressed) in zip(group, ctx):
-                _set_grad(p, self._compression.decompress(compressed, c))
+        for parts in self._handles.values():
+            for params, handle, ctx in parts:
+                if ctx == "sparse":
+                    output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
+                    with torch.no_grad():
+                        params[0].grad.zero_().add_(output)
+                    continue
+                synchronize(handle)
+                for p, (c, compressed) in zip(params, ctx):
+                    _set_grad(p, self._compression.decompress(compressed, c))
         if noise is not None:
             self._record_noise(*noise)
         self.set_backward_passes_per_step(self.backward_passes_per_step)
@@ -259,11 +273,12 @@ def _parameter_names(opt: Any, named_parameters: Any) -> dict[torch.Tensor, str]
 
 
 def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
-    """Each parameter's group, whose gradients are reduced in one call once all are ready (Horovod's
-    ``groups``: a number of groups, or lists of parameters); a parameter in none is a group of its own."""
+    """Each parameter's group, whose gradients are reduced in one call once all are ready: Horovod's
+    ``groups`` (a number of groups, or lists of parameters; a parameter in none is a group of its own),
+    else buckets in backward's order (``_buckets``)."""
     params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
     if groups is None or groups == 0:
-        chunks = []
+        chunks = _buckets(params)
     elif isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
         per = -(-len(params) // groups)
         chunks = [tuple(params[i:i + per]) for i in range(0, len(params), per)]
@@ -283,6 +298,29 @@ def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
         raise ValueError("groups takes a positive number of groups or a list of lists of parameters.")
     grouped = {p: chunk for chunk in chunks for p in chunk}
     return {p: grouped.get(p, (p,)) for group in opt.param_groups for p in group["params"]}
+
+
+def _buckets(params: list[torch.Tensor]) -> list[tuple]:
+    """``params`` in buckets of consecutive parameters, last first (the order backward makes their
+    gradients in), of ``FIRST_BUCKET_BYTES`` for the first and ``BUCKET_BYTES`` after it, or the fusion
+    threshold where it is lower (each parameter alone at ``HOROVOD_FUSION_THRESHOLD=0``); a bucket holds
+    one dtype and one device, as one call does."""
+    threshold = fusion_threshold()
+    if threshold <= 0:
+        return []
+    chunks: list[tuple] = []
+    bucket: list[torch.Tensor] = []
+    size, limit = 0, min(FIRST_BUCKET_BYTES, threshold)
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if bucket and (size + nbytes > limit or (p.dtype, p.device) != (bucket[0].dtype, bucket[0].device)):
+            chunks.append(tuple(bucket))
+            bucket, size, limit = [], 0, min(BUCKET_BYTES, threshold)
+        bucket.append(p)
+        size += nbytes
+    if bucket:
+        chunks.append(tuple(bucket))
+    return chunks
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
