@@ -320,6 +320,24 @@ def test_a_cell_run_again_wraps_the_same_parameters_once(thvd):
         torch.testing.assert_close(p.grad, q.grad * thvd.size())  # the same data on every rank: summed once
 
 
+def test_a_layer_frozen_after_the_optimizer_was_made_stays_as_it_is(thvd):
+    # fine-tuning: requires_grad turned off after DistributedOptimizer shared the layer's bucket with
+    # others; weight decay would move it if the reduction gave it a zero gradient
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1),
+                                    named_parameters=model.named_parameters())
+    model[0].requires_grad_(False)
+    frozen = [p.detach().clone() for p in model[0].parameters()]
+    model(torch.ones(2, 3) * (thvd.rank() + 1)).sum().backward()
+    opt.step()
+    for p, before in zip(model[0].parameters(), frozen):
+        assert p.grad is None and torch.equal(p, before)
+    weights = thvd.allgather_object([p.detach().numpy() for p in model[1].parameters()])
+    for w0, w1 in zip(weights[0], weights[-1]):
+        np.testing.assert_array_equal(w0, w1)
+
+
 def test_a_parameter_without_gradient_on_one_rank(thvd):
     # rank 1 never uses the second layer: its zeros still meet rank 0's gradient
     torch.manual_seed(3)

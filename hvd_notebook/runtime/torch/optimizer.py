@@ -98,7 +98,9 @@ class _DistributedOptimizer:
 
     def _reduce_async(self, group: tuple) -> list[tuple[tuple, Any, Any]]:
         """Start reducing ``group``'s gradients: one grouped call for the dense ones, one sparse call each for
-        the sparse ones (unless ``sparse_as_dense``); the parts as (parameters, handle, context)."""
+        the sparse ones (unless ``sparse_as_dense``); the parts as (parameters, handle, context). A parameter
+        frozen since (``requires_grad`` off, no gradient) takes no part, on every rank alike."""
+        group = tuple(p for p in group if p.requires_grad or p.grad is not None)
         for p in group:
             if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
                 p.grad = torch.zeros_like(p)
