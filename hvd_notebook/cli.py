@@ -29,6 +29,7 @@ nothing U wrote can make it act on what is not U's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import pwd
@@ -40,9 +41,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import private
+from . import private, scaling
 from .cluster import leases, registry, shm, stacks
 from .cluster.errors import ClusterError
+from .cluster.gpus import detect_gpus
 from .cluster.pids import is_alive, live_processes
 from .cluster.privileges import as_user
 from .cluster.reaper import reap
@@ -60,9 +62,11 @@ from .config import (
     at_least,
     choices,
     env_pair,
+    positive_int,
     seconds,
 )
 from .dashboard.formatting import text_table
+from .engine import scaling_worker
 
 
 @dataclass
@@ -301,6 +305,20 @@ def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:
         return 2
 
 
+def scaling_command(args: argparse.Namespace) -> int:
+    """``scaling``: the points measured and projected (``scaling.run``); 2 with a message for bad input."""
+    gpus = len(detect_gpus())
+    try:
+        ranks = scaling.ranks_list(args.ranks or str(gpus or 2))
+        links = scaling.Links(**{f.name: getattr(args, f.name) for f in dataclasses.fields(scaling.Links)})
+        model = args.model or ("resnet50" if gpus else "mlp")
+        return scaling.run(ranks, model, args.batch or (64 if gpus else 32), args.steps, args.rounds, links,
+                           ClusterOptions(), args.out)
+    except (ValueError, ClusterError) as exc:
+        print(f"hvd-notebook scaling: {exc}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``hvd-notebook`` command line, with one subcommand each."""
     parser = argparse.ArgumentParser(prog="hvd-notebook",
@@ -331,6 +349,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "file per GPU and the register; one made by someone else is moved aside")
     setup.add_argument("--gpus", metavar="0,1,...", help="the node's GPU ids (default: HVD_NOTEBOOK_GPUS, else "
                        "those nvidia-smi lists)")
+    scale = sub.add_parser("scaling", help="measure how training scales on this node's GPUs (or CPUs), "
+                           "hvd.DistributedOptimizer beside DDP, and project it to 8, 64 and 256 GPUs",
+                           description=scaling.__doc__.split("\n\n")[0].replace("``", ""))
+    scale.add_argument("-n", "--ranks", default=None, metavar="N|1,2,...",
+                       help="ranks to measure: N (1, 2, 4 .. N) or a list (default: one per GPU, else 2)")
+    scale.add_argument("--model", default=None, choices=scaling_worker.MODELS,
+                       help="the model (default: resnet50 on GPUs, needing torchvision; mlp on CPUs)")
+    scale.add_argument("--batch", type=positive_int, default=None, help="images per rank (default 64; 32 on CPUs)")
+    scale.add_argument("--steps", type=positive_int, default=20, help="timed steps per block (default 20)")
+    scale.add_argument("--rounds", type=positive_int, default=3,
+                       help="blocks of steps per method, alternating (default 3)")
+    for link in dataclasses.fields(scaling.Links):
+        scale.add_argument(f"--{link.name.replace('_', '-')}", type=type(link.default), default=link.default,
+                           metavar="X", help=f"projection: {link.metadata['help']} (default {link.default:g})")
+    scale.add_argument("--out", type=Path, metavar="FILE.json", help="also write every figure to this file")
     run = sub.add_parser("run", allow_abbrev=False, help="launch a command on N ranks, as horovodrun does",
                          description="Launch a command on N ranks, as horovodrun does, placed as %hvd start places "
                          "engines.")
@@ -363,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "stacks":
         return print_stacks(args.cluster, args.all_threads, args.timeout)
+
+    if args.command == "scaling":
+        return scaling_command(args)
 
     if args.command == "setup-node":
         return leases.setup_node_command(args.gpus)

@@ -363,12 +363,12 @@ def _wide(sparse: bool) -> torch.nn.Module:
 
 @pytest.mark.parametrize("sparse", [False, True])
 def test_gradients_travel_in_buckets_in_backward_order(thvd, tmp_path_factory, sparse):
-    from hvd_notebook.runtime.torch.optimizer import _buckets
+    from hvd_notebook.runtime.torch.optimizer import gradient_buckets
 
     n, r = thvd.size(), thvd.rank()
     reference, model = _wide(sparse), _wide(sparse)
     params = list(model.parameters())
-    buckets = _buckets(params)
+    buckets = gradient_buckets(params)
     assert [len(b) for b in buckets] == [3, 6] and buckets[0][0] is params[-1], [len(b) for b in buckets]
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     opt = thvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.1), named_parameters=model.named_parameters())

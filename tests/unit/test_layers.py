@@ -326,9 +326,9 @@ MAY_ALSO_IMPORT = {"runtime": {"cluster.rankwatch"}}
 
 def layer_of(name: str) -> str | None:
     """``runtime`` for hvd_notebook.runtime.core.basics; None for the package's top-level entry points
-    (``__init__``, ``cli``, ``progress``), which may import any layer."""
+    (``__init__``, ``cli`` and the commands behind it, ``progress``), which may import any layer."""
     parts = name.split(".")[1:]
-    if not parts or parts[0] in ("cli", "progress", "__main__"):
+    if not parts or parts[0] in ("cli", "scaling", "progress", "__main__"):
         return None
     return parts[0]
 

@@ -277,10 +277,10 @@ def _parameter_names(opt: Any, named_parameters: Any) -> dict[torch.Tensor, str]
 def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
     """Each parameter's group, whose gradients are reduced in one call once all are ready: Horovod's
     ``groups`` (a number of groups, or lists of parameters; a parameter in none is a group of its own),
-    else buckets in backward's order (``_buckets``)."""
+    else buckets in backward's order (``gradient_buckets``)."""
     params = [p for group in opt.param_groups for p in group["params"] if p.requires_grad]
     if groups is None or groups == 0:
-        chunks = _buckets(params)
+        chunks = gradient_buckets(params)
     elif isinstance(groups, int) and not isinstance(groups, bool) and groups > 0:
         per = -(-len(params) // groups)
         chunks = [tuple(params[i:i + per]) for i in range(0, len(params), per)]
@@ -302,7 +302,7 @@ def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
     return {p: grouped.get(p, (p,)) for group in opt.param_groups for p in group["params"]}
 
 
-def _buckets(params: list[torch.Tensor]) -> list[tuple]:
+def gradient_buckets(params: list[torch.Tensor]) -> list[tuple]:
     """``params`` in buckets of consecutive parameters, last first (the order backward makes their
     gradients in), of ``FIRST_BUCKET_BYTES`` for the first and ``BUCKET_BYTES`` after it, or the fusion
     threshold where it is lower (each parameter alone at ``HOROVOD_FUSION_THRESHOLD=0``); a bucket holds
