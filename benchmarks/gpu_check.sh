@@ -22,6 +22,9 @@
 #      with DistributedOptimizer and the dashboard, against the same step in plain PyTorch (<= 1.03x);
 #   3. benchmarks/run.py gpu: hvd.allreduce of a CUDA tensor vs raw NCCL (cupy) on the same memory,
 #      1 .. 256 MiB (<= 1.05x).
+#   4. hvd-notebook scaling -n 1 with HVD_NOTEBOOK_REDUCE_ALONE=1: a ResNet-50 step under
+#      DistributedOptimizer (its gradients reduced in buckets, as on more ranks) vs DDP (<= 1.05x), and
+#      each one's time over the compute alone (<= 1.2x).
 # It writes $GPU_CHECK_OUT/gpu-check.json (default build/gpu-check; on the device machine point it at $OUT)
 # holding every figure, and prints a short table. Settings: PYTHON, GPU_WHEELS, GPU_CHECK_OUT,
 # GPU_CHECK_QUICK=1 (fewer repetitions).
@@ -103,6 +106,9 @@ echo "== 2. %hvd start --framework torch on the GPU, a ResNet-50 step in a %%hvd
 timeout 240 "$PY" benchmarks/gpu_cell_check.py "$OUTDIR/cell.json" $QUICK || rc=1
 echo "== 3. timings: hvd.allreduce vs raw NCCL, 1 .. 256 MiB"
 timeout 180 "$PY" benchmarks/run.py gpu $QUICK && cp build/bench/gpu.json "$OUTDIR/allreduce.json" || rc=1
+echo "== 4. a ResNet-50 step under DistributedOptimizer vs DDP, the reduction forced on one rank"
+HVD_NOTEBOOK_REDUCE_ALONE=1 timeout 240 "$PY" -m hvd_notebook.cli scaling -n 1 --model resnet50 --batch 64 \
+  --rounds 3 ${QUICK:+--steps 5} --out "$OUTDIR/scaling.json" || rc=1
 
 "$PY" - "$OUTDIR" "$rc" "$(($(date +%s) - START))" <<'PY'
 import json, os, subprocess, sys, time
@@ -118,7 +124,7 @@ try:
 except OSError:
     gpu = []
 report = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu[0] if gpu else "", "passed": rc == 0, "seconds": seconds,
-          "cell": load("cell.json"), "allreduce": load("allreduce.json")}
+          "cell": load("cell.json"), "allreduce": load("allreduce.json"), "scaling": load("scaling.json")}
 tests = os.path.join(out, "gpu-tests.xml")
 if os.path.exists(tests):
     root = ET.parse(tests).getroot()
@@ -138,6 +144,13 @@ if report["allreduce"]:
         target = row["target_max_ratio"]
         print(f"{row['measure']}: {row['ours']:.3f} vs {row['baseline']:.3f} {row['unit']} = {row['ratio']:.3f}x "
               + (f"(target <= {target}x)" if target else "(a report)"))
+if report["scaling"]:
+    p = report["scaling"]["points"][0]
+    print(f"{p['model']} step, batch {p['batch']}, reduction forced on one rank: DistributedOptimizer "
+          f"{p['hvd_step_s'] * 1e3:.1f} ms vs DDP {p['ddp_step_s'] * 1e3:.1f} ms = "
+          f"{p['hvd_step_s'] / p['ddp_step_s']:.3f}x (target <= 1.05x); over the compute alone "
+          f"({p['compute_s'] * 1e3:.1f} ms) {(p['hvd_step_s'] - p['compute_s']) * 1e3:.1f} vs "
+          f"{(p['ddp_step_s'] - p['compute_s']) * 1e3:.1f} ms (target <= 1.2x)")
 PY
 echo "gpu_check: $([ $rc = 0 ] && echo PASSED || echo FAILED); figures in $OUTDIR/gpu-check.json (commit it as" \
   "benchmarks/results/<date>-<gpu>.json)"

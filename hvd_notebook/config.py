@@ -140,6 +140,9 @@ NOISE_SCALE = EnvSetting("HVD_NOTEBOOK_NOISE_SCALE", True, "distributed optimize
                          "noise scale (hvd.noise_scale()) where 2 or more ranks average the gradients")
 NOISE_SCALE_DECAY = EnvSetting("HVD_NOTEBOOK_NOISE_SCALE_DECAY", 0.99, "per optimizer step, the decay of the "
                                "noise scale's moving averages (0.99: about the last 100 steps)")
+REDUCE_ALONE = EnvSetting("HVD_NOTEBOOK_REDUCE_ALONE", False, "for measuring on one GPU: PyTorch's "
+                          "DistributedOptimizer reduces its gradients on one rank too, as it does on more (an "
+                          "allreduce of one rank is a copy), so that its cost compares with DDP's")
 SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one host agree on each collective "
                            "in shared memory; off: through a small MPI allreduce")
 RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
@@ -168,7 +171,8 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
                 IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
-                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY)
+                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY,
+                REDUCE_ALONE)
 
 
 # ------------------------------------------------------------ option parsers

@@ -43,3 +43,36 @@ def test_a_model_that_needs_torchvision_says_so_before_launching():
                           text=True, timeout=60, env=ENV)
     assert proc.returncode == 2 and "needs torchvision (pip install torchvision)" in proc.stderr, proc.stderr
     assert "rank(s) ..." not in proc.stderr  # nothing was launched
+
+
+REDUCES = """
+import json, os, sys, torch
+import hvd_notebook.runtime.torch as hvd
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 300), torch.nn.Linear(300, 300), torch.nn.Linear(300, 2))
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+hvd.start_timeline(sys.argv[1])
+model(torch.ones(4, 8)).sum().backward()
+opt.step()
+hvd.stop_timeline()
+events = json.load(open(sys.argv[1]))["traceEvents"]
+print("CALLS", json.dumps([e["args"]["tensors"] for e in events if e["name"] == "MPI_ALLREDUCE"]))
+"""
+
+
+@pytest.mark.parametrize("alone", ["1", "0"])
+def test_one_rank_reduces_its_buckets_only_when_asked_for_measuring(tmp_path, alone):
+    """``HVD_NOTEBOOK_REDUCE_ALONE=1``: the reduction that more ranks make, on one (what the device check
+    measures against DDP on one GPU); by default one rank reduces nothing, as Horovod's."""
+    from hvd_notebook.cluster.placement import find_mpiexec
+
+    proc = subprocess.run([find_mpiexec(None), "-n", "1", sys.executable, "-c", REDUCES, str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**ENV, "HVD_NOTEBOOK_REDUCE_ALONE": alone, "CUDA_VISIBLE_DEVICES": "-1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    calls = json.loads(proc.stdout.split("CALLS", 1)[1])
+    if alone == "1":  # two buckets (the last layers within 1 MiB, then the rest), each one grouped call
+        assert len(calls) in (1, 2) and all(c.startswith(("2.bias.0 ", "1.weight.0 ")) for c in calls), calls
+    else:
+        assert calls == []

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ... import config
 from ..core import noise_scale, ops
 from ..core.fusion import fusion_threshold
 from ..core.noise_scale import NoiseScale
@@ -63,7 +64,8 @@ class _DistributedOptimizer:
         self._noise = NoiseScale()  # the gradient noise scale: this rank's squared norms, taken before the
         self._local_sq: list[torch.Tensor] = []  # reductions start, and the average's after they end
         self._measure = op != ops.Adasum and noise_scale.enabled(self._ranks)
-        if backends is not None and backends.size > 1:
+        self._reducing = backends is not None and (backends.size > 1 or config.REDUCE_ALONE.flag())
+        if self._reducing:
             for p in self._parameter_names:
                 if p.requires_grad:
                     earlier = getattr(p, _HOOK_ATTRIBUTE, None)
@@ -122,8 +124,7 @@ class _DistributedOptimizer:
     # ------------------------------------------------------------ the step
     def synchronize(self) -> None:
         """Wait until every gradient is reduced over the ranks (``step()`` calls this)."""
-        backends = _backends(self._process_set)
-        if backends is None or backends.size == 1:
+        if not self._reducing:
             self._synchronized = True
             return
         for p in self._parameter_names:  # (every rank walks the parameters in the same order)
