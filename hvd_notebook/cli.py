@@ -51,6 +51,7 @@ from .cluster.reaper import reap
 from .cluster.run import Job, run_job
 from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
 from .config import (
+    CYCLE_TIME,
     FUSION_THRESHOLD,
     STALL_CHECK_DISABLE,
     STALL_CHECK_TIME,
@@ -204,9 +205,7 @@ def print_stacks(cluster: str | None, all_threads: bool, timeout: float) -> int:
 HOROVODRUN = "horovodrun"
 START_TIMEOUT_S = 30.0  # horovodrun's default
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level
-# read by a real Horovod only: the built-in runtime has no cycle and logs only warnings
-CYCLE_TIME_VARIABLE = "HOROVOD_CYCLE_TIME"
-LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"
+LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"  # read by a real Horovod only: the built-in runtime logs warnings
 UNSUPPORTED = ("Horovod's options for Gloo, autotuning, ssh, network interfaces, and elastic training's host "
                "discovery and sizes (--min-np, --max-np, --host-discovery-script) are not supported")
 NEGATIVE = "{value} is negative; give 0 or more"
@@ -236,8 +235,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     tunables.add_argument("--fusion-threshold-mb", type=at_least(0, NEGATIVE), metavar="MB",
                           help="fusion buffer size in MiB (0: no fusion); sets HOROVOD_FUSION_THRESHOLD in bytes")
     tunables.add_argument("--cycle-time-ms", type=at_least(0, NEGATIVE, float), metavar="MS",
-                          help="accepted and passed on as HOROVOD_CYCLE_TIME for a real Horovod; the built-in "
-                          "runtime has no cycle (ranks agree on each collective as it is called)")
+                          help="how long an agreement round waits for more calls, to agree on and fuse them "
+                          "together (sets HOROVOD_CYCLE_TIME; default 0: at once)")
     tunables.add_argument("--timeline-filename", metavar="FILE", help="record a timeline (sets HOROVOD_TIMELINE)")
     tunables.add_argument("--timeline-mark-cycles", action="store_true",
                           help="mark agreement rounds on the timeline (HOROVOD_TIMELINE_MARK_CYCLES)")
@@ -265,7 +264,7 @@ def horovod_environment(args: argparse.Namespace) -> dict[str, str]:
     if args.fusion_threshold_mb is not None:
         env[FUSION_THRESHOLD.name] = str(args.fusion_threshold_mb * 1024 * 1024)
     if args.cycle_time_ms is not None:
-        env[CYCLE_TIME_VARIABLE] = f"{args.cycle_time_ms:g}"
+        env[CYCLE_TIME.name] = f"{args.cycle_time_ms:g}"
     if args.timeline_filename:
         env[TIMELINE.name] = args.timeline_filename
         if args.timeline_mark_cycles:

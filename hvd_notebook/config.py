@@ -154,6 +154,8 @@ ELASTIC_DIR = EnvSetting("HVD_NOTEBOOK_ELASTIC_DIR", None, "where rank 0 keeps i
 ELASTIC_COMMIT_SUMMARY = "commit.txt"  # beside the commit in ELASTIC_DIR: a line on it, for the launcher's message
 FUSION_THRESHOLD = EnvSetting("HOROVOD_FUSION_THRESHOLD", 128 * 1024 * 1024,
                               "bytes per fusion buffer (0: one tensor per MPI call)")
+CYCLE_TIME = EnvSetting("HOROVOD_CYCLE_TIME", 0.0, "milliseconds an agreement round waits for more requests "
+                        "before the ranks agree on what is waiting (Horovod's cycle; 0: at once)")
 TIMELINE = EnvSetting("HOROVOD_TIMELINE", None, "record a Chrome-trace timeline of every collective to this file")
 TIMELINE_MARK_CYCLES = EnvSetting("HOROVOD_TIMELINE_MARK_CYCLES", False,
                                   "mark each agreement round (Horovod's cycles) on the timeline")
@@ -170,7 +172,7 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
                 IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
-                TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
+                CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
                 HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY,
                 REDUCE_ALONE)
 

@@ -169,38 +169,35 @@ def test_a_dtype_the_runtime_cannot_reduce_is_refused_before_mpi(hvd, value, mat
     hvd.barrier()
 
 
-def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory):
-    # Horovod's tensor fusion across calls: rank 1 is held in a "gate" allreduce that rank 0
-    # joins late, so both ranks' other calls wait together and are agreed in one round. Which
-    # calls a round finds waiting is timing: on a loaded host the threads may arrive one by one,
-    # each alone; so up to three tries, of which one must fuse (none does where fusion is broken)
-    folder = hvd.broadcast_object(str(tmp_path_factory.mktemp("fusion")), root_rank=0)
+def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory, monkeypatch):
+    # Horovod's tensor fusion across calls: rank 1 is held in a "gate" allreduce that rank 0 joins
+    # late, and both ranks' other calls, made from six threads, wait. Which of them a round finds
+    # waiting would be timing on a loaded host; with Horovod's cycle (HOROVOD_CYCLE_TIME: a round waits
+    # that long for more calls) all six are in the round that agrees on them. Rank 0's first call took
+    # the lone path (nothing waited there yet), whose data cannot be shared: it runs alone, the other
+    # five share one call
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "250")
+    path = hvd.broadcast_object(str(tmp_path_factory.mktemp("fusion") / "trace.json"), root_rank=0)
+    hvd.start_timeline(path)
     r, n = hvd.rank(), hvd.size()
-    tries = []
-    for attempt in range(3):
-        path = f"{folder}/trace{attempt}.json"
-        hvd.start_timeline(path)
-        names = [f"layer{i}.{attempt}" for i in range(6)]
-        gate = f"gate.{attempt}"
-        results = {}
+    names = [f"layer{i}" for i in range(6)]
+    results = {}
 
-        def work(name, names=names, gate=gate, results=results):
-            time.sleep(0.6 if name == gate and r == 0 else 0.0 if name == gate else 0.1)
-            i = names.index(name) if name in names else 10
-            results[name] = hvd.allreduce(np.full(20000, float(i + r), np.float32), name=name, op=hvd.Sum)
+    def work(name):
+        time.sleep(0.6 if name == "gate" and r == 0 else 0.0 if name == "gate" else 0.1)
+        i = names.index(name) if name in names else 10
+        results[name] = hvd.allreduce(np.full(20000, float(i + r), np.float32), name=name, op=hvd.Sum)
 
-        assert _in_threads(work, [gate, *(names if r == 0 else names[::-1])]) == {}
-        hvd.stop_timeline()
-        hvd.barrier()
-        for i, name in enumerate([*names, gate]):
-            i = 10 if name == gate else i
-            np.testing.assert_allclose(results[name], np.full(20000, n * i + n * (n - 1) / 2))
-        fused = False
-        if r == 0:
-            events = json.loads(open(path).read())["traceEvents"]
-            calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
-            tries.append(calls)
-            fused = any(label.endswith("fused") for label in calls) and len(calls) < len(names) + 1
-        if hvd.broadcast_object(fused, root_rank=0):
-            return
-    assert r != 0, f"no try fused the calls agreed together: {tries}"
+    assert _in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
+    hvd.stop_timeline()
+    hvd.barrier()
+    for i, name in enumerate([*names, "gate"]):
+        i = 10 if name == "gate" else i
+        np.testing.assert_allclose(results[name], np.full(20000, n * i + n * (n - 1) / 2))
+    calls = []
+    if r == 0:
+        events = json.loads(open(path).read())["traceEvents"]
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
+    calls = hvd.broadcast_object(calls, root_rank=0)
+    layers = [c for c in calls if not c.startswith("gate")]
+    assert len(layers) == 2 and sorted(c.endswith(" +4 fused") for c in layers) == [False, True], calls

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .exceptions import MismatchError, RefusedError, StallError
-from .fusion import fusion_threshold
+from .fusion import cycle_time_s, fusion_threshold
 from .matching import Decision, Entry, decide
 from .signatures import JOIN, Signature
 
@@ -331,9 +331,16 @@ class Coordinator:
 
     def _round(self, exchanged: tuple[list[Request], bool] | None = None) -> bool:
         """One agreement round over the waiting requests; whether any was decided."""
+        cycle = cycle_time_s()  # Horovod's cycle: the calls made meanwhile join the round, and may share a call
         if exchanged is not None:
             snapshot, agreed = exchanged
+            if not agreed and cycle:  # (a lone call's first exchange: the ranks gather what waits by then)
+                time.sleep(cycle)
+                with self.cv:
+                    snapshot = list(self.pending)
         else:
+            if cycle:
+                time.sleep(cycle)
             with self.cv:
                 snapshot = list(self.pending)
             if len(snapshot) == 1:

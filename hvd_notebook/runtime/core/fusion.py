@@ -13,6 +13,11 @@ from ... import config
 ALIGN_BYTES = 64  # TensorFlow adopts host memory without a copy only when 64-byte aligned
 
 
+def cycle_time_s() -> float:
+    """Seconds a round waits for more requests before it is agreed, from ``HOROVOD_CYCLE_TIME`` (ms)."""
+    return max(0.0, float(config.CYCLE_TIME.number())) / 1000.0
+
+
 def fusion_threshold() -> int:
     """Bytes per fusion buffer, from ``HOROVOD_FUSION_THRESHOLD`` (0: no fusion)."""
     return int(config.FUSION_THRESHOLD.number())
