@@ -3,8 +3,10 @@
 - hvd.allreduce of a float32 TensorFlow tensor vs mpi4py's Allreduce on numpy
   buffers of the same size (4 KiB .. 64 MiB): the runtime's overhead on top of
   the MPI library. Target at >= 1 MiB: within 1.1x. At 4 KiB the per-call time
-  is also set against Horovod 0.28.1's (about 1.1 ms per call, measured on this
-  machine on TF 2.15, see ../shared/DESIGN.md): target under a quarter.
+  is also set against Horovod 0.28.1's: target under a quarter, judged where
+  ``make test-horovod``'s environment runs Horovod in the same run; without it,
+  the figure of an earlier run (about 1.1 ms per call, TF 2.15, this machine,
+  ../shared/DESIGN.md) is shown beside ours with no verdict.
 - one grouped_allreduce of 200 x 16 KiB against 200 single calls: tensor
   fusion's gain. Target: at least 20x faster.
 - the agreement check and the timeline, as fractions of a 1 MiB allreduce; the count of seconds in
@@ -71,8 +73,9 @@ def run(ctx: Context) -> Report:
         rows.append(Row(f"allreduce 4 KiB: hvd vs Horovod {horovod['version']} (TF {horovod['tensorflow']}, "
                         "same run)", "us", small * us, horovod["allreduce_4kib_s"] * us, HOROVOD_TARGET))
     else:
-        rows.append(Row("allreduce 4 KiB: hvd vs Horovod 0.28.1 (1.1 ms, earlier run)", "us", small * us,
-                        HOROVOD_4KIB_S * us, HOROVOD_TARGET))
+        # (a figure of another run on another day is no baseline for a verdict: the row informs only)
+        rows.append(Row("allreduce 4 KiB: hvd vs Horovod 0.28.1 (1.1 ms, an earlier run: no verdict)", "us",
+                        small * us, HOROVOD_4KIB_S * us))
     for nbytes in (4 << 10, 1 << 20):
         r = plain["sizes"][str(nbytes)]
         label = "1 MiB" if nbytes == 1 << 20 else "4 KiB"

@@ -50,6 +50,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = kept
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """What each rank of the parallel tier's worlds counted (``integration/test_parallel.py`` records it),
+    so that the inner skips show in every run, not only in a failure's output."""
+    lines = [value for reports in terminalreporter.stats.values() for r in reports
+             for key, value in getattr(r, "user_properties", ()) if key == "inner" and r.when == "call"]
+    if lines:
+        terminalreporter.section("the parallel tier, inside its worlds")
+        for line in sorted(lines):
+            terminalreporter.write_line(line)
+
+
 ROOT_DIR = Path(__file__).resolve().parent.parent  # the clone
 ARTIFACTS = ROOT_DIR / "build" / "test-artifacts"
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,10 +29,13 @@ _SHARED = {f for files in SHARED_WORLDS.values() for f in files}
 WORLDS = {**SHARED_WORLDS, **{f: [f] for f in FILES if f not in _SHARED}}
 
 
-def run_under_mpiexec(args: list[str], ranks: int = 2, **env_extra: str) -> None:
+def run_under_mpiexec(record_property: Any, args: list[str], ranks: int = 2, **env_extra: str) -> None:
+    """``args`` run by pytest on every rank of a ``ranks``-rank world: each rank must pass, and only tests
+    marked ``gpu`` may skip (``HVD_PARALLEL_ONLY_GPU_SKIPS``); each rank's counts go to the run's summary."""
     env = {
         **os.environ,
         "HVD_PARALLEL": "1",
+        "HVD_PARALLEL_ONLY_GPU_SKIPS": "1",
         # a rank whose test fails early must not leave the other waiting forever
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60",
         "TF_CPP_MIN_LOG_LEVEL": "2",
@@ -41,7 +46,9 @@ def run_under_mpiexec(args: list[str], ranks: int = 2, **env_extra: str) -> None
            "-o", "addopts=", "-o", "timeout=240", *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-8000:] + proc.stderr[-4000:]
-    assert proc.stdout.count(" passed") == ranks, proc.stdout[-4000:]  # one summary line per rank
+    summaries = re.findall(r"^=* ?(\d+ passed.*?) in [\d.]+s", proc.stdout, re.MULTILINE)
+    assert len(summaries) == ranks, proc.stdout[-4000:]  # one summary line per rank
+    record_property("inner", f"{' '.join(args)}: " + " | ".join(f"rank {r}: {c}" for r, c in enumerate(summaries)))
 
 
 def test_every_file_runs_in_a_world():
@@ -49,18 +56,20 @@ def test_every_file_runs_in_a_world():
 
 
 @pytest.mark.parametrize("world", sorted(WORLDS))
-def test_under_mpiexec(world):
-    run_under_mpiexec([f"tests/parallel/{f}" for f in WORLDS[world]])
+def test_under_mpiexec(record_property, world):
+    run_under_mpiexec(record_property, [f"tests/parallel/{f}" for f in WORLDS[world]])
 
 
-def test_agreement_through_a_collective():
+def test_agreement_through_a_collective(record_property):
     # ranks of one host agree through shared memory; ranks spread over hosts through a 16-byte
     # allreduce: its mismatch errors, join, barrier and stall handling, forced here on one host
-    run_under_mpiexec(["tests/parallel/test_collectives.py", "tests/parallel/test_timeline_and_stall.py",
+    run_under_mpiexec(record_property, ["tests/parallel/test_collectives.py",
+                                        "tests/parallel/test_timeline_and_stall.py",
                        "-k", "agreement_road or mismatch or join or barrier or stall or bad_root"],
                       HVD_NOTEBOOK_SHM_AGREEMENT="0")
 
 
-def test_the_noise_scale_on_four_ranks():
+def test_the_noise_scale_on_four_ranks(record_property):
     # the known answer holds for any number of ranks (two cores: oversubscribed)
-    run_under_mpiexec(["tests/parallel/test_noise_scale.py", "-k", "keras_fit_measures_the_known"], ranks=4)
+    run_under_mpiexec(record_property, ["tests/parallel/test_noise_scale.py", "-k", "keras_fit_measures_the_known"],
+                      ranks=4)

@@ -159,6 +159,66 @@ def _heard(subs: list, seconds: float) -> list[bytes]:
     return frames
 
 
+def _handshakes(subs: list, seconds: float = 20.0) -> list[str]:
+    """How each SUB socket's handshake with the publisher ended ("succeeded", or "failed" where the
+    publisher wants keys it lacks), waited for on the sockets' monitors: proof that the eavesdropper
+    reached the ports. "none" for a socket that got no answer within ``seconds``."""
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    failed = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+              | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    outcomes = []
+    for sub in subs:
+        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | failed)
+        outcome, deadline = "none", time.monotonic() + seconds
+        while outcome == "none" and monitor.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            event = recv_monitor_message(monitor)["event"]
+            outcome = "succeeded" if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else "failed"
+        outcomes.append(outcome)
+    return outcomes
+
+
+def _overheard(cluster: Any) -> tuple[list[str], bool]:
+    """An eavesdropper on ``cluster``'s IOPub and notification ports, without the connection file's
+    keys, while a cell prints a secret on every rank: how its handshakes ended, and whether it heard it."""
+    (client_file,) = (cluster.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
+    context, subs = _eavesdrop(json.loads(client_file.read_text()))
+    try:
+        handshakes = _handshakes(subs)
+        secret = f"secret-{os.getpid()}-{time.time_ns()}"
+        # said five times over a second: a subscription that reached the publisher hears it (a control
+        # cluster shows that it does)
+        ar = cluster.client[:].execute(f"import time\nfor _ in range(5):\n    print({secret!r}, flush=True)\n"
+                                       "    time.sleep(0.2)", block=False)
+        ar.get(timeout=60)
+        ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
+        assert all(secret in out for out in ar.stdout), ar.stdout  # the owner's client heard it: it was said
+        heard = _heard(subs, 1.0)
+    finally:
+        context.destroy(linger=0)
+    return handshakes, any(secret.encode() in frame for frame in heard)
+
+
+def test_an_eavesdropper_hears_a_cluster_without_encryption(monkeypatch):
+    """The control of the next test's eavesdropper: on the same set-up with CurveZMQ left out (as the
+    benchmark's baseline does), the same listener hears a cell's output; so its silence there means
+    something."""
+    from hvd_notebook.cluster import ClusterOptions, launch
+    from hvd_notebook.cluster.cluster import MPICluster
+
+    monkeypatch.setattr(launch, "CONTROLLER_ARGS", [])
+    cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
+    cluster.start()
+    pids = cluster.pids()
+    try:
+        handshakes, heard = _overheard(cluster)
+    finally:
+        cluster.stop()
+    assert handshakes == ["succeeded", "succeeded"] and heard, (handshakes, heard)
+    assert_gone(pids)
+
+
 def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
     from hvd_notebook.cluster import ClusterOptions
     from hvd_notebook.cluster.cluster import MPICluster
@@ -179,19 +239,10 @@ def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
         info = json.loads(client_file.read_text())
         assert info.get("curve_serverkey"), "no CurveZMQ server key: a default cluster is not encrypted"
 
-        # a local user without the connection file's keys hears nothing of a cell, not even its source
-        context, subs = _eavesdrop(info)
-        try:
-            time.sleep(1)  # (long enough for a subscription to reach a publisher that would take it)
-            secret = f"secret-{os.getpid()}-{time.time_ns()}"
-            ar = cluster.client[:].execute(f"print({secret!r})", block=False)
-            ar.get(timeout=60)
-            ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
-            assert all(secret in out for out in ar.stdout), ar.stdout  # the owner's client heard it: it was said
-            heard = _heard(subs, 2.0)
-        finally:
-            context.destroy(linger=0)
-        assert not any(secret.encode() in frame for frame in heard) and heard == [], heard[:4]
+        # a local user without the connection file's keys reaches the ports, is refused at the handshake,
+        # and hears nothing of a cell (the test before this one hears it where nothing is encrypted)
+        handshakes, heard = _overheard(cluster)
+        assert handshakes == ["failed", "failed"] and not heard, (handshakes, heard)
 
         # the right keys run code; without the server's key, or with another, nothing is answered or run
         marker = tmp_path / "ran"

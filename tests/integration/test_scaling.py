@@ -1,6 +1,6 @@
 """``hvd-notebook scaling`` measuring for real on this machine's CPUs: one and two ranks launched by
 ``hvd-notebook run``, hvd.DistributedOptimizer beside DDP, the report and its JSON (the projection's
-arithmetic: unit/test_scaling.py)."""
+arithmetic: unit/test_scaling_model.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Tests in this folder run inside an MPI world: `HVD_PARALLEL=1 mpiexec -n 2 python -m pytest
 tests/parallel` (tests/integration/test_parallel.py does that). Every rank runs the same
 tests in the same order, so their collectives meet. HVD_PARALLEL_MIN_RANKS=1 allows a
-one-rank world, for the `gpu` tests on a machine with one GPU (benchmarks/gpu_check.sh)."""
+one-rank world, for the `gpu` tests on a machine with one GPU (benchmarks/gpu_check.sh).
+HVD_PARALLEL_ONLY_GPU_SKIPS=1 (test_parallel.py sets it) fails the run where a test that is not
+marked `gpu` skips: a skip there would count as a pass unseen."""
 
 from __future__ import annotations
 
@@ -12,6 +14,22 @@ import pytest
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
+
+
+_SKIPPED_WITHOUT_GPU: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "gpu" not in report.keywords:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _SKIPPED_WITHOUT_GPU.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _SKIPPED_WITHOUT_GPU and os.environ.get("HVD_PARALLEL_ONLY_GPU_SKIPS") == "1":
+        print(f"\nHVD_PARALLEL_ONLY_GPU_SKIPS: {len(_SKIPPED_WITHOUT_GPU)} test(s) not marked gpu skipped:\n  "
+              + "\n  ".join(_SKIPPED_WITHOUT_GPU), flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
