@@ -129,20 +129,24 @@ def _forged_client(cluster, tmp_path, **changes):
     return ipp.Client(connection_info=str(forged), timeout=5)
 
 
-def _eavesdrop(info: dict, channels: tuple[str, ...] = ("iopub", "notification")) -> tuple[Any, list]:
+def _eavesdrop(info: dict, channels: tuple[str, ...] = ("iopub", "notification")) -> tuple[Any, list, list]:
     """ZMQ SUB sockets subscribed to everything on the controller's ``channels`` (its PUB sockets on
-    loopback), as any local user can connect them without the connection file's keys."""
+    loopback), as any local user can connect them without the connection file's keys; and a monitor of
+    each one's handshakes (``_handshakes``), made before it connects, so that none is missed."""
     import zmq
 
     context = zmq.Context()
-    subs = []
+    subs, monitors = [], []
+    events = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+              | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     for channel in channels:
         sub = context.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        monitors.append(sub.get_monitor_socket(events))
         sub.connect(f"{info['interface']}:{info[channel]}")
         subs.append(sub)
-    return context, subs
+    return context, subs, monitors
 
 
 def _heard(subs: list, seconds: float) -> list[bytes]:
@@ -159,18 +163,15 @@ def _heard(subs: list, seconds: float) -> list[bytes]:
     return frames
 
 
-def _handshakes(subs: list, seconds: float = 20.0) -> list[str]:
-    """How each SUB socket's handshake with the publisher ended ("succeeded", or "failed" where the
-    publisher wants keys it lacks), waited for on the sockets' monitors: proof that the eavesdropper
+def _handshakes(monitors: list, seconds: float = 20.0) -> list[str]:
+    """How each SUB socket's first handshake with the publisher ended ("succeeded", or "failed" where the
+    publisher wants keys it lacks), waited for on the sockets' ``monitors``: proof that the eavesdropper
     reached the ports. "none" for a socket that got no answer within ``seconds``."""
     import zmq
     from zmq.utils.monitor import recv_monitor_message
 
-    failed = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-              | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     outcomes = []
-    for sub in subs:
-        monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | failed)
+    for monitor in monitors:
         outcome, deadline = "none", time.monotonic() + seconds
         while outcome == "none" and monitor.poll(max(0.0, deadline - time.monotonic()) * 1000):
             event = recv_monitor_message(monitor)["event"]
@@ -183,9 +184,9 @@ def _overheard(cluster: Any) -> tuple[list[str], bool]:
     """An eavesdropper on ``cluster``'s IOPub and notification ports, without the connection file's
     keys, while a cell prints a secret on every rank: how its handshakes ended, and whether it heard it."""
     (client_file,) = (cluster.workdir / "profile" / "security").glob("ipcontroller-*-client.json")
-    context, subs = _eavesdrop(json.loads(client_file.read_text()))
+    context, subs, monitors = _eavesdrop(json.loads(client_file.read_text()))
     try:
-        handshakes = _handshakes(subs)
+        handshakes = _handshakes(monitors)
         secret = f"secret-{os.getpid()}-{time.time_ns()}"
         # said five times over a second: a subscription that reached the publisher hears it (a control
         # cluster shows that it does)
