@@ -30,13 +30,27 @@ def same_process(record: Record) -> psutil.Process | None:
         return None
 
 
-def is_alive(record: Record) -> bool:
-    """Is the recorded process still there, and not a zombie?"""
-    proc = same_process(record)
+def alive(proc: psutil.Process) -> bool:
+    """Is ``proc`` still the process it was, and running: not ended, nor a zombie (ended, its parent not
+    having collected it yet)? The one liveness check of the package."""
     try:
-        return proc is not None and proc.status() != psutil.STATUS_ZOMBIE
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process here (``alive``)?"""
+    try:
+        return alive(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
+def is_alive(record: Record) -> bool:
+    """Is the recorded process still there (``same_process``) and ``alive``?"""
+    proc = same_process(record)
+    return proc is not None and alive(proc)
 
 
 def live_processes(records: Iterable[Record]) -> list[psutil.Process]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from . import registry, shm
-from .pids import kill_all, live_processes
+from .pids import alive, kill_all, live_processes
 from .workdir import WorkDir
 
 POLL_S = 1.0
@@ -54,7 +54,7 @@ def watch(kernel_pid: int, workdir: WorkDir) -> None:
         registry.remove(kernel_pid)
         return
     while workdir.path.exists():
-        if not kernel.is_running() or kernel.status() == psutil.STATUS_ZOMBIE:
+        if not alive(kernel):
             reap(workdir)
             registry.remove(kernel_pid)  # (the kernel's card in the node's register)
             return

@@ -24,7 +24,7 @@ from ..config import ClusterOptions
 from . import diagnosis, shm
 from .errors import ClusterError
 from .launch import EngineWorld, make_ipp_cluster
-from .pids import PidRegistry, kill_all
+from .pids import PidRegistry, alive, kill_all, pid_alive
 from .placement import Placement
 from .reaper import start_reaper
 from .workdir import WorkDir, new_cluster_id
@@ -207,26 +207,20 @@ class World:
     def engines_whole(self) -> bool:
         """The launcher still runs, every engine is registered, and (for a standby) each is alive."""
         return (self._engines is not None and self._engines.exit_code() is None and self.client is not None
-                and len(set(self.client.ids)) == self.n and all(map(running, self._warm_pids)))
+                and len(set(self.client.ids)) == self.n and all(map(pid_alive, self._warm_pids)))
 
     def alive(self) -> dict[int, bool]:
         """Per rank: is its engine process still there? (On another host: is its engine still registered,
         i.e. answering the controller's heartbeats?)"""
         registered = set(self.client.ids) if self.client is not None else set()
-        return {r.rank: running(r.pid) if r.here else r.engine_id in registered for r in self.ranks}
+        return {r.rank: pid_alive(r.pid) if r.here else r.engine_id in registered for r in self.ranks}
 
     def controller_routes(self) -> bool:
         """Does any of the controller's schedulers still run? They pass cells to the engines and the results
         back, each a process of its own: a cell still finishes where the controller's hub alone is gone (its
         queue questions go unanswered then), never without them. (Only all of them gone counts: one process
         seen ending is no proof that no cell can pass.)"""
-        for proc in self._routers:
-            try:  # (is_running: the pid is still the process it was)
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    return True
-            except psutil.Error:
-                pass
-        return not self._routers
+        return any(alive(proc) for proc in self._routers) or not self._routers
 
     def output_tail(self, lines: int = 20) -> str:
         """The last lines the launcher and the engines wrote to the launcher's log."""
@@ -275,10 +269,3 @@ class World:
             self._reaper = None
 
 
-def running(pid: int) -> bool:
-    """Is ``pid`` a live process here (not a zombie)?"""
-    try:
-        p = psutil.Process(pid)
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
