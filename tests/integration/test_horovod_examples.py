@@ -100,9 +100,12 @@ def test_the_keras_example_as_a_cell_on_keras_2(session, run, ip):
     assert {"loss", "noise_scale"} <= set(logs) and len(logs["loss"]) == len(logs["noise_scale"]) == 2, logs
     # On 2 ranks the |G|^2 estimate is the dot product of their gradients: on these random labels, negative in
     # about half the runs after the 2 steps, and the noise scale then NaN (no figure yet). The dashboard shows the
-    # figure of each epoch that has one.
+    # figure of each epoch that has one; its line carries the last step's figure, which History's (taken at the
+    # epoch's end, after that step's update) may turn to NaN: a figure shown is a finite one
     for line, figure in zip(epochs, logs["noise_scale"]):
-        assert (" noise_scale " in line) == math.isfinite(figure), (line, logs)
+        shown = line.split(" noise_scale ", 1)[1].split()[0] if " noise_scale " in line else None
+        assert (shown is not None) >= math.isfinite(figure), (line, logs)
+        assert shown is None or (math.isfinite(float(shown)) and float(shown) > 0), (line, logs)
     sys.__stderr__.write(f"\n[horovod example] the Keras benchmark in a cell: {found[0]}; noise scale by epoch "
                          f"{logs['noise_scale']}\n")
     result, out = run("%hvd stop")

@@ -91,8 +91,12 @@ def test_start_inside_a_salloc_allocation(slurm, tmp_path):
         assert f"rank {rank} of 2 step 0 sum 3" in out, out[-6000:]
     died = proc.stdout.split("DIED", 1)[1].splitlines()[0]
     assert "rank(s) [1] died" in died and "rank 1: exit code 7" in died, died
-    # nothing of the job is left: no step, no job, no process
-    queue = subprocess.run(["squeue", "-h"], env=slurm, capture_output=True, text=True).stdout
+    # nothing of the job is left: no step, no job, no process (Slurm ends a job after salloc returns: it may
+    # show as completing, CG, for a moment; a bounded wait)
+    deadline = time.monotonic() + 30
+    while (queue := subprocess.run(["squeue", "-h"], env=slurm, capture_output=True, text=True).stdout).strip() \
+            and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert queue.strip() == "", queue
     pids = [int(p) for p in proc.stdout.split("PIDS", 1)[1].splitlines()[0].split()]
     assert pids
