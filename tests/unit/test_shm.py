@@ -122,19 +122,28 @@ def test_fnv1a_is_mpichs_hash():
 
 
 def _world(code: str, stdin: int | None = None) -> subprocess.Popen:
-    """A 2-rank gforker world running ``code``, launched through ``shmguard`` (another user's planted
-    names, which a test of the node's may be making right now, make it refuse rather than hang)."""
-    for _ in range(5):
-        world = subprocess.Popen([*shm.guard_command(), str(GFORKER_PATH), "-n", "2", sys.executable, "-c", code],
-                                 stdin=stdin, stdout=subprocess.PIPE, text=True, start_new_session=True,
-                                 env={**os.environ, "UCX_TLS": "self,posix,cma"})
+    """A 2-rank gforker world running ``code``, launched through ``shmguard``, once it has become gforker
+    (``shmguard`` execs it where no name of the world's is another user's: a bounded wait for that). A
+    launch the guard refuses fails the test, saying why (another user's planted names on this node)."""
+    world = subprocess.Popen([*shm.guard_command(), str(GFORKER_PATH), "-n", "2", sys.executable, "-c", code],
+                             stdin=stdin, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                             env={**os.environ, "UCX_TLS": "self,posix,cma"})
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if world.poll() is not None:
+            if world.returncode == shmguard.REFUSED_EXIT:
+                pytest.fail("shmguard refused the launch: a segment name of the world is another user's "
+                            "(someone plants this node's names; hvd-notebook clean --user removes them)")
+            return world
         try:
-            if world.wait(0.5) == shmguard.REFUSED_EXIT:
-                continue
-        except subprocess.TimeoutExpired:
-            pass
-        return world
-    pytest.fail("shmguard refused five launches in a row: someone plants this node's segment names")
+            program = Path(f"/proc/{world.pid}/cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if program == bytes(GFORKER_PATH):
+            return world
+        time.sleep(0.01)
+    _end(world)
+    pytest.fail("shmguard neither launched gforker nor refused within 30 s")
 
 
 def _end(world: subprocess.Popen) -> None:
