@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,18 @@ def left_running(marker: str) -> list[str]:
         except psutil.Error:
             pass
     return found
+
+
+def holds_for(check: Callable[[], bool], seconds: float) -> bool:
+    """Does ``check()`` hold for ``seconds`` (asked every 50 ms)? False as soon as it does not: for a
+    negative check (a process left alive, a file never made), which a fixed sleep would answer only at its
+    end."""
+    deadline = time.monotonic() + seconds
+    while check():
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:

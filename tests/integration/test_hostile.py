@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import let_others_traverse, put_modes_back
+from conftest import holds_for, let_others_traverse, put_modes_back
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -870,8 +870,7 @@ def _check_folder_attack(victim: User, cluster: VictimCluster, answer: dict, att
         if done.returncode not in (0, 1) or "Traceback" in done.stderr:
             problems.append(f"the victim's `hvd-notebook {' '.join(args)}` failed ({done.returncode}): "
                             f"{done.stderr[-800:]}")
-    time.sleep(0.5)
-    if not alive(sleeper):
+    if not holds_for(lambda: alive(sleeper), 0.5):
         problems.append(f"the victim's own process {sleeper.pid} (named in the attacker's planted files) was killed "
                         "by the victim's own hvd-notebook clean/stacks")
     read = [f for f, atime in files.items() if not os.path.exists(f) or os.stat(f).st_atime != atime]
@@ -996,7 +995,7 @@ def test_root_clean_of_the_attacker_kills_only_the_attackers_processes(people, s
         done, seconds = root_cli("clean", "--user", MALLORY)
         if done.returncode != 0:
             problems.append(f"root's clean --user {MALLORY} failed ({done.returncode}): {done.stderr[-1000:]}")
-        time.sleep(0.5)
+        holds_for(lambda: all(alive(procs[owner]) for owner in ("root", VICTIM)), 0.5)
         for owner in ("root", VICTIM):
             if not alive(procs[owner]):
                 problems.append(f"root's `hvd-notebook clean --user {MALLORY}` killed {owner}'s process "
