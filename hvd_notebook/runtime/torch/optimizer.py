@@ -331,11 +331,37 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          op: int = ops.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = global_process_set) -> torch.optim.Optimizer:
-    """``optimizer`` with its gradients averaged (``op``) over all ranks before each step, each
-    gradient's reduction started by a hook as soon as backward has computed it.
+    """``optimizer`` with its gradients averaged (``op``) over all ranks before each step, each bucket's
+    reduction started by a hook as soon as backward has computed its last gradient.
 
     >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
     ...                                named_parameters=model.named_parameters())
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer`` to wrap; it is returned under a subclass, its state and
+            param groups its own.
+        named_parameters: ``model.named_parameters()``, so that ranks match gradients by name (default:
+            names from the parameters' positions in the param groups).
+        compression: ``hvd.Compression.none`` or ``.fp16`` (gradients sent as float16).
+        backward_passes_per_step: backward passes whose gradients accumulate locally before one reduction.
+        op: ``hvd.Average`` or ``hvd.Sum`` (``hvd.Adasum`` is refused).
+        gradient_predivide_factor: with ``op=Average``, scale by ``1/f`` before the sum and by ``f/size``
+            after it.
+        num_groups: Horovod's number of groups (``groups`` wins where both are given).
+        groups: a number of groups, or lists of parameters each reduced in one call, instead of the
+            buckets of ``gradient_buckets``.
+        sparse_as_dense: reduce sparse gradients as dense tensors instead of gathering them.
+        process_set: reduce over this process set; a rank outside it keeps its gradients.
+
+    Returns:
+        An object of a subclass of ``optimizer``'s class that shares its state, param groups and hooks
+        (nothing is copied; ``isinstance`` holds).
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``.
+        ValueError: a bad ``op``/``gradient_predivide_factor`` pair, ``backward_passes_per_step`` under 1,
+            ``named_parameters`` with duplicates or missing parameters, or malformed ``groups``.
+        NotImplementedError: ``op=hvd.Adasum``.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"hvd.DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}.")
