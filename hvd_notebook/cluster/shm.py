@@ -36,7 +36,7 @@ import psutil
 from ..private import describe, user_name
 from . import shmguard
 from .errors import ClusterError
-from .pids import alive
+from .pids import pid_alive
 
 SHM_DIR = Path(shmguard.SHM_DIR)
 _SHM_PREFIX = shmguard.SHM_DIR + "/"
@@ -223,7 +223,7 @@ class StartWatch(threading.Thread):
         # (a first look a moment after the start: ``shmguard`` has its say first, and exits where it refuses)
         while not self._stopped.wait(0.25 if time.monotonic() - started < 60.0 else 2.0):
             try:
-                if not alive(psutil.Process(self.launcher_pid)):
+                if not pid_alive(self.launcher_pid):
                     return
                 check_world(self.launcher_pid, gforker=self.gforker, n=self.n)
             except psutil.NoSuchProcess:
