@@ -13,11 +13,18 @@ from . import world as _world
 
 
 def breakpoint(rank: int | None = None) -> None:  # (named as the builtin, as torch.distributed.breakpoint)
-    """Stop this rank at the caller's line in the debugger, as ``breakpoint()`` does; with ``rank``, only
-    that rank stops (the others go on, and wait for it in their next collective).
+    """Stop this rank at the caller's line in the debugger, as the builtin ``breakpoint()`` does.
+
+    With ``rank``, only that rank stops. The other ranks go on, and wait for it in their next collective. In a
+    notebook, the stopped rank's debugger is driven from the notebook.
+
+    >>> hvd.breakpoint(rank=1)   # rank 1 stops here; the others go on
 
     Args:
-        rank: the rank that stops; None: every rank that calls it.
+        rank: the global rank that stops. The default, None, stops every rank that calls it.
+
+    Raises:
+        ValueError: ``rank`` is given and the runtime is not initialised.
     """
     if rank is not None and int(rank) != _world.current().rank:
         return

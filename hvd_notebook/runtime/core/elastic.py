@@ -54,9 +54,15 @@ class HostUpdateResult(enum.IntFlag):
 
 
 class State:
-    """Training state that every rank keeps alike: subclasses say how to save, restore and sync it.
+    """Training state that every rank keeps alike, and that ``hvd.elastic.run`` restores after a failure.
 
-    ``bcast_object(obj)`` gives every rank rank 0's ``obj``; ``get_rank()`` is this rank."""
+    Subclasses say how to ``save``, ``restore`` and ``sync`` the state. ``ObjectState`` keeps Python values;
+    ``TensorFlowKerasState`` (``KerasState``) and ``TensorFlowState`` keep variables too.
+
+    Args:
+        bcast_object: the function that gives every rank rank 0's object. Defaults to ``hvd.broadcast_object``.
+        get_rank: the function that returns this rank. Defaults to ``hvd.rank``.
+    """
 
     def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
                  get_rank: Callable[[], int] = basics.rank) -> None:
@@ -67,25 +73,43 @@ class State:
         self._reset_callbacks: list[Callable[[], None]] = []
 
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Functions to call after each reset (to rescale a learning rate to the new size, say)."""
+        """Add functions to call after each reset, such as one that rescales the learning rate to the new size.
+
+        Args:
+            callbacks: a list of functions that take no argument. They run in order after every later reset.
+        """
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self) -> None:
-        """Called by ``run`` after a reset: ``reset()``, then the reset callbacks."""
+        """Run after a reset by ``hvd.elastic.run``: call ``reset()``, then the reset callbacks."""
         self._host_messages = queue.Queue()
         self.reset()
         for callback in self._reset_callbacks:
             callback()
 
     def on_hosts_updated(self, timestamp: float, update: HostUpdateResult) -> None:
-        """Note a change of hosts; the next ``commit()`` or ``check_host_updates()`` acts on it."""
+        """Note a change of hosts; the next ``commit()`` or ``check_host_updates()`` acts on it.
+
+        Args:
+            timestamp: when the change happened. Only rank 0's notes count, and only those newer than the last
+                change acted on.
+            update: what changed, as a ``HostUpdateResult``.
+        """
         self._host_messages.put((timestamp, update))
 
     def commit(self) -> None:
-        """Keep a copy of the state that ``restore()`` goes back to, then check for host updates
-        (collective: every rank commits at the same point). Where ``HVD_NOTEBOOK_ELASTIC_DIR`` is set
-        (``hvd-notebook run`` sets it), rank 0 also writes the copy there, in the background, for a
-        relaunched job to resume from."""
+        """Keep a copy of the state that ``restore()`` goes back to, then check for host updates.
+
+        A collective call: every rank commits at the same point. Where ``HVD_NOTEBOOK_ELASTIC_DIR`` is set, as
+        ``hvd-notebook run`` sets it, rank 0 also writes the copy there, in the background, for a relaunched job to
+        resume from.
+
+        Raises:
+            HostsUpdatedInterrupt: rank 0 has noted a change of hosts since the last check. Every rank raises it,
+                for ``hvd.elastic.run`` to reset.
+            OSError: on rank 0, ``HVD_NOTEBOOK_ELASTIC_DIR`` is set but the folder is missing, or others may enter
+                it (``PermissionError``).
+        """
         self.save()
         if self._rank() == 0:
             spill.write(self._spilled())
@@ -100,8 +124,14 @@ class State:
         self.restore()
 
     def check_host_updates(self) -> None:
-        """Raise ``HostsUpdatedInterrupt`` on every rank where rank 0 has noted a change of hosts
-        since the last check (collective)."""
+        """Raise ``HostsUpdatedInterrupt`` on every rank where rank 0 has noted a change of hosts.
+
+        A collective call: rank 0's view is broadcast, so that every rank raises at the same point or none does.
+
+        Raises:
+            HostsUpdatedInterrupt: rank 0 has noted a change of hosts since the last check. Its ``skip_sync`` is
+                True where hosts were only removed.
+        """
         previous = newest = self._last_updated_timestamp
         update = HostUpdateResult.no_update
         while not self._host_messages.empty():
@@ -114,23 +144,49 @@ class State:
             raise HostsUpdatedInterrupt(skip_sync=update == HostUpdateResult.removed)
 
     def save(self) -> None:
-        """Keep a copy of the state in this process's memory."""
+        """Keep a copy of the state in this process's memory.
+
+        Raises:
+            NotImplementedError: in ``State`` itself; subclasses implement it.
+        """
         raise NotImplementedError
 
     def restore(self) -> None:
-        """Go back to the last saved copy."""
+        """Go back to the copy that the last ``save()`` kept.
+
+        Raises:
+            NotImplementedError: in ``State`` itself; subclasses implement it.
+        """
         raise NotImplementedError
 
     def sync(self) -> None:
-        """Give every rank rank 0's state (collective)."""
+        """Give every rank rank 0's state.
+
+        A collective call: every rank makes it.
+
+        Raises:
+            NotImplementedError: in ``State`` itself; subclasses implement it.
+        """
         raise NotImplementedError
 
     def reset(self) -> None:
-        """Rebuild what depends on the world after a reset (nothing by default)."""
+        """Rebuild what depends on the world after a reset. It does nothing by default."""
 
 
 class ObjectState(State):
-    """Python values, each a keyword argument and then an attribute: ``state.epoch``."""
+    """Elastic state made of Python values, each given as a keyword argument and kept as an attribute.
+
+    >>> state = hvd.elastic.ObjectState(epoch=0, batch=0)
+    >>> state.epoch += 1
+    >>> state.commit()
+
+    ``sync()`` gives every rank rank 0's values, as pickled objects.
+
+    Args:
+        bcast_object: the function that gives every rank rank 0's object. Defaults to ``hvd.broadcast_object``.
+        get_rank: the function that returns this rank. Defaults to ``hvd.rank``.
+        **kwargs: the values, by name: each becomes an attribute, ``state.epoch``.
+    """
 
     def __init__(self, bcast_object: Callable[[Any], Any] = broadcast_object,
                  get_rank: Callable[[], int] = basics.rank, **kwargs: Any) -> None:
@@ -162,14 +218,33 @@ class ObjectState(State):
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``func(state, ...)`` until it returns, resetting on a failure (a decorator, as Horovod's).
+    """Run a training function until it returns, resetting the world after a failure, as Horovod's decorator.
 
-    Before each call every rank gets rank 0's state (``state.sync()``). Where ``func`` raises
-    ``HorovodInternalError`` (a collective failed because another rank reset, or raised by the user),
-    each rank restores the last commit; where it raises ``HostsUpdatedInterrupt``, it keeps its state.
-    Then the world is rebuilt (``shutdown`` and ``init`` on the same communicator), ``state.on_reset()``
-    runs the reset callbacks, and ``func`` is called again. Other exceptions end the loop as they are.
-    Collectives must not be issued between the call and ``func`` (Horovod's rule)."""
+    Before each call, every rank gets rank 0's state (``state.sync()``). Where the function raises
+    ``HorovodInternalError``, such as a collective that failed because another rank reset, each rank restores the
+    last commit. Where it raises ``HostsUpdatedInterrupt``, each rank keeps its state. Then the world is rebuilt on
+    the same communicator, ``state.on_reset()`` runs the reset callbacks, and the function is called again. Issue no
+    collective between calling the wrapper and the function's start: the ranks sync there.
+
+    >>> @hvd.elastic.run
+    ... def train(state):
+    ...     model.fit(x, y, initial_epoch=state.epoch, epochs=5, callbacks=callbacks)
+    >>> train(state)
+
+    Args:
+        func: the training function. It takes a ``State`` as its first argument, and any other arguments after it.
+
+    Returns:
+        A function ``wrapper(state, *args, **kwargs)`` that returns what ``func`` returned on the call that did not
+        fail. Where ``HVD_NOTEBOOK_ELASTIC_DIR`` holds the commit of an earlier launch, the wrapper resumes from it
+        first.
+
+    Raises:
+        Exception: the wrapper raises whatever ``func`` raises other than ``HorovodInternalError`` and
+            ``HostsUpdatedInterrupt``, ending the loop.
+        OSError: on rank 0, ``HVD_NOTEBOOK_ELASTIC_DIR`` is set but the folder is missing, or others may enter it
+            (``PermissionError``).
+    """
 
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:

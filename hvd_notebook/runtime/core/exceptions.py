@@ -29,8 +29,14 @@ class StallError(RuntimeError):
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts changed: ``run`` resets without restoring the last commit (Horovod's name).
-    ``skip_sync``: the ranks that stay all have the same state already (hosts were only removed)."""
+    """The set of hosts changed: ``hvd.elastic.run`` resets without restoring the last commit.
+
+    ``State.commit()`` and ``State.check_host_updates()`` raise it on every rank, as Horovod's.
+
+    Args:
+        skip_sync: True where the ranks that stay all have the same state already, because hosts were only removed.
+            ``run`` then skips ``state.sync()`` after the reset. Defaults to False.
+    """
 
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("the set of hosts changed")

@@ -110,12 +110,20 @@ def record(estimator: NoiseScale, local_sq: float, global_sq: float, ranks: int,
 
 
 def noise_scale(batch_size: int | None = None) -> float | None:
-    """The gradient noise scale ``B_simple`` measured by the distributed optimizer (or tape) that stepped
-    last on this rank: an estimate of the critical batch size, in samples (McCandlish et al. 2018).
+    """Return the gradient noise scale measured by the distributed optimizer or tape that stepped last.
 
-    None before a step has run on at least 2 ranks, or while the gradient is still lost in its noise.
-    ``batch_size`` (samples per rank and backward pass) is needed only where the optimizer could not tell it:
-    ``DistributedGradientTape`` and PyTorch's ``DistributedOptimizer``; Keras's ``fit`` tells it.
+    The noise scale ``B_simple`` estimates the critical batch size, in samples: the global batch beyond which more
+    ranks stop paying off (McCandlish et al. 2018). It is measured on each step of a ``DistributedOptimizer``, a
+    ``DistributedGradientTape`` or a ``NoiseScaleHook``, and averaged over steps.
+
+    Args:
+        batch_size: the samples per rank and backward pass. Needed only where the optimizer cannot tell the batch
+            size: ``DistributedGradientTape``, PyTorch's ``DistributedOptimizer`` and ``NoiseScaleHook``. Keras's
+            ``fit`` tells it, and then this argument is ignored. Defaults to None.
+
+    Returns:
+        The noise scale in samples, as a float. None before a step has run on at least 2 ranks, where the batch size
+        is needed but not known, or while the averaged gradient is still lost in its noise.
     """
     estimator = latest()
     return None if estimator is None else estimator.value(batch_size)

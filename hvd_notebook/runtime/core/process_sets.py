@@ -38,10 +38,23 @@ def _is_iterable(x: Any) -> bool:
 
 
 class ProcessSet:
-    """Some ranks of the world that run collectives together, as Horovod's ``hvd.ProcessSet``.
+    """Some ranks of the world that run collectives among themselves, as Horovod's ``hvd.ProcessSet``.
 
-    Built from a list of global ranks or an mpi4py communicator, then registered by
-    ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set``, which set ``process_set_id``."""
+    A new set has no id. ``hvd.init(process_sets=[...])`` or ``hvd.add_process_set`` registers it and sets
+    ``process_set_id``. Pass it to a collective's ``process_set`` argument then. Collectives still take global
+    ranks: ``broadcast``'s ``root_rank`` is an ``hvd.rank()``.
+
+    >>> evens = hvd.ProcessSet([0, 2])
+    >>> hvd.init(process_sets=[evens])
+
+    Args:
+        ranks_or_comm: the set's global ranks, as a list of ints in any order; or an mpi4py communicator whose ranks
+            form the set. A set built from a communicator can be registered by ``hvd.init`` only.
+
+    Raises:
+        ValueError: ``ranks_or_comm`` is a list holding something other than ints, or neither a list nor an mpi4py
+            communicator.
+    """
 
     process_set_id: int | None = None
     ranks: list[int] | None = None
@@ -63,20 +76,44 @@ class ProcessSet:
         self.mpi_comm = ranks_or_comm
 
     def size(self) -> int | None:
-        """Number of ranks in the set; None before it is registered."""
+        """Return the number of ranks in the set.
+
+        Returns:
+            An int, or None while the set is not registered.
+
+        Raises:
+            ValueError: the runtime is not initialised, or the set's id is not registered any more.
+        """
         if self.process_set_id is None:
             return None
         return table().size_of(self.process_set_id)
 
     def rank(self) -> int | None:
-        """This process's rank within the set (0 .. size-1); None before it is registered. Collectives
-        still take global ranks (``broadcast``'s ``root_rank`` is an ``hvd.rank()``)."""
+        """Return this process's rank within the set.
+
+        Collectives still take global ranks: ``broadcast``'s ``root_rank`` is an ``hvd.rank()``.
+
+        Returns:
+            An int from 0 to ``size() - 1``, or None while the set is not registered.
+
+        Raises:
+            ValueError: this process is not in the set, the runtime is not initialised, or the set's id is not
+                registered any more.
+        """
         if self.process_set_id is None:
             return None
         return table().rank_in(self.process_set_id)
 
     def included(self) -> bool | None:
-        """Does this process belong to the set? None before its ranks are known."""
+        """Tell whether this process belongs to the set.
+
+        Returns:
+            True or False; None while the set's ranks are not known (a set built from a communicator, before
+            ``hvd.init`` registers it).
+
+        Raises:
+            ValueError: the runtime is not initialised.
+        """
         if self.ranks is None:
             return None
         return _world.current().rank in self.ranks
@@ -344,8 +381,27 @@ def _ranks_of_comm(comm: Any, world: _world.World) -> tuple[int, ...]:
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a process set after ``init`` and return it (collective over every rank; needs
-    ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or ``init(process_sets="dynamic")``)."""
+    """Register a process set after ``hvd.init()`` and return it.
+
+    A collective call over every rank of the world: each rank passes the same ranks. Adding sets after ``init`` must
+    be allowed, by ``HOROVOD_DYNAMIC_PROCESS_SETS=1`` or by ``hvd.init(process_sets="dynamic")``.
+
+    >>> evens = hvd.add_process_set([0, 2])
+    >>> hvd.allreduce(x, process_set=evens)  # on ranks 0 and 2 only
+
+    Args:
+        process_set: an ``hvd.ProcessSet`` built from a list of ranks, or the list of global ranks itself.
+
+    Returns:
+        The ``hvd.ProcessSet``, with its ``process_set_id`` set: the object passed, or a new one built from the
+        list.
+
+    Raises:
+        ValueError: dynamic process sets are not allowed; ranks pass different sets; the ranks are empty, repeat a
+            rank or name a rank outside the world; a set of these ranks is registered already; or the runtime is not
+            initialised.
+        NotImplementedError: ``process_set`` was built from an MPI communicator.
+    """
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.ranks is None:
@@ -359,8 +415,23 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
-    """Free a process set added before (collective over every rank); False for the global set or one not
-    registered. The object is invalidated."""
+    """Unregister a process set added before, and free its communicators.
+
+    A collective call over every rank of the world: each rank passes the same set. Removing sets needs dynamic
+    process sets, as ``add_process_set`` does. The object's ``process_set_id`` is cleared; its id may be given to a
+    later set.
+
+    Args:
+        process_set: the ``hvd.ProcessSet`` to remove.
+
+    Returns:
+        True where the set was removed. False for ``hvd.global_process_set``, for a set that was never registered,
+        and for one removed already.
+
+    Raises:
+        ValueError: dynamic process sets are not allowed; ranks pass different sets; or the runtime is not
+            initialised.
+    """
     process_set_id = process_set.process_set_id
     if process_set_id is None or process_set_id == 0:
         return False

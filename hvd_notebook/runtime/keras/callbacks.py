@@ -20,18 +20,26 @@ keras = keras_flavour.keras()
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
-    """Make every rank start from ``root_rank``'s weights and optimizer state.
+    """A Keras callback that makes every rank start from the root rank's weights and optimizer state.
 
     >>> model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
 
-    Broadcasts at the start of training (so a model restored or initialised on
-    the root only is shared too), and once more after the first batch if the
-    optimizer created its variables only then (or the model its weights: a Keras 2
-    model without an input shape). ``local_variables`` (a variable
-    or a list of them; or ``register_local_var(var)``) keep each rank's own
-    values; the optimizer's state is broadcast whole, as Horovod does.
-    With ``process_set`` (an extension: Horovod's callback has none) the
-    broadcast runs among that set's ranks; the others keep their values.
+    It broadcasts at the start of training, so that a model restored or initialised on the root only is shared too.
+    It broadcasts once more after the first batch where the optimizer made its variables only then, or where the
+    model built its weights then (a Keras 2 model without an input shape). The optimizer's state is broadcast whole,
+    as Horovod does.
+
+    Args:
+        root_rank: the global rank whose values every rank gets. Defaults to 0.
+        device: accepted for Horovod's signature; it must stay empty.
+        local_variables: a variable, or a list of them, left out of the broadcast: each rank keeps its own values.
+            ``register_local_var`` adds more. The default, None, leaves none out.
+        process_set: an extension, since Horovod's callback has none: run among the ranks of this ``hvd.ProcessSet``
+            only; the other ranks keep their own values. The default, None, means every rank.
+
+    Raises:
+        ValueError: ``device`` is set; ``process_set`` is neither None nor an ``hvd.ProcessSet``; or
+            ``local_variables`` holds something other than ``keras.Variable`` or ``tf.Variable``.
     """
 
     def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None,
@@ -49,7 +57,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:
-        """Leave ``var`` out of the broadcast: it keeps this rank's value, as Horovod's callback."""
+        """Leave a variable out of the broadcast, as Horovod's callback does: it keeps this rank's value.
+
+        Args:
+            var: the ``keras.Variable`` or ``tf.Variable`` to leave out.
+        """
         self._local_vars[id(var)] = var
 
     def _broadcast(self, with_optimizer: bool) -> None:
@@ -73,12 +85,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
 
 class MetricAverageCallback(keras.callbacks.Callback):
-    """Replace each epoch's metrics by their mean over all ranks, so every rank
-    logs (and every later callback sees) the same figures.
+    """A Keras callback that replaces each epoch's metrics by their mean over all ranks.
 
-    Put it before callbacks that read the metrics (checkpointing, early stopping).
-    With ``process_set`` (an extension: Horovod's callback has none) the mean is
-    over that set's ranks; the others keep their own figures."""
+    Every rank then logs the same figures, and so does every later callback. Put it before the callbacks that read
+    the metrics, such as checkpointing and early stopping. Only scalar metrics are averaged.
+
+    Args:
+        device: accepted for Horovod's signature; it must stay empty.
+        process_set: an extension, since Horovod's callback has none: run among the ranks of this ``hvd.ProcessSet``
+            only; the other ranks keep their own values. The default, None, means every rank.
+
+    Raises:
+        ValueError: ``device`` is set, or ``process_set`` is neither None nor an ``hvd.ProcessSet``.
+    """
 
     def __init__(self, device: str = "", process_set: Any = None) -> None:
         reject_unsupported("hvd.callbacks.MetricAverageCallback", device=device)
@@ -97,18 +116,25 @@ class MetricAverageCallback(keras.callbacks.Callback):
 
 
 class LearningRateScheduleCallback(keras.callbacks.Callback):
-    """Set the learning rate to ``initial_lr * multiplier(epoch)`` from
-    ``start_epoch`` until before ``end_epoch``, as Horovod's callback.
+    """A Keras callback that sets the learning rate to ``initial_lr * multiplier(epoch)`` for some epochs.
 
-    ``multiplier`` is a number or a function of the epoch. With ``staircase``
-    the rate changes at the start of each epoch; without, at every batch, with
-    the epoch counted fractionally (``epoch + batch / steps_per_epoch``).
-    ``steps_per_epoch`` defaults to what ``fit`` reports.
+    The schedule runs from ``start_epoch`` until before ``end_epoch``, as Horovod's callback does. Each epoch's end
+    also logs the rate as ``lr``.
 
-    ``momentum_correction`` (Goyal et al.) scales momentum by new/old rate for
-    the step where the rate changes; Keras 3 compiles an optimizer's momentum
-    into the training step as a constant, so it applies only to optimizers
-    whose ``momentum`` is a variable, and is skipped otherwise.
+    Args:
+        initial_lr: the learning rate that ``multiplier`` scales.
+        multiplier: a number, or a function of the epoch that returns the factor. The epoch is a float without
+            ``staircase``.
+        start_epoch: the first epoch the schedule sets. Defaults to 0.
+        end_epoch: the epoch at which the schedule stops. The default, None, never stops.
+        staircase: set the rate at the start of each epoch. With False, set it at every batch, the epoch counted
+            fractionally as ``epoch + batch / steps_per_epoch``. Defaults to True.
+        momentum_correction: scale the momentum by the new rate over the old for the step where the rate changes, as
+            Goyal et al. (2017). Keras 3 compiles an optimizer's momentum into the training step as a constant, so
+            this applies only to optimizers whose ``momentum`` is a variable. Defaults to True.
+        steps_per_epoch: the batches per epoch, for ``staircase=False``. The default, None, takes what ``fit``
+            reports.
+        verbose: accepted for Horovod's signature; this callback prints nothing. Defaults to 0.
     """
 
     def __init__(self, initial_lr: float, multiplier: Any, start_epoch: int = 0, end_epoch: int | None = None,
@@ -162,13 +188,22 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
-    """Warm-up for large batches (Goyal et al. 2017): ramp the learning rate from
-    ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs``, a little
-    at every batch: ``lr = initial_lr / size * (e * (size - 1) / warmup_epochs + 1)``
-    with ``e = epoch + (batch + 1) / steps_per_epoch``, as Horovod computes it.
+    """A Keras callback that ramps the learning rate up over the first epochs, for large batches.
+
+    The rate goes from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs``, a little at every batch, as
+    Goyal et al. (2017) and Horovod compute it: ``lr = initial_lr / size * (e * (size - 1) / warmup_epochs + 1)``,
+    where ``e = epoch + (batch + 1) / steps_per_epoch``.
 
     >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(hvd.scale_lr(0.01)))
     >>> callbacks = [hvd.callbacks.LearningRateWarmupCallback(hvd.scale_lr(0.01), warmup_epochs=3)]
+
+    Args:
+        initial_lr: the learning rate at the end of the warm-up, usually scaled by ``hvd.scale_lr``.
+        warmup_epochs: the number of epochs the warm-up lasts. Defaults to 5.
+        momentum_correction: scale the momentum by the new rate over the old for each step where the rate changes,
+            where the optimizer's ``momentum`` is a variable. Defaults to True.
+        steps_per_epoch: the batches per epoch. The default, None, takes what ``fit`` reports.
+        verbose: with 1, rank 0 prints a line when the warm-up ends. Defaults to 0.
     """
 
     def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
@@ -190,8 +225,11 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
 
 class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """Keras's ``ModelCheckpoint``, saving on rank 0 only (every rank holds the
-    same model; several ranks writing one file would corrupt it)."""
+    """Keras's ``ModelCheckpoint`` that saves on rank 0 only.
+
+    Every rank holds the same model, and several ranks writing one file would corrupt it. It takes
+    ``keras.callbacks.ModelCheckpoint``'s arguments and raises what that callback raises.
+    """
 
     def _save_model(self, epoch: int, batch: Any, logs: Any) -> None:
         if basics.rank() == 0:
@@ -199,7 +237,23 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
 
 class BestModelCheckpoint(ModelCheckpoint):
-    """Save the best model so far (by ``monitor``), on rank 0 only, as Horovod's."""
+    """A Keras callback that saves the best model so far, by ``monitor``, on rank 0 only, as Horovod's.
+
+    It is ``ModelCheckpoint`` with ``save_best_only=True`` and ``save_weights_only=False``.
+
+    Args:
+        filepath: where to save the model; Keras's ``ModelCheckpoint`` placeholders, such as ``{epoch}``, are filled
+            in.
+        monitor: the metric that decides which model is best. Defaults to ``"val_loss"``.
+        verbose: with 1, Keras prints a line when it saves. Defaults to 0.
+        mode: ``"min"``, ``"max"`` or ``"auto"`` (the default): whether a lower or higher ``monitor`` is better;
+            ``"auto"`` lets Keras decide from the metric's name.
+        save_freq: ``"epoch"`` (the default) to check after each epoch, or a number of batches.
+
+    Raises:
+        ValueError: ``save_freq`` is neither ``"epoch"`` nor an int; or, under Keras 3, ``filepath`` does not end in
+            ``.keras`` or ``.h5``.
+    """
 
     def __init__(self, filepath: str, monitor: str = "val_loss", verbose: int = 0, mode: str = "auto",
                  save_freq: Any = "epoch") -> None:

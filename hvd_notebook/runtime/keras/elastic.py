@@ -23,14 +23,36 @@ keras = keras_flavour.keras()
 
 
 class KerasState(TensorFlowKerasState):
-    """``TensorFlowKerasState`` under the name Horovod's Keras module gives it."""
+    """Elastic state of a Keras model, its optimizer and Python values, as Horovod's Keras ``KerasState``.
+
+    It is ``TensorFlowKerasState`` under the name Horovod's Keras module gives it.
+
+    >>> state = hvd.elastic.KerasState(model, optimizer, epoch=0, batch=0)
+
+    Args:
+        model: the Keras model. It must be built.
+        optimizer: the optimizer. The default, None, takes the model's compiled optimizer.
+        **kwargs: Python values, by name: each becomes an attribute, ``state.epoch``.
+
+    Raises:
+        ValueError: the model is not built, or it has no optimizer and none is given.
+    """
 
     def __init__(self, model: Any, optimizer: Any = None, **kwargs: Any) -> None:
         super().__init__(model, optimizer=optimizer, **kwargs)
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """``state.commit()`` every ``batches_per_commit`` batches and at the end of each epoch."""
+    """A Keras callback that commits the elastic state every few batches and at the end of each epoch.
+
+    Args:
+        state: the ``State`` to commit.
+        batches_per_commit: commit after every this many batches. Defaults to 1. A commit costs a collective and a
+            copy of the state, so a larger number trains faster but loses more work to a reset.
+
+    Raises:
+        ValueError: ``batches_per_commit`` is under 1.
+    """
 
     def __init__(self, state: Any, batches_per_commit: int = 1) -> None:
         if int(batches_per_commit) < 1:
@@ -54,9 +76,14 @@ class CommitStateCallback(keras.callbacks.Callback):
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """``state.batch``: the number of the last batch done in this epoch (0 again at each epoch's end).
-    (Keras 3 fixes an epoch's steps when ``fit`` starts: the epoch after a reset runs whole, where
-    Horovod's callback shortened it on Keras 2 by the batches already done.)"""
+    """A Keras callback that keeps ``state.batch`` at the number of the last batch done in this epoch.
+
+    ``state.batch`` goes back to 0 at each epoch's end. Keras 3 fixes an epoch's steps when ``fit`` starts, so the
+    epoch after a reset runs whole: Horovod's callback shortened it on Keras 2 by the batches already done.
+
+    Args:
+        state: the ``State`` whose ``batch`` attribute it sets.
+    """
 
     def __init__(self, state: Any) -> None:
         super().__init__()
@@ -70,9 +97,14 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """``state.epoch``: the number of epochs done, counted across resets. Either way of going on
-    works: ``fit(epochs=total - state.epoch)`` (Horovod's examples; Keras counts from 0 again) or
-    ``fit(initial_epoch=state.epoch, epochs=total)`` (Keras counts from there)."""
+    """A Keras callback that keeps ``state.epoch`` at the number of epochs done, counted across resets.
+
+    Either way of going on after a reset works: ``fit(epochs=total - state.epoch)``, as Horovod's examples do, where
+    Keras counts from 0 again; or ``fit(initial_epoch=state.epoch, epochs=total)``, where Keras counts from there.
+
+    Args:
+        state: the ``State`` whose ``epoch`` attribute it sets.
+    """
 
     def __init__(self, state: Any) -> None:
         super().__init__()

@@ -41,7 +41,12 @@ def distributed_optimizer(optimizer: Any, name: str | None, settings: dict[str, 
             self._agg_helper = Aggregation(k, average_aggregated_gradients) if k > 1 else None
 
         def register_local_var(self, var: Any) -> None:
-            """Keep ``var``'s gradient on this rank (not reduced), as Horovod's optimizer."""
+            """Keep a variable's gradient on this rank instead of reducing it, as Horovod's optimizer does.
+
+            Args:
+                var: the variable whose gradient stays local. It is divided by the number of ranks unless the
+                    optimizer was made with ``scale_local_gradients=False``.
+            """
             self._hvd_local.register(var)
 
         def compute_gradients(self, loss: Any, var_list: Any, tape: Any = None) -> list[tuple[Any, Any]]:
@@ -83,7 +88,15 @@ def distributed_optimizer(optimizer: Any, name: str | None, settings: dict[str, 
             return self._agg_helper.gradients(grads, reduce(k))
 
         def noise_scale(self, batch_size: int | None = None) -> float | None:
-            """The gradient noise scale this optimizer measured (``hvd.noise_scale``)."""
+            """Return the gradient noise scale this optimizer measured, as ``hvd.noise_scale`` does.
+
+            Args:
+                batch_size: the samples per rank and backward pass, needed only where ``fit`` did not tell it.
+                    Defaults to None.
+
+            Returns:
+                The noise scale in samples, as a float, or None while there is no estimate.
+            """
             return self._hvd_noise.value(batch_size)
 
     from ... import keras_patches

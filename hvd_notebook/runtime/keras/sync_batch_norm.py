@@ -22,12 +22,21 @@ keras = keras_flavour.keras()
 
 @keras.saving.register_keras_serializable(package="hvd_notebook")
 class SyncBatchNormalization(keras.layers.BatchNormalization):
-    """Batch normalization with the mean and variance of the batch of all ranks in training.
+    """Batch normalization with the mean and variance of the batch of all ranks, as Horovod's layer.
+
+    In training, each rank sums its rows and their squares per channel and counts them, and one allreduce of the
+    three gives every rank the global mean and variance. They are exact with unequal batch sizes. Inference uses the
+    moving statistics, as ``BatchNormalization`` does. On one rank it is ``BatchNormalization`` as it is.
 
     >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), hvd.SyncBatchNormalization()])
 
-    Takes ``BatchNormalization``'s arguments; ``fused`` exists for Horovod's signature and
-    must stay False, as in Horovod.
+    Args:
+        fused: accepted for Horovod's signature; it must stay False, as in Horovod.
+        **kwargs: ``keras.layers.BatchNormalization``'s arguments, such as ``axis``, ``momentum`` and ``epsilon``.
+
+    Raises:
+        ValueError: ``fused`` is True or None, or ``synchronized=True`` is given: the layer is synchronised over the
+            ranks already.
     """
 
     def __init__(self, fused: bool | None = False, **kwargs: Any) -> None:

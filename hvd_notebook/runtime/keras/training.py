@@ -33,17 +33,57 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
                          device_dense: str = "", device_sparse: str = "", process_set: Any = None,
                          num_groups: int = 0, groups: Any = None, use_locking: bool = False,
                          scale_local_gradients: bool = True) -> Any:
-    """Wrap a Keras optimizer (Keras 3's, or Keras 2's from ``tf_keras``) or a TF1
-    ``tf.compat.v1.train.Optimizer`` so that gradients are reduced over all ranks before each update.
+    """Wrap a TensorFlow optimizer so that gradients are reduced over all ranks before each update.
+
+    It takes a Keras 3 optimizer, a Keras 2 one from ``tf_keras``, or a TF1 ``tf.compat.v1.train.Optimizer``. The
+    gradients are averaged, by default, in one fused ``grouped_allreduce`` per step; inside ``model.fit``'s compiled
+    step that is a single host call.
 
     >>> opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9))
     >>> model.compile(opt, loss="sparse_categorical_crossentropy")
 
-    ``backward_passes_per_step=k`` accumulates k local steps (Keras's own
-    gradient accumulation) and reduces once per k, summing the k gradients
-    unless ``average_aggregated_gradients``. ``use_locking`` applies to TF1
-    optimizers only. ``opt.register_local_var(var)`` keeps ``var``'s gradient on
-    this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
+    A wrapped Keras optimizer also has ``register_local_var(var)``, which keeps ``var``'s gradient on this rank, and
+    ``noise_scale()``, the gradient noise scale it measured.
+
+    Args:
+        optimizer: the optimizer to wrap.
+        name: the wrapped optimizer's name. The default, None, keeps a Keras optimizer's own name, and names a TF1
+            one ``Distributed`` followed by its class name.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating gradients
+            as float16.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors. By default, False, they are
+            allgathered, as in Horovod.
+        backward_passes_per_step: accumulate the gradients of this many steps on each rank, then reduce and apply
+            them once. With a Keras 3 optimizer this is Keras's own gradient accumulation. Defaults to 1.
+        op: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        gradient_predivide_factor: with ``hvd.Average``, divide the gradients by this factor before the sum, and
+            multiply the sum by ``factor / size`` after it. Ignored with other ops. Defaults to 1.0.
+        average_aggregated_gradients: with ``backward_passes_per_step`` above 1, apply the mean of the accumulated
+            gradients instead of their sum. Defaults to False.
+        device_dense: accepted for Horovod's signature; it must stay empty. Gradients are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        process_set: reduce over the ranks of this ``hvd.ProcessSet``. A rank outside it keeps its own gradients.
+            The default, None, means every rank.
+        num_groups: accepted for Horovod's signature; it must stay 0. Gradients are fused by dtype up to
+            ``HOROVOD_FUSION_THRESHOLD`` bytes.
+        groups: accepted for Horovod's signature; it must stay None.
+        use_locking: the TF1 optimizer's ``use_locking``. It applies to TF1 optimizers only. Defaults to False.
+        scale_local_gradients: divide the gradients of local variables by the number of ranks that reduce, as
+            Horovod does. Defaults to True.
+
+    Returns:
+        For a Keras 3 or Keras 2 optimizer, a new optimizer of a subclass of its class, built from its config: the
+        original's variables are not copied. For a TF1 optimizer, a ``tf.compat.v1.train.Optimizer`` whose
+        ``compute_gradients`` returns reduced gradients.
+
+    Raises:
+        TypeError: ``optimizer`` is none of the three kinds.
+        ValueError: ``device_dense``, ``device_sparse``, ``num_groups`` or ``groups`` is set; ``process_set`` is
+            neither None nor an ``hvd.ProcessSet``; ``backward_passes_per_step`` is under 1; ``op`` is not
+            ``hvd.Average``, ``hvd.Sum`` or ``hvd.Adasum``; ``use_locking`` is set for a Keras optimizer; or
+            ``backward_passes_per_step`` is above 1 for a TF1 optimizer while TensorFlow runs eagerly.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement. It is raised at once
+            for a TF1 optimizer, else when gradients are first reduced.
     """
     from ..tensorflow import tf1
 
@@ -98,7 +138,12 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
             self._hvd_noise = NoiseScale()
 
         def register_local_var(self, var: Any) -> None:
-            """Keep ``var``'s gradient on this rank (not reduced), as Horovod's optimizer."""
+            """Keep a variable's gradient on this rank instead of reducing it, as Horovod's optimizer does.
+
+            Args:
+                var: the variable whose gradient stays local. It is divided by the number of ranks unless the
+                    optimizer was made with ``scale_local_gradients=False``.
+            """
             self._hvd_local.register(var)
 
         @not_converted
@@ -130,7 +175,15 @@ def _distributed_keras_optimizer(optimizer: Any, name: str | None, settings: dic
             return dict(noise=self._hvd_noise, passes=passes, unscale=unscale)
 
         def noise_scale(self, batch_size: int | None = None) -> float | None:
-            """The gradient noise scale this optimizer measured (``hvd.noise_scale``)."""
+            """Return the gradient noise scale this optimizer measured, as ``hvd.noise_scale`` does.
+
+            Args:
+                batch_size: the samples per rank and backward pass, needed only where ``fit`` did not tell it.
+                    Defaults to None.
+
+            Returns:
+                The noise scale in samples, as a float, or None while there is no estimate.
+            """
             return self._hvd_noise.value(batch_size)
 
     # Keras's jit_compile="auto" would compile the host-side reduction with XLA: see keras_patches
@@ -215,13 +268,36 @@ _tape_noise = NoiseScale()
 class DistributedGradientTape:
     """A ``tf.GradientTape`` whose ``gradient()`` returns gradients reduced over all ranks.
 
+    Wrap the tape after the forward pass, then call ``gradient`` as usual. Every other attribute is the wrapped
+    tape's.
+
     >>> with tf.GradientTape() as tape:
     ...     loss = loss_fn(model(x), y)
     >>> tape = hvd.DistributedGradientTape(tape)
     >>> grads = tape.gradient(loss, model.trainable_variables)
 
-    ``tape.register_local_source(var)`` keeps ``var``'s gradient on this rank, divided by
-    ``size()`` unless ``scale_local_gradients=False``.
+    Args:
+        gradtape: the ``tf.GradientTape`` to wrap.
+        device_dense: accepted for Horovod's signature; it must stay empty. Gradients are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating gradients
+            as float16.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors. By default, False, they are
+            allgathered, as in Horovod.
+        op: the reduction: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        gradient_predivide_factor: with ``hvd.Average``, divide the gradients by this factor before the sum, and
+            multiply the sum by ``factor / size`` after it. Ignored with other ops. Defaults to 1.0.
+        num_groups: accepted for Horovod's signature; it must stay 0. Gradients are fused by dtype up to
+            ``HOROVOD_FUSION_THRESHOLD`` bytes.
+        groups: accepted for Horovod's signature; it must stay None.
+        process_set: reduce over the ranks of this ``hvd.ProcessSet``. A rank outside it keeps its own gradients.
+            The default, None, means every rank.
+        scale_local_gradients: divide the gradients of local variables by the number of ranks that reduce, as
+            Horovod does. Defaults to True.
+
+    Raises:
+        ValueError: ``device_dense``, ``device_sparse``, ``num_groups`` or ``groups`` is set, or ``process_set`` is
+            neither None nor an ``hvd.ProcessSet``.
     """
 
     def __init__(self, gradtape: Any, device_dense: str = "", device_sparse: str = "",
@@ -237,13 +313,41 @@ class DistributedGradientTape:
         self._local = LocalVariables(scale_local_gradients)
 
     def register_local_source(self, source: Any) -> None:
-        """Keep ``source``'s gradient on this rank (not reduced), as Horovod's tape."""
+        """Keep a variable's gradient on this rank instead of reducing it, as Horovod's tape does.
+
+        Args:
+            source: the variable whose gradient stays local. It is divided by the number of ranks unless the tape
+                was made with ``scale_local_gradients=False``.
+        """
         self._local.register(source)
 
     @not_converted
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False,
                  **kwargs: Any) -> Any:
-        """``use_generic_names`` names Horovod's collectives only; the runtime names its own."""
+        """Compute the gradients of ``target`` with the wrapped tape, and reduce them over the ranks.
+
+        All the dense gradients are reduced in one fused ``grouped_allreduce``. Gradients of local sources stay on
+        this rank.
+
+        Args:
+            target: the tensor, or nested structure of tensors, to differentiate.
+            sources: the variables or tensors, or a nested structure of them, to differentiate against.
+            output_gradients: passed to the wrapped tape's ``gradient``. Defaults to None.
+            use_generic_names: accepted for Horovod's signature; the runtime names its collectives itself.
+            **kwargs: passed to the wrapped tape's ``gradient``, such as ``unconnected_gradients``.
+
+        Returns:
+            The reduced gradients, in the structure of ``sources``. A None gradient stays None; a
+            ``tf.IndexedSlices`` is allgathered unless ``sparse_as_dense``.
+
+        Raises:
+            ValueError: the runtime is not initialised, or the tape's ``op`` is not an op.
+            NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+            MismatchError: the ranks' gradient reductions do not match, such as models of different shapes.
+            StallError: a reduction cannot complete: a rank it waits for has shut down, or the wait passed
+                ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+            HorovodInternalError: another rank left a reduction to reset the world for ``hvd.elastic.run``.
+        """
         import tensorflow as tf
 
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients, **kwargs)
@@ -253,8 +357,26 @@ class DistributedGradientTape:
 
     def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
                                        use_generic_names: bool = False) -> tuple[list[Any], list[Any]]:
-        """``gradient()`` split, as Horovod's tape: the (source, gradient) pairs of the local
-        sources, and those of the others."""
+        """Compute the reduced gradients, split into those of the local sources and the others.
+
+        Args:
+            target: the tensor to differentiate.
+            sources: a flat list of the variables to differentiate against.
+            output_gradients: passed to the wrapped tape's ``gradient``. Defaults to None.
+            use_generic_names: accepted for Horovod's signature; the runtime names its collectives itself.
+
+        Returns:
+            A tuple of two lists of ``(source, gradient)`` pairs: those of the local sources, then those of the
+            others. Each keeps the order of ``sources``.
+
+        Raises:
+            ValueError: the runtime is not initialised, or the tape's ``op`` is not an op.
+            NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+            MismatchError: the ranks' gradient reductions do not match, such as models of different shapes.
+            StallError: a reduction cannot complete: a rank it waits for has shut down, or the wait passed
+                ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+            HorovodInternalError: another rank left a reduction to reset the world for ``hvd.elastic.run``.
+        """
         grads = self.gradient(target, sources, output_gradients=output_gradients)
         local = self._local.ids()
         pairs = list(zip(sources, grads))
@@ -276,10 +398,38 @@ def PartialDistributedGradientTape(gradtape: Any, device_dense: str = "", device
                                    op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                                    groups: Any = None, process_set: Any = None, local_layers: Any = None,
                                    scale_local_gradients: bool = True) -> DistributedGradientTape:
-    """A ``DistributedGradientTape`` that leaves the gradients of ``local_layers`` (a Keras layer or a
-    list of them) on this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
+    """Make a ``DistributedGradientTape`` that keeps the gradients of some layers on this rank.
 
     >>> tape = hvd.PartialDistributedGradientTape(tape, local_layers=model.layers[-1])
+
+    Args:
+        gradtape: the ``tf.GradientTape`` to wrap.
+        device_dense: accepted for Horovod's signature; it must stay empty. Gradients are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating gradients
+            as float16.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors. By default, False, they are
+            allgathered, as in Horovod.
+        op: the reduction: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        gradient_predivide_factor: with ``hvd.Average``, divide the gradients by this factor before the sum, and
+            multiply the sum by ``factor / size`` after it. Ignored with other ops. Defaults to 1.0.
+        num_groups: accepted for Horovod's signature; it must stay 0. Gradients are fused by dtype up to
+            ``HOROVOD_FUSION_THRESHOLD`` bytes.
+        groups: accepted for Horovod's signature; it must stay None.
+        process_set: reduce over the ranks of this ``hvd.ProcessSet``. A rank outside it keeps its own gradients.
+            The default, None, means every rank.
+        local_layers: a Keras layer, or a list of them, whose weights' gradients stay on this rank. The default,
+            None, keeps none local.
+        scale_local_gradients: divide the gradients of local variables by the number of ranks that reduce, as
+            Horovod does. Defaults to True.
+
+    Returns:
+        A ``DistributedGradientTape`` whose local sources are the weights of ``local_layers``. A layer built after
+        the call counts too.
+
+    Raises:
+        ValueError: ``device_dense``, ``device_sparse``, ``num_groups`` or ``groups`` is set; ``process_set`` is
+            neither None nor an ``hvd.ProcessSet``; or ``local_layers`` holds something other than Keras layers.
     """
     reject_unsupported("hvd.PartialDistributedGradientTape", device_dense=device_dense, device_sparse=device_sparse,
                        num_groups=num_groups, groups=groups)
@@ -296,10 +446,39 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
                                 sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                                 op: int = Average, groups: Any = None, process_set: Any = None,
                                 local_layers: Any = None, scale_local_gradients: bool = True) -> Any:
-    """A Keras ``DistributedOptimizer`` that leaves the gradients of ``local_layers`` (a Keras layer
-    or a list of them) on this rank, divided by ``size()`` unless ``scale_local_gradients=False``.
+    """Make a Keras ``DistributedOptimizer`` that keeps the gradients of some layers on this rank.
 
     >>> model.compile(hvd.PartialDistributedOptimizer(opt, local_layers=model.layers[-1]), loss="mse")
+
+    Args:
+        optimizer: the Keras 3 or Keras 2 optimizer to wrap.
+        name: the wrapped optimizer's name. The default, None, keeps the optimizer's own name.
+        device_dense: accepted for Horovod's signature; it must stay empty. Gradients are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating gradients
+            as float16.
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors. By default, False, they are
+            allgathered, as in Horovod.
+        gradient_predivide_factor: with ``hvd.Average``, divide the gradients by this factor before the sum, and
+            multiply the sum by ``factor / size`` after it. Ignored with other ops. Defaults to 1.0.
+        op: the reduction: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        groups: accepted for Horovod's signature; it must stay None.
+        process_set: reduce over the ranks of this ``hvd.ProcessSet``. A rank outside it keeps its own gradients.
+            The default, None, means every rank.
+        local_layers: a Keras layer, or a list of them, whose weights' gradients stay on this rank. The default,
+            None, keeps none local.
+        scale_local_gradients: divide the gradients of local variables by the number of ranks that reduce, as
+            Horovod does. Defaults to True.
+
+    Returns:
+        The optimizer that ``DistributedOptimizer`` returns, with the weights of ``local_layers`` as local
+        variables. A layer built after the call counts too.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras optimizer.
+        ValueError: ``op`` is neither ``hvd.Average`` nor ``hvd.Sum``; ``device_dense``, ``device_sparse`` or
+            ``groups`` is set; ``process_set`` is neither None nor an ``hvd.ProcessSet``; or ``local_layers`` holds
+            something other than Keras layers.
     """
     reject_unsupported("hvd.PartialDistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
                        groups=groups)
@@ -318,12 +497,23 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
 
 def load_model(filepath: str, custom_optimizers: list[Any] | None = None, custom_objects: dict | None = None,
                compression: Any = Compression.none) -> Any:
-    """Load a model saved (on rank 0) with a ``DistributedOptimizer``; its optimizer
-    is wrapped again, with its state (step count, moments) restored.
+    """Load a Keras model saved with a ``DistributedOptimizer``, and wrap its optimizer again.
 
-    Every rank loads the same file: either put it where all ranks see it, or
-    load on rank 0 and broadcast with ``BroadcastGlobalVariablesCallback``.
-    ``custom_optimizers`` lists the classes of your own optimizers.
+    The optimizer's state, such as its step count and moments, is restored. Every rank loads the same file: put it
+    where all ranks see it, or load it on rank 0 and share the weights with ``BroadcastGlobalVariablesCallback``.
+
+    Args:
+        filepath: the saved model's path.
+        custom_optimizers: the classes of your own optimizers that the file may hold. Defaults to None.
+        custom_objects: passed to ``keras.models.load_model``, added to the optimizers. Defaults to None.
+        compression: the compression of the rebuilt ``DistributedOptimizer``. Defaults to ``hvd.Compression.none``.
+
+    Returns:
+        The loaded ``keras.Model``, compiled with a ``DistributedOptimizer`` where it was saved with one.
+
+    Raises:
+        ValueError: Keras cannot load ``filepath``, such as a missing ``.keras`` file or an unsupported format.
+        OSError: an HDF5 file cannot be opened.
     """
     keras = keras_flavour.keras()
     by_name: dict[str, list[type]] = {}
@@ -365,16 +555,22 @@ def _rewrapping(classes: list[type], name: str, compression: Any) -> Any:
 
 
 def shard(data: Any) -> Any:
-    """This rank's part of ``data``: rows ``rank, rank + size, rank + 2*size, ...``.
+    """Return this rank's part of a dataset: the rows ``rank, rank + size, rank + 2 * size``, and so on.
 
-    A numpy array (or anything indexable by a slice), a tuple or list of them
-    (sharded alike, so features and labels stay paired), or a
-    ``tf.data.Dataset``. Arrays keep ``len // size`` rows on every rank, so
-    that every rank runs the same number of steps (a rank with one batch more
-    would wait for the others in its extra allreduce); the last ``len % size``
-    rows are dropped. A dataset is ``dataset.shard(size, rank)``, which gives
-    the first ``len % size`` ranks one element more: batch it with
-    ``drop_remainder=True`` or repeat it.
+    Arrays keep ``len // size`` rows on every rank, so that every rank runs the same number of steps; the last ``len
+    % size`` rows are dropped. A rank with one batch more would wait for the others in its extra allreduce. A
+    ``tf.data.Dataset`` is ``dataset.shard(size, rank)``, which gives the first ``len % size`` ranks one element
+    more: batch it with ``drop_remainder=True``, or repeat it.
+
+    Args:
+        data: a numpy array or anything a slice indexes; a tuple or list of them, sharded alike so that features and
+            labels stay paired; or a ``tf.data.Dataset``.
+
+    Returns:
+        This rank's part, of ``data``'s type: an array slice, a tuple or list of them, or a dataset.
+
+    Raises:
+        ValueError: the runtime is not initialised.
     """
     size, rank = basics.size(), basics.rank()
     if isinstance(data, (tuple, list)):
@@ -386,11 +582,20 @@ def shard(data: Any) -> Any:
 
 
 def scale_lr(base_lr: float, rule: str = "linear") -> float:
-    """The learning rate for ``size()`` ranks from one tuned for one rank.
+    """Scale a learning rate tuned for one rank to ``size()`` ranks.
 
-    ``linear`` (Goyal et al. 2017: ``base_lr * size``, pair it with
-    ``LearningRateWarmupCallback``) or ``sqrt`` (``base_lr * sqrt(size)``,
-    often better for adaptive optimizers such as Adam)."""
+    Args:
+        base_lr: the learning rate for one rank.
+        rule: ``"linear"`` (the default) gives ``base_lr * size``, as Goyal et al. (2017); pair it with
+            ``LearningRateWarmupCallback``. ``"sqrt"`` gives ``base_lr * sqrt(size)``, often better for adaptive
+            optimizers such as Adam.
+
+    Returns:
+        The scaled learning rate, as a float.
+
+    Raises:
+        ValueError: ``rule`` is neither ``"linear"`` nor ``"sqrt"``, or the runtime is not initialised.
+    """
     if rule == "linear":
         return base_lr * basics.size()
     if rule == "sqrt":

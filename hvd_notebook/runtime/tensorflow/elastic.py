@@ -51,8 +51,18 @@ class _VariablesState(ObjectState):
 
 
 class TensorFlowState(_VariablesState):
-    """A list of TensorFlow variables (default: the graph's global variables) and Python values.
-    ``session``: for TF1 graphs, the session that holds the variables' values."""
+    """Elastic state made of TensorFlow variables and Python values.
+
+    ``sync()`` broadcasts the variables from rank 0 in one fused broadcast, and the values as pickled objects.
+    ``commit()`` keeps a copy of each variable's value.
+
+    Args:
+        variables: the TensorFlow variables to keep. The default, None, takes the graph's global variables, which
+            eagerly are none.
+        session: in a TF1 graph, the session that holds the variables' values. The default, None, takes the default
+            session in a graph, and none eagerly.
+        **kwargs: Python values, by name: each becomes an attribute, ``state.epoch``.
+    """
 
     def __init__(self, variables: list[Any] | None = None, session: Any = None, **kwargs: Any) -> None:
         tf = _tf()
@@ -66,9 +76,20 @@ class TensorFlowState(_VariablesState):
 
 
 class TensorFlowKerasState(_VariablesState):
-    """A built Keras model, its optimizer (default: the compiled one) and Python values. The
-    optimizer's variables (its step count and slots) are part of the state: an optimizer that has
-    not made them yet makes them now, for the model's trainable variables."""
+    """Elastic state made of a built Keras model, its optimizer and Python values.
+
+    The optimizer's variables, its step count and slots, are part of the state. An optimizer that has not made them
+    yet makes them now, for the model's trainable variables.
+
+    Args:
+        model: the Keras model. It must be built.
+        optimizer: the optimizer. The default, None, takes the model's compiled optimizer.
+        backend: accepted for Horovod's signature, and kept as ``state.backend``; it is not used.
+        **kwargs: Python values, by name: each becomes an attribute, ``state.epoch``.
+
+    Raises:
+        ValueError: the model is not built, or it has no optimizer and none is given.
+    """
 
     def __init__(self, model: Any, optimizer: Any = None, backend: Any = None, **kwargs: Any) -> None:
         if not getattr(model, "built", True):

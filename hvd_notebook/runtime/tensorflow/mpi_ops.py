@@ -313,10 +313,57 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
               compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None, process_set: Any = None,
               ignore_name_scope: bool = False) -> Any:
-    """Reduce ``tensor`` over all ranks (default: average), as ``hvd.allreduce``.
+    """Reduce a tensor over all ranks, by default to its average, as ``hvd.allreduce``.
+
+    A numpy array in gives a numpy array out, and a TensorFlow tensor a tensor: eagerly, in a ``tf.function`` and in
+    a TF1 graph. GPU tensors are reduced by NCCL where every rank has a GPU. The call is differentiable: the
+    gradient of an allreduce is the same allreduce of the gradient.
 
     >>> hvd.allreduce(np.array([1.0, 2.0]) * (hvd.rank() + 1), op=hvd.Sum)  # on 2 ranks
     array([3., 6.])
+
+    Args:
+        tensor: the value to reduce: a TensorFlow tensor or variable, a numpy or cupy array, or anything
+            ``np.asarray`` takes. Every rank passes one of the same shape and dtype. A ``tf.IndexedSlices`` is
+            allgathered instead, as in Horovod.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        device_dense: accepted for Horovod's signature; it must stay empty. GPU tensors are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name (in a graph, the tensor's own name), so that nameless calls pair in call
+            order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+        ignore_name_scope: in a graph, use ``name`` as it is, without the graph's name scope before it. Defaults to
+            False.
+
+    Returns:
+        The reduced value, of ``tensor``'s shape and dtype: a ``tf.Tensor`` for a TensorFlow tensor, a cupy array
+        for a cupy array, else a numpy array. For a ``tf.IndexedSlices``, a ``tf.IndexedSlices`` of every rank's
+        rows, their values divided by the size for ``hvd.Average``.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``op`` and ``average`` are both given, or ``op`` is not an op;
+            ``device_dense`` or ``device_sparse`` is set; a rank's tensor cannot be reduced, such as one of a string
+            dtype, in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or
+            does not hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set``
+            are raised as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement; or, for
+            ``tf.IndexedSlices``, an op other than ``hvd.Average`` and ``hvd.Sum``, or a scale factor.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
     """
     if device_dense or device_sparse:
         reject_unsupported("hvd.allreduce", device_dense=device_dense, device_sparse=device_sparse)
@@ -354,8 +401,50 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
                       device_sparse: str = "", compression: Any = Compression.none, op: int | None = None,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
                       process_set: Any = None) -> list[Any]:
-    """Reduce several tensors at once, fused into as few MPI calls as the fusion
-    threshold allows (``HOROVOD_FUSION_THRESHOLD``)."""
+    """Reduce several tensors over all ranks in one call, by default to their averages.
+
+    The ranks agree on the whole group once. Tensors of one dtype are fused into buffers of up to
+    ``HOROVOD_FUSION_THRESHOLD`` bytes, one MPI or NCCL call each. Otherwise it works as ``allreduce`` on each
+    tensor, differentiable too.
+
+    Args:
+        tensors: a list of tensors, as ``allreduce`` takes. Every rank passes the same number, of the same shapes
+            and dtypes, in the same order.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        device_dense: accepted for Horovod's signature; it must stay empty. GPU tensors are reduced where they live.
+        device_sparse: accepted for Horovod's signature; it must stay empty.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names (in a graph, the tensors' own names).
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        A list of the reduced values, one per tensor in ``tensors``, each as ``allreduce`` returns it. An empty list
+        for an empty ``tensors``.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``op`` and ``average`` are both given, or ``op`` is not an op;
+            ``device_dense`` or ``device_sparse`` is set; a rank's tensor cannot be reduced, such as one of a string
+            dtype, in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or
+            does not hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set``
+            are raised as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement; or, for
+            ``tf.IndexedSlices``, an op other than ``hvd.Average`` and ``hvd.Sum``, or a scale factor.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     if device_dense or device_sparse:
         reject_unsupported("hvd.grouped_allreduce", device_dense=device_dense, device_sparse=device_sparse)
     op = resolve_op(op, average)
@@ -547,13 +636,75 @@ def _any_rows(x: Any) -> list[Any]:
 # ------------------------------------------------------------------ allgather
 @not_converted
 def allgather(tensor: Any, name: str | None = None, process_set: Any = None, ignore_name_scope: bool = False) -> Any:
-    """Concatenate ``tensor`` from every rank along the first dimension, which may differ."""
+    """Concatenate a tensor from every rank along its first dimension.
+
+    The first dimension may differ between ranks; the other dimensions and the dtype may not. The call is
+    differentiable: a rank's gradient is its own rows of the gradient averaged over the ranks.
+
+    >>> hvd.allgather(np.full(hvd.rank() + 1, hvd.rank()))  # on 2 ranks
+    array([0, 1, 1])
+
+    Args:
+        tensor: this rank's part: a TensorFlow tensor, a numpy or cupy array, or anything ``np.asarray`` takes, of
+            at least one dimension.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name (in a graph, the tensor's own name), so that nameless calls pair in call
+            order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+        ignore_name_scope: in a graph, use ``name`` as it is, without the graph's name scope before it. Defaults to
+            False.
+
+    Returns:
+        Every rank's ``tensor`` concatenated in rank order, of ``tensor``'s dtype and of the kind ``allreduce``
+        returns. Its first dimension is the sum of the ranks' first dimensions.
+
+    Raises:
+        ValueError: the runtime is not initialised; a rank's tensor is a scalar, or of a dtype that cannot be sent,
+            in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or does not
+            hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set`` are raised
+            as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     return grouped_allgather([tensor], name=_scoped(name, ignore_name_scope, tensor), process_set=process_set)[0]
 
 
 @not_converted
 def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: Any = None) -> list[Any]:
-    """``allgather`` of several tensors with one agreement."""
+    """Concatenate several tensors from every rank along their first dimensions, in one call.
+
+    Each tensor is gathered as ``allgather`` gathers it; the ranks agree on the whole group once.
+
+    Args:
+        tensors: a list of tensors, as ``allgather`` takes. Every rank passes the same number, in the same order.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names (in a graph, the tensors' own names).
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        A list with one gathered value per tensor, each as ``allgather`` returns it. An empty list for an empty
+        ``tensors``.
+
+    Raises:
+        ValueError: the runtime is not initialised; a rank's tensor is a scalar, or of a dtype that cannot be sent,
+            in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or does not
+            hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set`` are raised
+            as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     if not tensors:
         return []
     world = _backends(process_set, "hvd.grouped_allgather", tensors[0])
@@ -567,7 +718,41 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
 @not_converted
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: Any = None) -> Any:
-    """Every rank gets ``root_rank``'s value of ``tensor``."""
+    """Give every rank the root rank's value of a tensor.
+
+    The call is differentiable: the gradient is averaged over the ranks and flows back to the root only; the other
+    ranks get zeros.
+
+    Args:
+        tensor: this rank's value: a TensorFlow tensor, a numpy or cupy array, or anything ``np.asarray`` takes.
+            Every rank passes one of the same shape and dtype; only the root's values are read.
+        root_rank: the global rank whose value every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name (in a graph, the tensor's own name), so that nameless calls pair in call
+            order.
+        ignore_name_scope: in a graph, use ``name`` as it is, without the graph's name scope before it. Defaults to
+            False.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        The root's value, of ``tensor``'s shape and dtype and of the kind ``allreduce`` returns.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``root_rank`` is not a rank of the world or of ``process_set``,
+            or a rank's tensor is of a dtype that cannot be sent, in which case every rank raises; or
+            ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank. Eagerly, for
+            TensorFlow tensors, a refusal and a rank outside ``process_set`` are raised as a
+            ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     world = _backends(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
     root = world.root(root_rank)  # (Horovod's root_rank is a global rank)
@@ -579,8 +764,37 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
 @not_converted
 def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any = None,
                         inplace: bool = False) -> Any:
-    """Assign ``root_rank``'s values to every rank's variables, in one fused broadcast.
-    (``inplace`` is accepted as in Horovod: variables are always assigned in place.)"""
+    """Assign the root rank's values to every rank's variables, in one fused broadcast.
+
+    Use it after the variables are created, so that every rank starts from the same values.
+
+    >>> hvd.broadcast_variables(model.variables, root_rank=0)
+
+    Args:
+        variables: the TensorFlow variables to assign. Every rank passes the same number, of the same shapes and
+            dtypes, in the same order.
+        root_rank: the global rank whose values every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+        inplace: accepted for Horovod's signature. Variables are always assigned in place.
+
+    Returns:
+        None eagerly, and for an empty ``variables``. In a graph, an op that makes the assignments when run.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``root_rank`` is not a rank of the world or of ``process_set``,
+            in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or does not
+            hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set`` are raised
+            as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     variables = list(variables)
     if not variables:
         return None
@@ -591,8 +805,37 @@ def broadcast_variables(variables: list[Any], root_rank: int, process_set: Any =
 
 @not_converted
 def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """In-place broadcast, as Horovod's: assign ``root_rank``'s values to every rank's ``variables`` and
-    return their new values (in a graph, tensors that read them after the assignment)."""
+    """Assign the root rank's values to every rank's variables, and return their new values.
+
+    This is Horovod's in-place broadcast. All the variables travel in one fused broadcast.
+
+    Args:
+        variables: the TensorFlow variables to assign. Every rank passes the same number, of the same shapes and
+            dtypes, in the same order.
+        root_rank: the global rank whose values every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks; variable ``i`` is labelled ``name.i``. The default, None,
+            names each by the variable's own name or an automatic name.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        A list with each variable's new value as a tensor. In a graph, the tensors read the variables after the
+        assignments. An empty list for an empty ``variables``.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``root_rank`` is not a rank of the world or of ``process_set``,
+            in which case every rank raises; or ``process_set`` is not a registered ``hvd.ProcessSet`` or does not
+            hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank outside ``process_set`` are raised
+            as a ``tf.errors.InvalidArgumentError`` that is also a ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     variables = list(variables)
     if not variables:
         return []
@@ -632,15 +875,56 @@ def _check_session(call: str, session: Any) -> None:
 @not_converted
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: Any = None) -> Any:
-    """Every rank gets ``root_rank``'s (picklable) Python object."""
+    """Give every rank the root rank's Python object.
+
+    The object is pickled and sent through MPI, without a TensorFlow op, so the call works the same eagerly and in a
+    graph.
+
+    Args:
+        obj: the object to send. Only the root's is read; the other ranks may pass None.
+        root_rank: the global rank whose object every rank gets. Defaults to 0.
+        session: Horovod's TF1 session argument. A ``tf.compat.v1.Session`` or None; it is not needed, since no op
+            runs.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        The root's object: ``obj`` itself on the root, an unpickled copy on the other ranks.
+
+    Raises:
+        ValueError: ``session`` is not a session; the runtime is not initialised; ``process_set`` is not a
+            registered ``hvd.ProcessSet`` or does not hold this rank; or ``root_rank`` is not a rank of the world or
+            of ``process_set``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments.
+            Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     _check_session("hvd.broadcast_object", session)
     return _objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | None = None,
                         process_set: Any = None) -> Any:
-    """A function ``obj -> root_rank's obj``: Horovod's TF1 helper, which builds its broadcast ops once for
-    many calls (here each call is a ``broadcast_object``, which needs no ops)."""
+    """Make a function that gives every rank the root rank's Python object, as Horovod's TF1 helper.
+
+    Horovod's helper builds its broadcast ops once for many calls. Here each call of the function is a
+    ``broadcast_object`` call, which needs no ops.
+
+    Args:
+        root_rank: the global rank whose object every rank gets. Defaults to 0.
+        session: Horovod's TF1 session argument. A ``tf.compat.v1.Session`` or None; it is not needed.
+        name: the name of every call the function makes. The default, None, uses ``"broadcast_object_fn"``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        A function ``fn(obj)`` that returns the root's object and raises what ``broadcast_object`` raises.
+
+    Raises:
+        ValueError: ``session`` is not a session.
+    """
     _check_session("hvd.broadcast_object_fn", session)
     name = name or "broadcast_object_fn"
     return lambda obj: broadcast_object(obj, root_rank, session=session, name=name, process_set=process_set)
@@ -648,7 +932,31 @@ def broadcast_object_fn(root_rank: int = 0, session: Any = None, name: str | Non
 
 @not_converted
 def allgather_object(obj: Any, session: Any = None, name: str | None = None, process_set: Any = None) -> list[Any]:
-    """A list of every rank's (picklable) Python object, in rank order."""
+    """Gather every rank's Python object into a list, in rank order.
+
+    The objects are pickled and sent through MPI, without a TensorFlow op, so the call works the same eagerly and in
+    a graph.
+
+    Args:
+        obj: this rank's object.
+        session: Horovod's TF1 session argument. A ``tf.compat.v1.Session`` or None; it is not needed, since no op
+            runs.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        A list with one object per rank, in rank order: ``size()`` items, or the set's size with ``process_set``.
+
+    Raises:
+        ValueError: ``session`` is not a session; the runtime is not initialised; or ``process_set`` is not a
+            registered ``hvd.ProcessSet`` or does not hold this rank.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments.
+            Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     _check_session("hvd.allgather_object", session)
     return _objects.allgather_object(obj, name, process_set)
 
@@ -657,8 +965,44 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None, pro
 @not_converted
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
              process_set: Any = None) -> Any:
-    """Send rows ``splits[r]`` of ``tensor`` to rank r (equal parts when None) and
-    concatenate what arrives. With ``splits`` given, also return how many rows came from each rank."""
+    """Send a block of rows of a tensor to each rank, and concatenate the blocks that arrive.
+
+    Rank ``r`` gets the ``splits[r]`` rows that follow those sent to the ranks before it. What arrives is
+    concatenated in rank order. The call is differentiable: each rank's rows of the gradient go back to the rank
+    they came from.
+
+    Args:
+        tensor: the rows to send: a TensorFlow tensor, a numpy array, or anything ``np.asarray`` takes, of at least
+            one dimension. The dimensions after the first and the dtype are the same on every rank.
+        splits: how many rows go to each rank: one non-negative int per rank, summing to the first dimension. The
+            default, None, sends equal parts, which needs a first dimension that the number of ranks divides.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name (in a graph, the tensor's own name), so that nameless calls pair in call
+            order.
+        ignore_name_scope: in a graph, use ``name`` as it is, without the graph's name scope before it. Defaults to
+            False.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        Without ``splits``, the rows that arrived, of ``tensor``'s dtype: a ``tf.Tensor`` for a TensorFlow tensor,
+        else a numpy array. With ``splits``, a tuple of those rows and an int32 vector of how many rows came from
+        each rank.
+
+    Raises:
+        ValueError: the runtime is not initialised; a rank's tensor is a scalar, its ``splits`` do not fit its rows,
+            or its dtype cannot be sent, in which case every rank raises; or ``process_set`` is not a registered
+            ``hvd.ProcessSet`` or does not hold this rank. Eagerly, for TensorFlow tensors, a refusal and a rank
+            outside ``process_set`` are raised as a ``tf.errors.InvalidArgumentError`` that is also a
+            ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     world = _backends(process_set, "hvd.alltoall", tensor)
     label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
     if not _is_tf(tensor):
@@ -690,7 +1034,44 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None, process_set: Any = None,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
-    """Reduce over ranks and keep this rank's block of rows."""
+    """Reduce a tensor over all ranks, and keep this rank's block of rows of the result.
+
+    The rows are split as evenly as possible, in rank order: the first ``rows % size`` ranks get one row more. The
+    call is differentiable: the gradient is every rank's rows gathered, times the size for ``hvd.Sum`` and times
+    both scale factors.
+
+    Args:
+        tensor: the value to reduce: a TensorFlow tensor, a numpy or cupy array, or anything ``np.asarray`` takes,
+            of at least one dimension. Every rank passes one of the same shape and dtype.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name (in a graph, the tensor's own name), so that nameless calls pair in call
+            order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+        ignore_name_scope: in a graph, use ``name`` as it is, without the graph's name scope before it. Defaults to
+            False.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+
+    Returns:
+        This rank's block of the reduced value, of ``tensor``'s dtype and of the kind ``allreduce`` returns; its
+        dimensions after the first are ``tensor``'s.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``op`` is not one of the five ops above, a rank's tensor is a
+            scalar, or its dtype cannot be reduced, in which case every rank raises; or ``process_set`` is not a
+            registered ``hvd.ProcessSet`` or does not hold this rank. Eagerly, for TensorFlow tensors, a refusal and
+            a rank outside ``process_set`` are raised as a ``tf.errors.InvalidArgumentError`` that is also a
+            ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     return grouped_reducescatter([tensor], op=op, name=_scoped(name, ignore_name_scope, tensor),
                                  process_set=process_set, prescale_factor=prescale_factor,
                                  postscale_factor=postscale_factor)[0]
@@ -700,7 +1081,39 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None, proce
 def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | None = None,
                           process_set: Any = None, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
-    """``reducescatter`` of several tensors."""
+    """Reduce several tensors over all ranks, and keep this rank's block of rows of each.
+
+    Each tensor is reduced and split as ``reducescatter`` does it; the call is differentiable too.
+
+    Args:
+        tensors: a list of tensors, as ``reducescatter`` takes. Every rank passes the same number, of the same
+            shapes and dtypes, in the same order.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names (in a graph, the tensors' own names).
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+        prescale_factor: a factor applied to each rank's tensors before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the results after the reduction. Defaults to 1.0.
+
+    Returns:
+        A list with this rank's block of each reduced tensor, as ``reducescatter`` returns it. An empty list for an
+        empty ``tensors``.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``op`` is not one of the five ops above, a rank's tensor is a
+            scalar, or its dtype cannot be reduced, in which case every rank raises; or ``process_set`` is not a
+            registered ``hvd.ProcessSet`` or does not hold this rank. Eagerly, for TensorFlow tensors, a refusal and
+            a rank outside ``process_set`` are raised as a ``tf.errors.InvalidArgumentError`` that is also a
+            ``ValueError``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments,
+            shapes or dtypes. Every rank raises it. Eagerly, for TensorFlow tensors, it is also a
+            ``tf.errors.FailedPreconditionError``; in a TF1 graph, ``session.run`` raises
+            ``FailedPreconditionError``.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+        XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
+    """
     if not tensors:
         return []
     world = _backends(process_set, "hvd.grouped_reducescatter", tensors[0])

@@ -135,7 +135,19 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         self._accumulation = _Accumulation(passes, average_aggregated) if passes > 1 else None
 
     def compute_gradients(self, *args: Any, **kwargs: Any) -> list[tuple[Any, Any]]:
-        """The wrapped optimizer's gradients, reduced over all ranks (every k-th step with accumulation)."""
+        """Compute the wrapped optimizer's gradients, reduced over all ranks.
+
+        With ``backward_passes_per_step`` above 1, the gradients are added to local sums, and the sums are reduced
+        on every k-th step only. The reduction is one op of the graph, so that its collectives run in the same order
+        on every rank.
+
+        Args:
+            *args: passed to the wrapped optimizer's ``compute_gradients``, such as the loss.
+            **kwargs: passed to the wrapped optimizer's ``compute_gradients``, such as ``var_list``.
+
+        Returns:
+            A list of ``(gradient, variable)`` pairs, the gradients reduced. A None gradient stays None.
+        """
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
         if not pairs:
             return pairs
@@ -147,7 +159,23 @@ class _DistributedV1Optimizer(tf.compat.v1.train.Optimizer):
         return list(zip(grads, variables))
 
     def apply_gradients(self, grads_and_vars: Any, global_step: Any = None, name: str | None = None) -> Any:
-        """The wrapped optimizer's update (every k-th step with accumulation)."""
+        """Apply the gradients with the wrapped optimizer.
+
+        With ``backward_passes_per_step`` above 1, the update runs on every k-th step only, and clears the local
+        sums; the other steps only count ``global_step``.
+
+        Args:
+            grads_and_vars: the ``(gradient, variable)`` pairs that ``compute_gradients`` returned.
+            global_step: the step counter to increment. Defaults to None.
+            name: the update op's name. Defaults to None.
+
+        Returns:
+            The op that applies the update.
+
+        Raises:
+            ValueError: with ``backward_passes_per_step`` above 1, ``compute_gradients`` (or ``minimize``) was not
+                called first.
+        """
         def apply() -> Any:
             return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step, name=name)
 
@@ -179,9 +207,25 @@ def distributed_v1_optimizer(optimizer: Any, name: str | None, use_locking: bool
 
 
 def broadcast_global_variables(root_rank: int, process_set: Any = None) -> Any:
-    """An op that assigns ``root_rank``'s values to every ``tf.compat.v1.global_variables()``,
-    all in one fused broadcast (TF1 graphs; eagerly, use ``broadcast_variables``), among the ranks of
-    ``process_set`` (all by default)."""
+    """Build an op that assigns the root rank's values to every global variable of the TF1 graph.
+
+    All of ``tf.compat.v1.global_variables()`` travel in one fused broadcast. Run the op once, after the variables
+    are initialised or restored.
+
+    Args:
+        root_rank: the global rank whose values every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Returns:
+        The op to run in the session. A ``tf.no_op`` where the graph has no global variables.
+
+    Raises:
+        RuntimeError: TensorFlow runs eagerly, where there are no global variables; use ``hvd.broadcast_variables``
+            there.
+        ValueError: the runtime is not initialised, or ``process_set`` is not a registered ``hvd.ProcessSet`` or
+            does not hold this rank. When the op runs, it fails as ``hvd.broadcast_variables`` does.
+    """
     if tf.executing_eagerly():
         raise RuntimeError("hvd.broadcast_global_variables() needs a TF1 graph (there are no global variables "
                            "eagerly); use hvd.broadcast_variables(model.variables, root_rank) instead.")
@@ -190,11 +234,22 @@ def broadcast_global_variables(root_rank: int, process_set: Any = None) -> Any:
 
 
 class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
-    """Broadcast all global variables from ``root_rank`` once the session is created
-    (after initialisation or restore), so that every rank starts from the same values.
+    """A ``SessionRunHook`` that broadcasts all global variables from the root rank once the session exists.
+
+    The broadcast runs after the session has initialised or restored the variables, so that every rank starts from
+    the same values. The op is built in ``begin()``, and again for a new graph.
 
     >>> hooks = [hvd.BroadcastGlobalVariablesHook(0)]
     >>> with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess: ...
+
+    Args:
+        root_rank: the global rank whose values every rank gets.
+        device: the device to build the broadcast op on, as ``tf.device`` takes it. The default, "", leaves the
+            placement to TensorFlow.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. The default, None, means every rank.
+
+    Raises:
+        ValueError: ``process_set`` is neither None nor an ``hvd.ProcessSet``.
     """
 
     def __init__(self, root_rank: int, device: str = "", process_set: Any = None) -> None:

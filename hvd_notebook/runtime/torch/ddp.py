@@ -23,8 +23,21 @@ from ..core.noise_scale import NoiseScale
 
 
 class NoiseScaleHook:
-    """A DDP communication hook: DDP's own averaging, and the gradient noise scale measured on the way
-    (``register_comm_hook(state, hook)``: the state is the process group, None for the default one)."""
+    """A DDP communication hook that averages gradients and measures the gradient noise scale.
+
+    It is a hook for ``torch.nn.parallel.DistributedDataParallel``. It averages each gradient bucket as DDP's
+    default hook does: divided by the group's size, then summed over the group. Beside each bucket's allreduce it
+    reduces the bucket's squared norm. When every bucket of a backward pass is back, the step's two norms go to the
+    estimator that ``hvd.noise_scale()`` reads. Where the measurement is off (``HVD_NOTEBOOK_NOISE_SCALE=0``, or one
+    rank), it is DDP's default hook.
+
+    >>> model = DDP(model)
+    >>> model.register_comm_hook(None, NoiseScaleHook())
+    >>> hvd.noise_scale(batch_size=64)
+
+    It takes no argument. Register it with ``register_comm_hook(state, hook)``, where the state is the process
+    group, or None for the default one.
+    """
 
     def __init__(self) -> None:
         self.__name__ = self.__qualname__ = "noise_scale_hook"  # (DDP logs its hook by name)
@@ -71,7 +84,14 @@ class NoiseScaleHook:
         noise_scale.record(self.noise, *step, ranks=size)
 
     def noise_scale(self, batch_size: int) -> float | None:
-        """The noise scale measured through this hook, for ``batch_size`` samples per rank and step."""
+        """Return the gradient noise scale measured through this hook.
+
+        Args:
+            batch_size: the samples per rank and step.
+
+        Returns:
+            The noise scale in samples, as a float, or None while there is no estimate.
+        """
         return self.noise.value(batch_size)
 
 

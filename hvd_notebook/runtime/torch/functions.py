@@ -56,9 +56,30 @@ def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: in
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = global_process_set) -> None:
-    """Overwrite every rank's parameters (or any tensors of a ``state_dict``) with ``root_rank``'s.
+    """Overwrite every rank's parameters, or any tensors of a ``state_dict``, with the root rank's.
+
+    All the tensors travel in one fused broadcast; CUDA tensors stay on the GPU where every rank has NCCL. Call it
+    after the model is built, so that every rank starts from the same weights.
 
     >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+    Args:
+        params: ``model.state_dict()``, or ``model.named_parameters()``: a dict of tensors by name, or an iterable
+            of ``(name, tensor)`` pairs. A None value is skipped. Every rank passes the same names, shapes and
+            dtypes.
+        root_rank: the global rank whose values every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Raises:
+        ValueError: ``params`` is neither a dict nor an iterable of ``(name, tensor)`` pairs; a value is not a
+            tensor; the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does
+            not hold this rank; or ``root_rank`` is not a rank of the world or of ``process_set``.
+        MismatchError: the ranks' calls do not match, such as models of different shapes. Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
     """
     named = _named(params)
     for name, t in named:
@@ -88,9 +109,31 @@ def _walk(value: Any, leaf: Callable[[Any], Any]) -> Any:
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, model: Any = None,
                               process_set: Any = global_process_set) -> None:
-    """Give every rank ``root_rank``'s optimizer state (hyperparameters and per-parameter state such as
-    momentum), also where the other ranks' optimizers have not stepped yet. (``model``: Horovod's
-    argument for models whose parameters are not the optimizer's; not needed here.)"""
+    """Give every rank the root rank's optimizer state, also where the other ranks' optimizers have not stepped yet.
+
+    The state's structure, the param groups with their hyperparameters, travels as a Python object; its tensors,
+    such as momentum buffers, travel in one fused broadcast. Afterwards, as in Horovod, every parameter that takes a
+    gradient has one: zeros where it had none.
+
+    >>> hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    Args:
+        optimizer: the ``torch.optim.Optimizer``. Its parameters are in the same order on every rank.
+        root_rank: the global rank whose state every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        model: Horovod's argument for models whose parameters are not the optimizer's. It is not used.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Raises:
+        ValueError: ``optimizer`` is a ``torch.optim.LBFGS``, whose state Horovod does not broadcast either; the
+            runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this
+            rank; or ``root_rank`` is not a rank of the world or of ``process_set``.
+        MismatchError: the ranks' calls do not match, such as models of different shapes. Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("hvd.broadcast_optimizer_state does not support torch.optim.LBFGS (as Horovod); "
                          "broadcast its state_dict() with hvd.broadcast_object.")
@@ -126,12 +169,57 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: Any = global_process_set) -> Any:
-    """Every rank gets ``root_rank``'s (picklable) Python object."""
+    """Give every rank the root rank's Python object.
+
+    The object is pickled and sent through MPI, so it can be anything ``pickle`` takes.
+
+    Args:
+        obj: the object to send. Only the root's is read; the other ranks may pass None.
+        root_rank: the global rank whose object every rank gets. Defaults to 0.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        The root's object: ``obj`` itself on the root, an unpickled copy on the other ranks.
+
+    Raises:
+        ValueError: the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does
+            not hold this rank; or ``root_rank`` is not a rank of the world or of ``process_set``.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments.
+            Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _objects.broadcast_object(obj, root_rank, name, process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """A list of every rank's (picklable) Python object, in rank order."""
+    """Gather every rank's Python object into a list, in rank order.
+
+    The objects are pickled and sent through MPI, so they can be anything ``pickle`` takes.
+
+    Args:
+        obj: this rank's object.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A list with one object per rank, in rank order: ``size()`` items, or the set's size with ``process_set``.
+
+    Raises:
+        ValueError: the runtime is not initialised, or ``process_set`` is not a registered ``hvd.ProcessSet`` or
+            does not hold this rank.
+        MismatchError: the ranks called different collectives under this name, or this one with different arguments.
+            Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _objects.allgather_object(obj, name, process_set)
 
 

@@ -196,7 +196,19 @@ def _start(call: _Call) -> int:
 
 
 def poll(handle: int) -> bool:
-    """True once the call behind ``handle`` has finished (``synchronize`` then returns at once)."""
+    """Tell whether the asynchronous call behind a handle has finished.
+
+    Once it has, ``synchronize(handle)`` returns at once.
+
+    Args:
+        handle: a handle that an ``_async`` call returned, not synchronized yet.
+
+    Returns:
+        True where the call has finished, with its result or its error; else False.
+
+    Raises:
+        ValueError: ``handle`` is not the handle of a call in flight, or it was synchronized already.
+    """
     pending = _handles.get(handle)
     if pending is None:
         raise ValueError(f"hvd.poll: {handle!r} is not a handle of a running call (synchronize() takes each "
@@ -205,8 +217,21 @@ def poll(handle: int) -> bool:
 
 
 def synchronize(handle: int) -> Any:
-    """Wait for the call behind ``handle`` and return its result (raise its error). A handle is
-    taken once: a second ``synchronize`` returns None, as Horovod's."""
+    """Wait for the asynchronous call behind a handle, and return its result.
+
+    A handle is taken once: a second ``synchronize`` of it returns None, as Horovod's does.
+
+    Args:
+        handle: a handle that an ``_async`` call returned.
+
+    Returns:
+        The call's result, as its synchronous form returns it: a tensor, a list of tensors for a grouped call, or a
+        tuple for ``alltoall_async`` with splits. None for a handle taken already or unknown.
+
+    Raises:
+        Exception: the error the call raised, such as ``CollectiveMismatchError``, ``StallError`` or
+            ``HorovodInternalError``, raised here on its first ``synchronize``.
+    """
     pending = _handles.get(handle)
     if pending is None:
         return None
@@ -302,7 +327,37 @@ def _allreduce_call(tensors: list[Any], average: bool | None, name: str | None, 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                     op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: Any = global_process_set) -> int:
-    """Start reducing ``tensor`` over all ranks (default: average); a handle for ``synchronize``."""
+    """Start reducing a tensor over all ranks, by default to its average, and return a handle at once.
+
+    The call runs in a worker thread. Calls started together, from any thread, that are ready in the same agreement
+    round share one fused MPI or NCCL call. The call's own errors are raised by ``synchronize(handle)``: those of
+    the synchronous form other than the argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a new tensor holding the reduced
+        value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; or a call under the same name is
+            still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set,
                                   False, "hvd.allreduce_async").first())
 
@@ -310,7 +365,36 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
                      op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: Any = global_process_set) -> int:
-    """As ``allreduce_async``, writing the result into ``tensor``."""
+    """Start reducing a tensor over all ranks in place, by default to its average, and return a handle at once.
+
+    It is ``allreduce_async`` that writes the result into ``tensor``. The call's own errors are raised by
+    ``synchronize(handle)``: those of the synchronous form other than the argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Its values are overwritten with the result.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns ``tensor`` itself, holding the
+        reduced value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; or a call under the same name is
+            still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set,
                                   True, "hvd.allreduce_async_").first())
 
@@ -318,7 +402,41 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: Any = global_process_set) -> torch.Tensor:
-    """Reduce ``tensor`` over all ranks in place; returns ``tensor``."""
+    """Reduce a tensor over all ranks in place, by default to its average.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Its values are overwritten with the result.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        ``tensor`` itself, holding the reduced value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the runtime is not initialised;
+            ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank; a call under the same
+            name is still in flight on this rank; or a rank's tensor cannot be reduced, such as a bool tensor, in
+            which case every rank raises: the other ranks raise a ``CollectiveRefusedError``, a ``ValueError`` that
+            is also a ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _now(_allreduce_call([tensor], average, name, op, prescale_factor, postscale_factor, process_set, True,
                                 "hvd.allreduce_").first())
 
@@ -326,10 +444,48 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
               compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: Any = global_process_set) -> torch.Tensor:
-    """``tensor`` reduced over all ranks (default: average) as a new tensor; differentiable.
+    """Reduce a tensor over all ranks, by default to its average, as a new tensor.
+
+    CUDA tensors are reduced by NCCL where every rank has a GPU, else through the host. The call is differentiable:
+    the gradient of an allreduce is the same allreduce of the gradient.
 
     >>> hvd.allreduce(torch.ones(2) * (hvd.rank() + 1), op=hvd.Sum)   # on 2 ranks
     tensor([3., 3.])
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A new tensor of ``tensor``'s shape, dtype and device holding the reduced value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the runtime is not initialised;
+            ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank; a call under the same
+            name is still in flight on this rank; or a rank's tensor cannot be reduced, such as a bool tensor, in
+            which case every rank raises: the other ranks raise a ``CollectiveRefusedError``, a ``ValueError`` that
+            is also a ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
     """
     check_tensor(tensor, "hvd.allreduce")
     op = _reduce_op(op, average)
@@ -352,7 +508,35 @@ def _reduced(tensors: list[torch.Tensor], name: str | None, compression: Any, op
 def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: Any = global_process_set) -> int:
-    """Start reducing several tensors at once (fused into as few MPI calls as the fusion threshold allows)."""
+    """Start reducing several tensors over all ranks in one call, and return a handle at once.
+
+    The tensors share fusion buffers, as in ``grouped_allreduce``. The call's own errors are raised by
+    ``synchronize(handle)``: those of the synchronous form other than the argument checks below.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor``, all on the CPU or all on CUDA devices. Every rank passes the same
+            number, of the same shapes and dtypes, in the same order.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a list of new tensors holding
+        the reduced values.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the tensors are on different
+            kinds of device; or a call under the same name is still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, False,
                                   "hvd.grouped_allreduce_async"))
 
@@ -360,7 +544,35 @@ def grouped_allreduce_async(tensors: list[torch.Tensor], average: bool | None = 
 def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: Any = global_process_set) -> int:
-    """As ``grouped_allreduce_async``, writing each result into its tensor."""
+    """Start reducing several tensors over all ranks in place, in one call, and return a handle at once.
+
+    It is ``grouped_allreduce_async`` that writes each result into its tensor. The call's own errors are raised by
+    ``synchronize(handle)``: those of the synchronous form other than the argument checks below.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor``, all on the CPU or all on CUDA devices. Every rank passes the same
+            number, of the same shapes and dtypes, in the same order. Their values are overwritten with the results.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns the list of ``tensors``
+        themselves, holding the reduced values.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the tensors are on different
+            kinds of device; or a call under the same name is still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
                                   "hvd.grouped_allreduce_async_"))
 
@@ -368,7 +580,40 @@ def grouped_allreduce_async_(tensors: list[torch.Tensor], average: bool | None =
 def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: Any = global_process_set) -> list[torch.Tensor]:
-    """Reduce several tensors in place; returns them."""
+    """Reduce several tensors over all ranks in place, in one call, by default to their averages.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor``, all on the CPU or all on CUDA devices. Every rank passes the same
+            number, of the same shapes and dtypes, in the same order. Their values are overwritten with the results.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        The list of ``tensors`` themselves, holding the reduced values.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the tensors are on different
+            kinds of device; the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet``
+            or does not hold this rank; a call under the same name is still in flight on this rank; or a rank's
+            tensor cannot be reduced, such as a bool tensor, in which case every rank raises: the other ranks raise
+            a ``CollectiveRefusedError``, a ``ValueError`` that is also a ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _now(_allreduce_call(tensors, average, name, op, prescale_factor, postscale_factor, process_set, True,
                                 "hvd.grouped_allreduce_"))
 
@@ -376,7 +621,46 @@ def grouped_allreduce_(tensors: list[torch.Tensor], average: bool | None = None,
 def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, name: str | None = None,
                       compression: Any = Compression.none, op: int | None = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: Any = global_process_set) -> list[torch.Tensor]:
-    """Several tensors reduced over all ranks, fused; differentiable."""
+    """Reduce several tensors over all ranks in one call, by default to their averages, as new tensors.
+
+    The ranks agree on the whole group once, and tensors of one dtype share fusion buffers. The call is
+    differentiable, as ``allreduce`` is.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor``, all on the CPU or all on CUDA devices. Every rank passes the same
+            number, of the same shapes and dtypes, in the same order.
+        average: Horovod's deprecated form of ``op``: True means ``hvd.Average``, False ``hvd.Sum``. Give ``op`` or
+            ``average``, not both.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average``, ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``. With neither
+            ``op`` nor ``average``, ``hvd.Average``. An average of integers is truncated toward zero.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A list of new tensors, one per tensor in ``tensors``, each of its input's shape, dtype and device. An empty
+        list for an empty ``tensors``.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` and ``average`` are both given, or ``op`` is not an op; the tensors are on different
+            kinds of device; the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet``
+            or does not hold this rank; a call under the same name is still in flight on this rank; or a rank's
+            tensor cannot be reduced, such as a bool tensor, in which case every rank raises: the other ranks raise
+            a ``CollectiveRefusedError``, a ``ValueError`` that is also a ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     tensors = _checked(list(tensors), "hvd.grouped_allreduce")
     if not tensors:
         return []
@@ -398,25 +682,121 @@ def _allgather_call(tensors: list[Any], name: str | None, process_set: Any, call
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> int:
-    """Start concatenating ``tensor`` over ranks along its first dimension (which may differ by rank)."""
+    """Start concatenating a tensor from every rank along its first dimension, and return a handle at once.
+
+    The call's own errors are raised by ``synchronize(handle)``: those of the synchronous form other than the
+    argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension, on the CPU or a CUDA device.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns the gathered tensor, as
+        ``allgather`` does.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: a call under the same name is still in flight on this rank.
+    """
     return _start(_allgather_call([tensor], name, process_set, "hvd.allgather_async").first())
 
 
 def grouped_allgather_async(tensors: list[torch.Tensor], name: str | None = None,
                             process_set: Any = global_process_set) -> int:
-    """Start ``allgather`` of several tensors in one call."""
+    """Start concatenating several tensors from every rank, in one call, and return a handle at once.
+
+    The call's own errors are raised by ``synchronize(handle)``: those of the synchronous form other than the
+    argument checks below.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor`` of at least one dimension, all on the CPU or all on CUDA devices.
+            Every rank passes the same number, in the same order.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a list of the gathered tensors.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: the tensors are on different kinds of device; a call under the same name is still in flight on
+            this rank.
+    """
     return _start(_allgather_call(tensors, name, process_set, "hvd.grouped_allgather_async"))
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> torch.Tensor:
-    """``tensor`` concatenated over ranks along its first dimension; differentiable."""
+    """Concatenate a tensor from every rank along its first dimension, as a new tensor.
+
+    The first dimension may differ between ranks; the other dimensions and the dtype may not. The call is
+    differentiable: a rank's gradient is its own rows of the gradient averaged over the ranks.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension, on the CPU or a CUDA device.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A new tensor of ``tensor``'s dtype and device: every rank's tensor concatenated in rank order.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does
+            not hold this rank; a call under the same name is still in flight on this rank; or a rank's tensor is a
+            scalar, in which case every rank raises: the other ranks raise a ``CollectiveRefusedError``, a
+            ``ValueError`` that is also a ``RuntimeError``.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     check_tensor(tensor, "hvd.allgather")
     return _gathered([tensor], name, process_set, "hvd.allgather")[0]
 
 
 def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
                       process_set: Any = global_process_set) -> list[torch.Tensor]:
-    """``allgather`` of several tensors in one call; differentiable."""
+    """Concatenate several tensors from every rank along their first dimensions, in one call.
+
+    Each tensor is gathered as ``allgather`` gathers it; the call is differentiable too.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor`` of at least one dimension, all on the CPU or all on CUDA devices.
+            Every rank passes the same number, in the same order.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A list with one new tensor per tensor in ``tensors``, as ``allgather`` returns it. An empty list for an
+        empty ``tensors``.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: the tensors are on different kinds of device; the runtime is not initialised; ``process_set`` is
+            not a registered ``hvd.ProcessSet`` or does not hold this rank; a call under the same name is still in
+            flight on this rank; or a rank's tensor is a scalar, in which case every rank raises: the other ranks
+            raise a ``CollectiveRefusedError``, a ``ValueError`` that is also a ``RuntimeError``.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     tensors = _checked(list(tensors), "hvd.grouped_allgather")
     return _gathered(tensors, name, process_set, "hvd.grouped_allgather") if tensors else []
 
@@ -445,25 +825,132 @@ def _broadcast_call(tensor: Any, root_rank: int, name: str | None, process_set: 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                     process_set: Any = global_process_set) -> int:
-    """Start giving every rank ``root_rank``'s ``tensor``."""
+    """Start giving every rank the root rank's value of a tensor, and return a handle at once.
+
+    The call's own errors are raised by ``synchronize(handle)``: those of the synchronous form other than the
+    argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Only the root's values are read.
+        root_rank: the global rank whose value every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a new tensor holding the root's
+        value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: a call under the same name is still in flight on this rank.
+    """
     return _start(_broadcast_call(tensor, root_rank, name, process_set, False, "hvd.broadcast_async").first())
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                      process_set: Any = global_process_set) -> int:
-    """As ``broadcast_async``, writing the result into ``tensor``."""
+    """Start overwriting a tensor with the root rank's value of it, and return a handle at once.
+
+    It is ``broadcast_async`` that writes the result into ``tensor``. The call's own errors are raised by
+    ``synchronize(handle)``: those of the synchronous form other than the argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Its values are overwritten with the root's.
+        root_rank: the global rank whose value every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns ``tensor`` itself, holding the
+        root's value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: a call under the same name is still in flight on this rank.
+    """
     return _start(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_async_").first())
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: Any = global_process_set) -> torch.Tensor:
-    """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
+    """Overwrite a tensor with the root rank's value of it.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Its values are overwritten with the root's.
+        root_rank: the global rank whose value every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        ``tensor`` itself, holding the root's value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``root_rank`` is not one of ``process_set``'s ranks; the runtime is not initialised;
+            ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank; a call under the same
+            name is still in flight on this rank; or ``root_rank`` is not a rank of the world, in which case every
+            rank raises: the other ranks raise a ``CollectiveRefusedError``, a ``ValueError`` that is also a
+            ``RuntimeError``.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _now(_broadcast_call(tensor, root_rank, name, process_set, True, "hvd.broadcast_").first())
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: Any = global_process_set) -> torch.Tensor:
-    """``root_rank``'s ``tensor`` on every rank, as a new tensor; differentiable."""
+    """Give every rank the root rank's value of a tensor, as a new tensor.
+
+    The call is differentiable: the gradient is averaged over the ranks and flows back to the root only; the other
+    ranks get zeros.
+
+    Args:
+        tensor: a dense ``torch.Tensor``, on the CPU or a CUDA device. Every rank passes one of the same shape and
+            dtype. Only the root's values are read.
+        root_rank: the global rank whose value every rank gets. With ``process_set``, it must be one of the set's
+            ranks.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A new tensor of ``tensor``'s shape, dtype and device holding the root's value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``root_rank`` is not one of ``process_set``'s ranks; the runtime is not initialised;
+            ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank; a call under the same
+            name is still in flight on this rank; or ``root_rank`` is not a rank of the world, in which case every
+            rank raises: the other ranks raise a ``CollectiveRefusedError``, a ``ValueError`` that is also a
+            ``RuntimeError``.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     check_tensor(tensor, "hvd.broadcast")
     return _differentiable(
         [tensor], lambda ts: _broadcast_call(ts[0], root_rank, name, process_set, False, "hvd.broadcast"),
@@ -487,8 +974,29 @@ def _alltoall_now(tensor: torch.Tensor, splits: np.ndarray | None, name: str, pr
 
 def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
                    process_set: Any = global_process_set) -> int:
-    """Start sending rows ``splits[r]`` of ``tensor`` to rank r (equal parts where None); ``synchronize``
-    returns what arrived and how many rows came from each rank."""
+    """Start sending a block of rows of a tensor to each rank, and return a handle at once.
+
+    It is ``alltoall`` in a worker thread. The call's own errors are raised by ``synchronize(handle)``: those of the
+    synchronous form other than the argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension. The dimensions after the first and the dtype are
+            the same on every rank.
+        splits: how many rows go to each rank, as ``alltoall`` takes them. The default, None, sends equal parts.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a tuple of the rows that arrived
+        and an int32 CPU tensor of how many rows came from each rank, with or without ``splits``.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: a call under the same name is still in flight on this rank.
+    """
     return _start(_alltoall_call(tensor, splits, name, process_set, "hvd.alltoall_async"))
 
 
@@ -513,8 +1021,41 @@ class _Alltoall(torch.autograd.Function):
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: str | None = None,
              process_set: Any = global_process_set) -> Any:
-    """Rows ``splits[r]`` of ``tensor`` sent to rank r (equal parts where None), what arrived
-    concatenated; with ``splits`` given, also how many rows came from each rank. Differentiable."""
+    """Send a block of rows of a tensor to each rank, and concatenate the blocks that arrive.
+
+    Rank ``r`` gets the ``splits[r]`` rows that follow those sent to the ranks before it. What arrives is
+    concatenated in rank order. The rows travel through the host. The call is differentiable: each rank's rows of
+    the gradient go back to the rank they came from.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension. The dimensions after the first and the dtype are
+            the same on every rank.
+        splits: how many rows go to each rank: a list or tensor of one non-negative int per rank, summing to the
+            first dimension. The default, None, sends equal parts, which needs a first dimension that the number of
+            ranks divides.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        Without ``splits``, a new tensor of ``tensor``'s dtype and device with the rows that arrived. With
+        ``splits``, a tuple of that tensor and an int32 CPU tensor of how many rows came from each rank.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: the runtime is not initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does
+            not hold this rank; a call under the same name is still in flight on this rank; or a rank's tensor is a
+            scalar or its ``splits`` do not fit its rows, in which case every rank raises: the other ranks raise a
+            ``CollectiveRefusedError``, a ``ValueError`` that is also a ``RuntimeError``.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     check_tensor(tensor, "hvd.alltoall")
     out, received = _Alltoall.apply(tensor, splits, name, process_set)
     return out if splits is None else (out, received)
@@ -543,7 +1084,32 @@ def _scaled(tensors: list[torch.Tensor], prescale: float) -> list[torch.Tensor]:
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
                         process_set: Any = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
-    """Start reducing ``tensor`` over ranks and keeping this rank's block of its first dimension."""
+    """Start reducing a tensor over all ranks and keeping this rank's block of rows; return a handle at once.
+
+    The call's own errors are raised by ``synchronize(handle)``: those of the synchronous form other than the
+    argument checks below.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension, on the CPU or a CUDA device. Every rank passes
+            one of the same shape and dtype.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns this rank's block, as
+        ``reducescatter`` does.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` is not an op; or a call under the same name is still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_reducescatter_call([tensor], name, op, process_set, prescale_factor, postscale_factor,
                                       "hvd.reducescatter_async").first())
 
@@ -567,7 +1133,32 @@ def _reducescatter_call(tensors: list[Any], name: str | None, op: int, process_s
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
                                 process_set: Any = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
-    """Start ``reducescatter`` of several tensors."""
+    """Start reducing several tensors and keeping this rank's block of each; return a handle at once.
+
+    The call's own errors are raised by ``synchronize(handle)``: those of the synchronous form other than the
+    argument checks below.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor`` of at least one dimension, all on the CPU or all on CUDA devices.
+            Every rank passes the same number, of the same shapes and dtypes, in the same order.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+
+    Returns:
+        A handle, an int, for ``synchronize`` and ``poll``. ``synchronize`` returns a list with this rank's block of
+        each tensor.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` is not an op; the tensors are on different kinds of device; or a call under the same name
+            is still in flight on this rank.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+    """
     return _start(_reducescatter_call(tensors, name, op, process_set, prescale_factor, postscale_factor,
                                       "hvd.grouped_reducescatter_async"))
 
@@ -575,7 +1166,44 @@ def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: Any = Compression.none,
                   op: int = Average, process_set: Any = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
-    """``tensor`` reduced over ranks, this rank's block of its first dimension; differentiable."""
+    """Reduce a tensor over all ranks, and keep this rank's block of rows of the result.
+
+    The rows are split as evenly as possible, in rank order: the first ``rows % size`` ranks get one row more. The
+    call is differentiable: the gradient is every rank's rows gathered, times the size for ``hvd.Sum`` and times
+    both scale factors.
+
+    Args:
+        tensor: a dense ``torch.Tensor`` of at least one dimension, on the CPU or a CUDA device. Every rank passes
+            one of the same shape and dtype.
+        name: the name that pairs this call across ranks and labels it in the timeline and in errors. The default,
+            None, takes an automatic name, so that nameless calls pair in call order. One name may be in flight only
+            once on a rank.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+
+    Returns:
+        A new tensor of ``tensor``'s dtype and device: this rank's block of the reduced value.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` is not an op; the runtime is not initialised; ``process_set`` is not a registered
+            ``hvd.ProcessSet`` or does not hold this rank; a call under the same name is still in flight on this
+            rank; or a rank's tensor is a scalar or cannot be reduced, such as a bool tensor, in which case every
+            rank raises: the other ranks raise a ``CollectiveRefusedError``, a ``ValueError`` that is also a
+            ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     check_tensor(tensor, "hvd.reducescatter")
     return _scattered([tensor], name, compression, op, process_set, prescale_factor, postscale_factor,
                       "hvd.reducescatter")[0]
@@ -584,7 +1212,42 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: An
 def grouped_reducescatter(tensors: list[torch.Tensor], name: str | None = None, compression: Any = Compression.none,
                           op: int = Average, process_set: Any = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    """``reducescatter`` of several tensors; differentiable."""
+    """Reduce several tensors over all ranks, and keep this rank's block of rows of each.
+
+    Each tensor is reduced and split as ``reducescatter`` does it; the call is differentiable too.
+
+    Args:
+        tensors: a list of dense ``torch.Tensor`` of at least one dimension, all on the CPU or all on CUDA devices.
+            Every rank passes the same number, of the same shapes and dtypes, in the same order.
+        name: the name that pairs this call across ranks; tensor ``i`` is labelled ``name.i``. The default, None,
+            takes automatic names. One name may be in flight only once on a rank.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send floating tensors as
+            float16. The result has the input's dtype either way.
+        op: the reduction: ``hvd.Average`` (the default), ``hvd.Sum``, ``hvd.Min``, ``hvd.Max`` or ``hvd.Product``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+        prescale_factor: a factor applied to each rank's tensor before the reduction. Defaults to 1.0.
+        postscale_factor: a factor applied to the result after the reduction. Defaults to 1.0.
+
+    Returns:
+        A list with this rank's block of each reduced tensor, as new tensors. An empty list for an empty
+        ``tensors``.
+
+    Raises:
+        TypeError: a tensor is not a ``torch.Tensor``, or is sparse.
+        ValueError: ``op`` is not an op; the tensors are on different kinds of device; the runtime is not
+            initialised; ``process_set`` is not a registered ``hvd.ProcessSet`` or does not hold this rank; a call
+            under the same name is still in flight on this rank; or a rank's tensor is a scalar or cannot be
+            reduced, such as a bool tensor, in which case every rank raises: the other ranks raise a
+            ``CollectiveRefusedError``, a ``ValueError`` that is also a ``RuntimeError``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
+        CollectiveMismatchError: the ranks called different collectives under this name, or this one with different
+            arguments, shapes or dtypes. Every rank raises it. It is a ``MismatchError`` that is also a
+            ``RuntimeError``, as Horovod's PyTorch API raises.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     tensors = _checked(list(tensors), "hvd.grouped_reducescatter")
     if not tensors:
         return []
@@ -602,9 +1265,29 @@ def _scattered(tensors: list[torch.Tensor], name: str | None, compression: Any, 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
                            process_set: Any = global_process_set) -> Callable[[], torch.Tensor]:
-    """Start reducing a sparse tensor as Horovod does: its indices and values allgathered, the sum (or
-    average) made by ``coalesce``. Returns, as Horovod's, a function that waits and returns the reduced
-    sparse tensor."""
+    """Start reducing a sparse tensor as Horovod does, and return a function that waits for the result.
+
+    Every rank's indices and values are allgathered, and ``coalesce`` sums the values of equal indices. With
+    ``hvd.Average`` the sum is then divided by the number of ranks. The reduction's own errors are raised by the
+    returned function: those of ``grouped_allgather`` other than the argument checks below.
+
+    Args:
+        tensor: a sparse ``torch.Tensor`` of the same dense shape on every rank.
+        name: the name that pairs this call across ranks. Its indices and values travel as ``name.indices`` and
+            ``name.values``.
+        op: ``hvd.Average`` or ``hvd.Sum``.
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Returns:
+        A function that takes no argument, waits for the reduction, and returns the reduced sparse tensor,
+        coalesced. It raises the call's errors, as ``synchronize`` does.
+
+    Raises:
+        TypeError: ``tensor`` is not a sparse ``torch.Tensor``.
+        ValueError: ``op`` is not an op, or a call under the same name is still in flight on this rank.
+        NotImplementedError: ``op`` is neither ``hvd.Average`` nor ``hvd.Sum``.
+    """
     if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
         raise TypeError("hvd.sparse_allreduce_async takes a sparse torch.Tensor; hvd.allreduce_async takes dense "
                         "ones.")
@@ -627,14 +1310,45 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
 
 # ------------------------------------------------------------------ the rest
 def join(device: int = -1) -> int:
-    """Say this rank has no more data: it takes part, with zeros, in the other ranks' allreduces until
-    every rank has joined. Returns the rank that joined last. (``device``: Horovod's device for the
-    zeros; here the core makes them where the other ranks' tensors are.)"""
+    """Say that this rank has no more data, and wait until every rank has said so.
+
+    Until then this rank takes part in the other ranks' allreduces with zeros, so that ranks with more batches can
+    go on. Only allreduces can be served so.
+
+    Args:
+        device: Horovod's device for the zeros. It is not used: the zeros are made where the other ranks' tensors
+            are. Defaults to -1.
+
+    Returns:
+        The rank that joined last, as an int. Where several ranks joined last together, the highest of them.
+
+    Raises:
+        ValueError: the runtime is not initialised.
+        MismatchError: another rank called a collective other than an allreduce while this rank had joined, or the
+            ranks' calls did not match. Every rank raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     return _objects.join()
 
 
 def barrier(process_set: Any = global_process_set) -> None:
-    """Return once every rank (of ``process_set``) has called ``barrier()``."""
+    """Wait until every rank has called ``barrier()``.
+
+    Args:
+        process_set: the ``hvd.ProcessSet`` whose ranks take part. Defaults to ``hvd.global_process_set``: every
+            rank.
+
+    Raises:
+        ValueError: the runtime is not initialised, or ``process_set`` is not a registered ``hvd.ProcessSet`` or
+            does not hold this rank.
+        MismatchError: another rank called a different collective where this one called ``barrier()``. Every rank
+            raises it.
+        StallError: the call cannot complete: a rank it waits for has shut down, or the wait passed
+            ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+        HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
+    """
     _objects.barrier(process_set)
 
 

@@ -123,7 +123,18 @@ class _DistributedOptimizer:
 
     # ------------------------------------------------------------ the step
     def synchronize(self) -> None:
-        """Wait until every gradient is reduced over the ranks (``step()`` calls this)."""
+        """Wait until every gradient is reduced over the ranks.
+
+        ``step()`` calls it. Call it yourself to read or clip the reduced gradients before the step, then step
+        inside ``skip_synchronize()``. A parameter that took no gradient on this rank takes part with zeros, since
+        another rank may have one.
+
+        Raises:
+            CollectiveMismatchError: the ranks' reductions do not match, such as models of different shapes.
+            StallError: a reduction cannot complete: a rank it waits for has shut down, or the wait passed
+                ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+            HorovodInternalError: another rank left a reduction to reset the world for ``hvd.elastic.run``.
+        """
         if not self._reducing:
             self._synchronized = True
             return
@@ -177,13 +188,25 @@ class _DistributedOptimizer:
                            passes=self.backward_passes_per_step)
 
     def noise_scale(self, batch_size: int) -> float | None:
-        """The gradient noise scale this optimizer measured, for ``batch_size`` samples per rank and backward
-        pass (``hvd.noise_scale``)."""
+        """Return the gradient noise scale this optimizer measured, as ``hvd.noise_scale`` does.
+
+        Args:
+            batch_size: the samples per rank and backward pass.
+
+        Returns:
+            The noise scale in samples, as a float, or None while there is no estimate.
+        """
         return self._noise.value(batch_size)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """``step()`` inside this block does not synchronize (after an explicit ``synchronize()``)."""
+        """Make ``step()`` inside this ``with`` block skip its ``synchronize()``, after an explicit one.
+
+        >>> optimizer.synchronize()
+        >>> torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        >>> with optimizer.skip_synchronize():
+        ...     optimizer.step()
+        """
         self._should_synchronize = False
         try:
             yield
@@ -191,6 +214,20 @@ class _DistributedOptimizer:
             self._should_synchronize = True
 
     def step(self, closure: Any = None) -> Any:
+        """Wait for the gradients' reductions, then step the wrapped optimizer.
+
+        Args:
+            closure: passed to the wrapped optimizer's ``step``. Defaults to None.
+
+        Returns:
+            What the wrapped optimizer's ``step`` returns.
+
+        Raises:
+            CollectiveMismatchError: the ranks' reductions do not match, such as models of different shapes.
+            StallError: a reduction cannot complete: a rank it waits for has shut down, or the wait passed
+                ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
+            HorovodInternalError: another rank left a reduction to reset the world for ``hvd.elastic.run``.
+        """
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -201,6 +238,15 @@ class _DistributedOptimizer:
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients, as the wrapped optimizer does.
+
+        Args:
+            set_to_none: set the gradients to None instead of zeros. Defaults to True.
+
+        Raises:
+            AssertionError: reductions are still in flight: ``zero_grad`` was called after ``backward()`` but before
+                ``step()`` or ``synchronize()``.
+        """
         if self._handles:
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(): the gradients are still being "
@@ -208,6 +254,11 @@ class _DistributedOptimizer:
         return super().zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change the number of backward passes that accumulate before each reduction.
+
+        Args:
+            passes: the new number of backward passes per step.
+        """
         self.backward_passes_per_step = passes
         for p in self._passes_left:
             self._passes_left[p] = passes
@@ -331,37 +382,48 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          op: int = ops.Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
                          process_set: Any = global_process_set) -> torch.optim.Optimizer:
-    """``optimizer`` with its gradients averaged (``op``) over all ranks before each step, each bucket's
-    reduction started by a hook as soon as backward has computed its last gradient.
+    """Wrap a PyTorch optimizer so that its gradients are averaged over all ranks before each step.
+
+    Each parameter gets a hook. The parameters are cut into buckets in the order backward produces their gradients,
+    as PyTorch's DDP does. When a bucket's last gradient is final for the step, its hook starts one asynchronous
+    allreduce of the bucket, so the gradients travel while backward goes on. ``step()`` waits for the reductions,
+    then steps the wrapped optimizer.
 
     >>> opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
     ...                                named_parameters=model.named_parameters())
 
     Args:
-        optimizer: the ``torch.optim.Optimizer`` to wrap; it is returned under a subclass, its state and
-            param groups its own.
-        named_parameters: ``model.named_parameters()``, so that ranks match gradients by name (default:
-            names from the parameters' positions in the param groups).
-        compression: ``hvd.Compression.none`` or ``.fp16`` (gradients sent as float16).
-        backward_passes_per_step: backward passes whose gradients accumulate locally before one reduction.
-        op: ``hvd.Average`` or ``hvd.Sum`` (``hvd.Adasum`` is refused).
-        gradient_predivide_factor: with ``op=Average``, scale by ``1/f`` before the sum and by ``f/size``
-            after it.
-        num_groups: Horovod's number of groups (``groups`` wins where both are given).
-        groups: a number of groups, or lists of parameters each reduced in one call, instead of the
-            buckets of ``gradient_buckets``.
-        sparse_as_dense: reduce sparse gradients as dense tensors instead of gathering them.
-        process_set: reduce over this process set; a rank outside it keeps its gradients.
+        optimizer: the ``torch.optim.Optimizer`` to wrap.
+        named_parameters: ``model.named_parameters()``, so that the ranks match gradients by name. The default,
+            None, names each parameter by its position in the param groups.
+        compression: ``hvd.Compression.none`` (the default), or ``hvd.Compression.fp16`` to send the gradients as
+            float16.
+        backward_passes_per_step: the backward passes whose gradients accumulate on each rank before one reduction.
+            Defaults to 1.
+        op: the reduction: ``hvd.Average`` (the default) or ``hvd.Sum``.
+        gradient_predivide_factor: with ``hvd.Average``, divide the gradients by this factor before the sum, and
+            multiply the sum by ``factor / size`` after it. Defaults to 1.0.
+        num_groups: Horovod's number of groups: the parameters are cut into at most this many groups, each reduced
+            in one call, instead of buckets. ``groups`` wins where both are given. Defaults to 0.
+        groups: a number of groups, or a list of lists of parameters, each list reduced in one call; a parameter in
+            no list is reduced alone. The default, None, uses the buckets.
+        sparse_as_dense: reduce sparse gradients as dense tensors. By default, False, their indices and values are
+            allgathered.
+        process_set: reduce over the ranks of this ``hvd.ProcessSet``. A rank outside it keeps its own gradients.
+            Defaults to ``hvd.global_process_set``: every rank.
 
     Returns:
-        An object of a subclass of ``optimizer``'s class that shares its state, param groups and hooks
-        (nothing is copied; ``isinstance`` holds).
+        The optimizer itself, under a subclass of its class: its state, param groups and hooks are the original's,
+        not copies, and ``isinstance`` still holds. It adds ``synchronize()``, ``skip_synchronize()``,
+        ``set_backward_passes_per_step()`` and ``noise_scale()``.
 
     Raises:
         TypeError: ``optimizer`` is not a ``torch.optim.Optimizer``.
-        ValueError: a bad ``op``/``gradient_predivide_factor`` pair, ``backward_passes_per_step`` under 1,
-            ``named_parameters`` with duplicates or missing parameters, or malformed ``groups``.
-        NotImplementedError: ``op=hvd.Adasum``.
+        ValueError: ``op`` is not an op; ``gradient_predivide_factor`` is not 1.0 with an ``op`` other than
+            ``hvd.Average``; ``backward_passes_per_step`` is under 1; ``named_parameters`` repeats a name, leaves
+            out one of the optimizer's parameters, or is not a sequence of pairs; ``groups`` is malformed; the
+            runtime is not initialised; or ``process_set`` is not a registered ``hvd.ProcessSet``.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"hvd.DistributedOptimizer wraps a torch.optim.Optimizer, not {type(optimizer).__name__}.")
