@@ -137,6 +137,32 @@ def _outcomes(snapshot: list[Request], decision: Decision, rank: int) -> list[_O
     return outcomes
 
 
+def _snapshot_hash(snapshot: list[Request]) -> int:
+    """What a round exchanges for the waiting requests ``snapshot``: a lone request's own hash, else their hashes
+    mixed in their order."""
+    if len(snapshot) == 1:
+        return snapshot[0].round_hash(alone=True)
+    h = 0
+    for i, r in enumerate(snapshot):
+        h ^= (r.round_hash(alone=False) * (2 * i + 1)) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def _take_followers(schedule: deque[Request | _Serve], work: Work) -> list[Request]:
+    """(Holding the coordinator's ``cv``.) The requests right after ``work`` in the agreed order that can share its
+    call, taken off ``schedule``: same fusion key, bytes within the fusion threshold."""
+    followers: list[Request] = []
+    room = fusion_threshold() - work.nbytes
+    while schedule and not work.solo:
+        nxt = schedule[0]
+        if (not isinstance(nxt, Request) or nxt.work is None or nxt.work.solo
+                or nxt.work.fusion_key != work.fusion_key or nxt.work.nbytes > room):
+            break
+        followers.append(schedule.popleft())  # type: ignore[arg-type]
+        room -= nxt.work.nbytes
+    return followers
+
+
 class Coordinator:
     """The requests of one communicator waiting for their turn, the rounds that agree
     on their order (``schedule``) and the hand-over from one turn to the next (built
@@ -200,30 +226,20 @@ class Coordinator:
         threshold. Every rank takes the same ones, since they follow from the agreed
         order and signatures alone."""
         with self.cv:
-            followers: list[Request] = []
-            room = fusion_threshold() - work.nbytes
-            while self.schedule and not work.solo:
-                nxt = self.schedule[0]
-                if (not isinstance(nxt, Request) or nxt.work is None or nxt.work.solo
-                        or nxt.work.fusion_key != work.fusion_key or nxt.work.nbytes > room):
-                    break
-                followers.append(self.schedule.popleft())
-                room -= nxt.work.nbytes
+            followers = _take_followers(self.schedule, work)
+        error: BaseException | None = None
         try:
             work.run([f.work for f in followers])  # type: ignore[misc]
         except BaseException as exc:
-            self._finish(followers, exc)
+            error = exc
             raise
-        self._finish(followers, None)
-
-    def _finish(self, followers: list[Request], error: BaseException | None) -> None:
-        if not followers:
-            return
-        with self.cv:
-            for f in followers:
-                f.state, f.error = (_DONE, None) if error is None else (_FAILED, error)
-                f.work.done = error is None  # type: ignore[union-attr]
-            self.cv.notify_all()
+        finally:
+            if followers:
+                with self.cv:
+                    for f in followers:
+                        f.state, f.error = (_DONE, None) if error is None else (_FAILED, error)
+                        f.work.done = error is None  # type: ignore[union-attr]
+                    self.cv.notify_all()
 
     def _fail_all(self, exc: BaseException) -> None:
         """The runner's round failed (an interrupt, a stall past its limit): every waiting
@@ -305,7 +321,8 @@ class Coordinator:
                 self._fail_all(exc)
                 raise
             with self.cv:
-                self._serve_joined()
+                while self.schedule and isinstance(self.schedule[0], _Serve):  # (a joined rank serves them)
+                    self.serve(self.schedule.popleft().signature)  # type: ignore[misc,union-attr]
                 if req.state == _FAILED:
                     self._hand_on()
                     raise req.error  # type: ignore[misc]
@@ -323,12 +340,6 @@ class Coordinator:
             if idle:
                 time.sleep(min(1e-4 * 2 ** idle, 0.02))
 
-    def _serve_joined(self) -> None:
-        """(Holding ``cv``.) A joined rank's runner serves the allreduces at the head of the order."""
-        while self.schedule and isinstance(self.schedule[0], _Serve):
-            item = self.schedule.popleft()
-            self.serve(item.signature)  # type: ignore[misc]
-
     def _round(self, exchanged: tuple[list[Request], bool] | None = None) -> bool:
         """One agreement round over the waiting requests; whether any was decided."""
         cycle = cycle_time_s()  # Horovod's cycle: the calls made meanwhile join the round, and may share a call
@@ -343,13 +354,7 @@ class Coordinator:
                 time.sleep(cycle)
             with self.cv:
                 snapshot = list(self.pending)
-            if len(snapshot) == 1:
-                h = snapshot[0].round_hash(alone=True)
-            else:
-                h = 0
-                for i, r in enumerate(snapshot):
-                    h ^= (r.round_hash(alone=False) * (2 * i + 1)) & 0x7FFFFFFFFFFFFFFF
-            agreed = self.negotiator.exchange(h, snapshot[0].signature, snapshot[0].key)
+            agreed = self.negotiator.exchange(_snapshot_hash(snapshot), snapshot[0].signature, snapshot[0].key)
         if agreed:
             if snapshot[0].signature.kind == JOIN.kind:  # every rank has joined
                 decision = Decision([], all_joined=True)
