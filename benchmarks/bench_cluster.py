@@ -84,17 +84,17 @@ _noop.__module__ = "__main__"  # ipyparallel re-imports a function's module on t
 
 
 class _Phases:
-    """Times ``World._bootstrap`` (the engines' bootstrap) inside ``%hvd start`` by wrapping it;
+    """Times ``LaunchedWorld._bootstrap`` (the engines' bootstrap) inside ``%hvd start`` by wrapping it;
     restores the method on exit."""
 
     def __init__(self) -> None:
         self.bootstrap_s = math.nan
 
     def __enter__(self) -> _Phases:
-        from hvd_notebook.cluster.world import World
+        from hvd_notebook.cluster.world import LaunchedWorld
 
-        self._cls = World
-        self._orig = World._bootstrap
+        self._cls = LaunchedWorld
+        self._orig = LaunchedWorld._bootstrap
         phases = self
 
         def timed(cluster: Any, *args: Any, **kwargs: Any) -> Any:
@@ -104,7 +104,7 @@ class _Phases:
             finally:
                 phases.bootstrap_s = time.perf_counter() - t0
 
-        World._bootstrap = timed  # type: ignore[method-assign]
+        LaunchedWorld._bootstrap = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -173,7 +173,7 @@ def run(ctx: Context) -> Report:
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    from hvd_notebook.cluster.placement import find_mpiexec
+    from hvd_notebook.cluster.placements import find_mpiexec
     from hvd_notebook.kernel.session import Session
 
     mpiexec = find_mpiexec(None)
@@ -218,8 +218,8 @@ def run(ctx: Context) -> Report:
 
         _time_loop(lambda: _check(ip.run_cell(HVD_CELL)), warmup_per_round, reps_per_round, hvd["cell"])
         _time_loop(lambda: session.run_cell(NOOP), 5, diag_reps, hvd["cell_direct"])
-        assert session.cluster.client.curve_serverkey, "a cluster without CurveZMQ"
-        view = session.cluster.client[:]
+        assert session.cluster.channel.ipp_client.curve_serverkey, "a cluster without CurveZMQ"
+        view = session.cluster.channel.ipp_client[:]
         _time_loop(lambda: view.apply_sync(_noop), 5, APPLY_REPS, hvd["apply"])
 
         pids.update(descendants())
@@ -237,9 +237,9 @@ def run(ctx: Context) -> Report:
             t0 = time.perf_counter()
             ip.run_line_magic("hvd", f"start -n {N_RANKS}")
             plain["start"].add(time.perf_counter() - t0)
-        assert not session.cluster.client.curve_serverkey, "CurveZMQ still on in the baseline"
+        assert not session.cluster.channel.ipp_client.curve_serverkey, "CurveZMQ still on in the baseline"
         pids = descendants()
-        view = session.cluster.client[:]
+        view = session.cluster.channel.ipp_client[:]
         _time_loop(lambda: view.apply_sync(_noop), 5, APPLY_REPS, plain["apply"])
         pids.update(descendants())
         with _quiet():

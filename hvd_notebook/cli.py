@@ -33,7 +33,6 @@ import dataclasses
 import json
 import os
 import pwd
-import shlex
 import shutil
 import sys
 import tempfile
@@ -59,9 +58,7 @@ from .config import (
     TIMELINE,
     TIMELINE_MARK_CYCLES,
     ClusterOptions,
-    Launcher,
     at_least,
-    choices,
     env_pair,
     positive_int,
     seconds,
@@ -203,7 +200,6 @@ def print_stacks(cluster: str | None, all_threads: bool, timeout: float) -> int:
 
 # ------------------------------------------------------------------ run (horovodrun)
 HOROVODRUN = "horovodrun"
-START_TIMEOUT_S = 30.0  # horovodrun's default
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's --log-level
 LOG_LEVEL_VARIABLE = "HOROVOD_LOG_LEVEL"  # read by a real Horovod only: the built-in runtime logs warnings
 UNSUPPORTED = ("Horovod's options for Gloo, autotuning, ssh, network interfaces, and elastic training's host "
@@ -212,25 +208,15 @@ NEGATIVE = "{value} is negative; give 0 or more"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """``horovodrun``'s common options (same spellings), then hvd-notebook's own launcher options."""
-    parser.add_argument("-np", "--num-proc", dest="np", metavar="N",
-                        type=at_least(1, "{value}: a job needs at least one rank, e.g. -np 2"),
-                        help="number of ranks (required)")
-    parser.add_argument("-H", "--hosts", help="run the ranks on these hosts, e.g. -H node1:4,node2:4",
-                        metavar="HOST:SLOTS,...")
-    parser.add_argument("-hostfile", "--hostfile", help="hosts from a file, one 'HOST slots=N' or 'HOST:N' per line",
-                        metavar="FILE")
-    parser.add_argument("--start-timeout", type=seconds, default=START_TIMEOUT_S, metavar="S",
-                        help=f"seconds the checks of the hosts before launch may take (default {START_TIMEOUT_S:g}; "
-                        "on one host there is nothing to check)")
+    """``horovodrun``'s common options (same spellings), then hvd-notebook's own launcher options: those of
+    ``ClusterOptions`` that a job takes, as ``RunSpelling`` spells them, and the Horovod settings."""
+    launcher = parser.add_argument_group("hvd-notebook's launcher options (as %hvd start's)")
+    ClusterOptions.add_arguments(parser, run=True, launcher_group=launcher)
     parser.add_argument("--disable-cache", action="store_true",
                         help="accepted for horovodrun's sake: the host checks are never cached here, they run "
                         "every time")
     parser.add_argument("--verbose", action="store_true", help="print the launcher, its command line and the "
                         "environment the ranks get")
-    parser.add_argument("--max-resets", "--reset-limit", dest="max_resets", type=at_least(0, "{value}: give 0 "
-                        "or more"), default=3, metavar="K", help="launch a failed job again from its last "
-                        "hvd.elastic commit, at most K times (default 3; 0: never); --reset-limit is horovodrun's name")
     tunables = parser.add_argument_group("Horovod settings, passed to every rank as HOROVOD_* variables")
     tunables.add_argument("--fusion-threshold-mb", type=at_least(0, NEGATIVE), metavar="MB",
                           help="fusion buffer size in MiB (0: no fusion); sets HOROVOD_FUSION_THRESHOLD in bytes")
@@ -248,12 +234,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                           help="seconds before a stalled collective raises (HOROVOD_STALL_SHUTDOWN_TIME_SECONDS)")
     tunables.add_argument("--log-level", choices=LOG_LEVELS, help="passed on as HOROVOD_LOG_LEVEL for a real "
                           "Horovod; the built-in runtime prints warnings only")
-    launcher = parser.add_argument_group("hvd-notebook's launcher options (as %hvd start's)")
-    launcher.add_argument("--mpi-args", default="", metavar='"ARGS"', help="extra launcher arguments, quoted")
-    launcher.add_argument("--mpiexec", metavar="PATH", help="mpiexec to launch with (default: the one beside "
-                          "this Python, else PATH)")
-    launcher.add_argument("--launcher", default=Launcher.AUTO.value, choices=choices(Launcher),
-                          help="mpiexec, or srun inside a Slurm allocation (auto: srun where SLURM_JOB_ID is set)")
     parser.add_argument("program", metavar="command", nargs=argparse.REMAINDER,
                         help="the command every rank runs, e.g. python train.py")
 
@@ -282,14 +262,11 @@ def horovod_environment(args: argparse.Namespace) -> dict[str, str]:
 
 def job_from_arguments(args: argparse.Namespace) -> Job:
     """The job a parsed ``run`` line asks for; a ClusterError where it cannot be run."""
-    if args.np is None:
+    if args.n is None:
         raise ClusterError("give the number of ranks with -np, e.g. -np 2")
     if args.timeline_mark_cycles and not args.timeline_filename:
         raise ClusterError("--timeline-mark-cycles marks a timeline: give --timeline-filename FILE too")
-    options = ClusterOptions(n=args.np, hosts=args.hosts, hostfile=args.hostfile, mpiexec=args.mpiexec,
-                             mpi_args=tuple(shlex.split(args.mpi_args)), launcher=args.launcher,
-                             env=tuple(horovod_environment(args).items()), timeout=args.start_timeout,
-                             max_resets=args.max_resets)
+    options = dataclasses.replace(ClusterOptions.from_arguments(args), env=tuple(horovod_environment(args).items()))
     return Job(tuple(args.program), options, verbose=args.verbose)
 
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 WARNING_PREFIX = "[hvd_notebook] WARNING"  # rank-side warnings; the kernel shows them from every rank
-START_TIMEOUT_S = 120.0  # %hvd start --timeout
+START_TIMEOUT_S = 120.0  # %hvd start --timeout: how long the engines may take to connect and set up
+HOST_CHECK_TIMEOUT_S = 30.0  # hvd-notebook run --start-timeout (horovodrun's default): the checks of the hosts
 DEFAULT_RANKS_WITHOUT_GPU = 2
 
 _TRUE = ("1", "true", "yes", "on")
@@ -47,14 +48,6 @@ class Framework(enum.StrEnum):
     AUTO = "auto"  # TensorFlow where it is installed, else PyTorch
     TENSORFLOW = "tensorflow"  # horovod.tensorflow's API (hvd_notebook.runtime), Keras' fit on the dashboard
     TORCH = "torch"  # horovod.torch's API (hvd_notebook.runtime.torch), torch.distributed's default group
-
-
-class Launcher(enum.StrEnum):
-    """How ranks start."""
-
-    AUTO = "auto"  # srun inside a Slurm allocation, else mpiexec
-    MPIEXEC = "mpiexec"
-    SRUN = "srun"
 
 
 class Standby(enum.StrEnum):
@@ -228,24 +221,45 @@ def env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
-def _option(flags: tuple[str, ...], help: str, default: Any = None, **argparse_kwargs: Any) -> Any:
-    """A ``ClusterOptions`` field: its default, and how ``%hvd start`` spells and explains it."""
-    return field(default=default, metadata={"flags": flags, "help": help, "argparse": argparse_kwargs})
+@dataclass(frozen=True)
+class RunSpelling:
+    """How ``hvd-notebook run`` (``horovodrun``) spells a ``ClusterOptions`` field, where it takes it: horovodrun's
+    flags, and what differs from ``%hvd start``'s option (None: the same)."""
+
+    flags: tuple[str, ...]
+    help: str | None = None
+    default: Any = None
+    type: Any = None
+    launcher: bool = False  # listed with hvd-notebook's own launcher options, not horovodrun's common ones
+
+
+def _option(flags: tuple[str, ...], help: str, default: Any = None, run: RunSpelling | None = None,
+            **argparse_kwargs: Any) -> Any:
+    """A ``ClusterOptions`` field: its default, how ``%hvd start`` spells and explains it, and how ``hvd-notebook
+    run`` does (``run``; None: it does not take it)."""
+    return field(default=default, metadata={"flags": flags, "help": help, "argparse": argparse_kwargs, "run": run})
 
 
 @dataclass(frozen=True)
 class ClusterOptions:
     """What ``%hvd start`` was asked for; ``%hvd restart`` reuses it."""
 
-    n: int | None = _option(("-n",), "number of ranks (default: one per GPU, else 2)", type=positive_int)
+    n: int | None = _option(("-n",), "number of ranks (default: one per GPU, else 2)", type=positive_int,
+                            run=RunSpelling(("-np", "--num-proc"), "number of ranks (required)", type=at_least(
+                                1, "{value}: a job needs at least one rank, e.g. -np 2")))
     mpiexec: str | None = _option(("--mpiexec",), "mpiexec to launch with (default: the one beside this Python, "
-                                  "else PATH)", metavar="PATH")
+                                  "else PATH)", metavar="PATH", run=RunSpelling(("--mpiexec",), launcher=True))
     mpi_args: tuple[str, ...] = _option(("--mpi-args",), 'extra mpiexec arguments, quoted, e.g. --mpi-args '
-                                        '"-bind-to core"', default=(), metavar='"ARGS"', convert=shlex.split)
+                                        '"-bind-to core"', default=(), metavar='"ARGS"', convert=shlex.split,
+                                        run=RunSpelling(("--mpi-args",), "extra launcher arguments, quoted",
+                                                        launcher=True))
     env: tuple[tuple[str, str], ...] = _option(("--env",), "environment variable for every rank (repeatable)",
                                                default=(), metavar="K=V", type=env_pair, action="append")
     timeout: float = _option(("--timeout",), f"seconds to wait for all engines to connect and set up "
-                             f"(default {START_TIMEOUT_S:g})", default=START_TIMEOUT_S, metavar="S", type=seconds)
+                             f"(default {START_TIMEOUT_S:g})", default=START_TIMEOUT_S, metavar="S", type=seconds,
+                             run=RunSpelling(("--start-timeout",), "seconds the checks of the hosts before launch may "
+                                             f"take (default {HOST_CHECK_TIMEOUT_S:g}; on one host there is nothing "
+                                             "to check)", default=HOST_CHECK_TIMEOUT_S))
     gpus: str = _option(("--gpus",), "GPUs to pin ranks to by local rank (default auto: all visible)",
                         default="auto", metavar="auto|none|LIST")
     backend: str = _option(("--backend",), "the hvd runtime: a real horovod where it imports (auto) or "
@@ -258,40 +272,67 @@ class ClusterOptions:
                            "CurveZMQ (ipyparallel's enable_curve) now, on one host too",
                            default=False, action="store_true")
     hosts: str | None = _option(("-H", "--hosts"), "run the ranks on these hosts through mpiexec, e.g. "
-                                "-H node1:4,node2:4 (-n defaults to the slots)", metavar="HOST:SLOTS,...")
+                                "-H node1:4,node2:4 (-n defaults to the slots)", metavar="HOST:SLOTS,...",
+                                run=RunSpelling(("-H", "--hosts"), "run the ranks on these hosts, e.g. -H "
+                                                "node1:4,node2:4"))
     hostfile: str | None = _option(("--hostfile",), "hosts from a file, one 'HOST:SLOTS' or 'HOST slots=SLOTS' "
-                                   "per line", metavar="FILE")
+                                   "per line", metavar="FILE", run=RunSpelling(("-hostfile", "--hostfile")))
     ip: str | None = _option(("--ip",), "address the controller listens on for engines on other hosts "
                              "(default: this machine's address on the route to the first other host)",
                              metavar="ADDRESS")
     min_np: int | None = _option(("--min-np",), "fewest ranks a restart may go on with where GPUs or hosts are "
                                  "gone (default: the cluster's size)", metavar="N", type=positive_int)
     max_resets: int = _option(("--max-resets",), "times a %%%%hvd cell under hvd.elastic.run is resumed after a "
-                              "dead rank (default 3; 0: never)", default=3, metavar="K", type=non_negative_int)
+                              "dead rank (default 3; 0: never)", default=3, metavar="K", type=non_negative_int,
+                              run=RunSpelling(("--max-resets", "--reset-limit"), "launch a failed job again from its "
+                                              "last hvd.elastic commit, at most K times (default 3; 0: never); "
+                                              "--reset-limit is horovodrun's name"))
     standby: str | None = _option(("--standby",), "keep a second, idle world of ranks launched with TensorFlow "
                                   "imported, which a restart promotes in about a second (default: "
                                   "$HVD_NOTEBOOK_STANDBY, else auto: on for ranks on this host where its free "
                                   "memory allows)", choices=choices(Standby))
-    launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation "
-                            "(auto: srun where SLURM_JOB_ID is set; -n then defaults to the allocation's tasks)",
-                            default=Launcher.AUTO.value, choices=choices(Launcher))
+    launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation, or "
+                            "another registered placement's launcher (auto: srun where SLURM_JOB_ID is set; -n "
+                            "then defaults to the allocation's tasks)", default="auto", metavar="NAME",
+                            run=RunSpelling(("--launcher",), launcher=True))
 
     @classmethod
-    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        """Add one option per field to ``parser``, from the fields' metadata."""
+    def add_arguments(cls, parser: argparse.ArgumentParser, run: bool = False,
+                      launcher_group: Any = None) -> None:
+        """Add one option per field to ``parser``, from the fields' metadata.
+
+        Args:
+            parser: the parser (or argument group) of ``%hvd start``, or of ``hvd-notebook run``.
+            run: add the options ``hvd-notebook run`` takes, as it spells them (``RunSpelling``), instead of
+                every option as ``%hvd start`` spells it.
+            launcher_group: where ``run``'s launcher options go (default: ``parser``).
+        """
         for f in fields(cls):
             kwargs = {k: v for k, v in f.metadata["argparse"].items() if k != "convert"}
-            default = [] if kwargs.get("action") == "append" else f.default
-            if isinstance(default, tuple):
+            flags, help, default, target = f.metadata["flags"], f.metadata["help"], f.default, parser
+            spelling: RunSpelling | None = f.metadata["run"]
+            if run:
+                if spelling is None:
+                    continue
+                flags, help = spelling.flags, spelling.help or help
+                default = spelling.default if spelling.default is not None else default
+                kwargs["type"] = spelling.type or kwargs.get("type")
+                kwargs = {k: v for k, v in kwargs.items() if v is not None}
+                target = launcher_group if spelling.launcher and launcher_group is not None else parser
+            if kwargs.get("action") == "append":
+                default = []
+            elif isinstance(default, tuple):
                 default = ""
-            parser.add_argument(*f.metadata["flags"], dest=f.name, default=default, help=f.metadata["help"],
-                                **kwargs)
+            target.add_argument(*flags, dest=f.name, default=default, help=help, **kwargs)
 
     @classmethod
     def from_arguments(cls, args: argparse.Namespace) -> ClusterOptions:
-        """The options of a parsed ``%hvd start`` line."""
+        """The options of a parsed ``%hvd start`` (or ``hvd-notebook run``) line; a field its parser did not
+        take keeps its default."""
         values = {}
         for f in fields(cls):
+            if not hasattr(args, f.name):
+                continue
             value = getattr(args, f.name)
             convert = f.metadata["argparse"].get("convert")
             if convert is not None:

@@ -1,13 +1,14 @@
-"""What a rank tells the notebook's kernel while a cell runs, defined once for both sides: the progress update
-and the rank event (the runtime's stall, warning and commit, ``runtime/core/events.py``).
+"""What crosses between the ranks, the cluster and the kernel, defined once for every side: the progress update
+and the rank event (the runtime's stall, warning and commit, ``runtime/core/events.py``) a rank publishes while
+a cell runs; the report of a rank's bootstrap; and a row of ``%hvd status``.
 
 Each rank publishes ``ProgressUpdate.to_dict()`` on its engine's IOPub channel
 under one of ``RING`` rotating keys ``KEY_PREFIX + str(seq % RING)``; the kernel
 reads the ones it has not seen (by ``seq``) with ``ProgressUpdate.from_dict``.
 Plain dicts travel, so the kernel needs nothing of the engine to read them.
 
-This module imports nothing of the package and no display library: the runtime, the engines, the kernel and
-the dashboard import it.
+This module imports nothing of the package and no display library: the runtime, the engines, the cluster, the
+kernel and the dashboard import it.
 """
 
 from __future__ import annotations
@@ -150,3 +151,48 @@ class RankEvent(_Published):
     def from_dict(cls, data: dict[str, Any]) -> RankEvent:
         return cls(kind=EventKind(data["kind"]), text=str(data.get("text", "")), fields=dict(data.get("fields") or {}),
                    rank=int(data.get("rank", 0)), seq=int(data.get("seq", 0)))
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """What a rank's bootstrap (``engine/bootstrap.py``) reports to the cluster once ``hvd.init()`` ran."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    host: str
+    ip: str  # the rank's address on its route to the controller ("" where it has none)
+    pid: int
+    device: str  # "CPU", "GPU 0", ...
+    backend: str  # e.g. "builtin (mpi4py, Open MPI 4.1)"
+    framework: str  # e.g. "torch 2.13.0+cpu, torch.distributed gloo"
+    intra_op_threads: int
+    inter_op_threads: int
+
+
+class RankActivity(enum.StrEnum):
+    """What a rank runs, as ``%hvd status`` says it."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # the controller did not answer
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """One row of ``%hvd status``: a rank's process, its memory and what it runs."""
+
+    rank: int
+    alive: bool
+    host: str
+    pid: int
+    device: str
+    rss: int | None  # bytes of host memory (None: on another host, or gone)
+    gpu_memory: int | None  # bytes of GPU memory (None: no GPU, or not known here)
+    running: RankActivity
+
+    @property
+    def state(self) -> str:
+        return "alive" if self.alive else "dead"

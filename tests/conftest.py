@@ -175,7 +175,7 @@ def put_modes_back(changed: list[tuple[Path, int]]) -> None:
 
 class FakeController:
     """The part of ipyparallel's ``Client`` that asks the controller for its queues, as
-    ``hvd_notebook.kernel.cell.queue_status`` sends the question: a subclass answers with ``queues(targets)``
+    ``hvd_notebook.cluster.channel.RankChannel`` sends the question: a subclass answers with ``queues(targets)``
     (None: every engine); ``silent`` is a controller that never answers (stopped or hung)."""
 
     silent = False

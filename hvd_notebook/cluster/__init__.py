@@ -1,7 +1,7 @@
 """The cluster layer: every process hvd_notebook starts or kills.
 
 ``cluster.MPICluster`` runs an ipyparallel controller plus one MPI world of
-engines (``world.World``: one launched world, which a restart replaces or swaps for
+engines (``world.LaunchedWorld``: one launched world, which a restart replaces or swaps for
 its warm standby's, ``standby``). Its parts: ``placement`` (one host, a hosts list, a Slurm allocation),
 ``hosts`` (host lists, hostfiles, routes), ``launch`` (ipyparallel's launchers
 and the ranks' environment), ``diagnosis`` (what a launcher's output says),

@@ -1,7 +1,7 @@
 """Start, watch, stop and restart one ipyparallel cluster of MPI engines.
 
 An ``MPICluster`` holds what a restart keeps (the options, the placement of ranks on hosts, the GPU
-lease) and the ``World`` its cells run on (``world``: the controller and the launcher's world of engines,
+lease) and the ``LaunchedWorld`` its cells run on (``world``: the controller and the launcher's world of engines,
 their directory, reaper and PIDs), and where it keeps one, the warm standby's world (``standby``). A
 start that fails with MPI_Init is tried once more; a restart ends the world and promotes the standby (a
 swap of two worlds) or starts a new one, on fewer ranks where ``--min-np`` allows and GPUs or hosts are
@@ -16,16 +16,16 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from ..config import ClusterOptions
 from . import diagnosis, leases, policy, shm
+from .channel import RankChannel
 from .errors import ClusterError
 from .gpus import detect_gpus, resolve_gpus
-from .placement import HostList, choose_placement
+from .placements import choose_placement
 from .standby import WarmStandby, choose, wanted
 from .workdir import new_cluster_id
-from .world import RankInfo, World
+from .world import NO_WORLD, LaunchedWorld, NoWorld, RankInfo
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ class MPICluster:
 
     >>> cluster = MPICluster(ClusterOptions(n=2))
     >>> ranks = cluster.start()          # blocks until every rank is bootstrapped
-    >>> cluster.client[:].apply_sync(lambda: 1)
-    [1, 1]
+    >>> cluster.channel.call(0, os.getpid, timeout=10)
+    4242
     >>> cluster.stop()                   # nothing of it is left running
     """
 
@@ -54,7 +54,7 @@ class MPICluster:
         self.standby_choice = choose(options, self.placement)
         self.standby: WarmStandby | None = None  # the warm standby world that the next restart promotes
         self.gpus: list[str] = []
-        self.world: World | None = None  # the world cells run on, while there is one
+        self.world: LaunchedWorld | NoWorld = NO_WORLD  # the world cells run on
         self._lease: leases.Lease | None = None
 
     @property
@@ -63,22 +63,18 @@ class MPICluster:
         return self.options.n
 
     @property
-    def client(self) -> Any:
-        """The ipyparallel client of the world (None without one)."""
-        return self.world.client if self.world is not None else None
+    def channel(self) -> RankChannel:
+        """Every message to the ranks of the world (a ClusterError without one)."""
+        return self.world.channel
 
     @property
     def ranks(self) -> list[RankInfo]:
-        return self.world.ranks if self.world is not None else []
+        return self.world.ranks
 
     @property
     def workdir(self) -> Path | None:
         """The cluster directory while it runs."""
-        return self.world.workdir if self.world is not None else None
-
-    @property
-    def ipp_cluster(self) -> Any:
-        return self.world.ipp_cluster if self.world is not None else None
+        return self.world.workdir
 
     # ----------------------------------------------------------------- start
     def start(self) -> list[RankInfo]:
@@ -115,7 +111,7 @@ class MPICluster:
                                                               f"kernel {os.getpid()}, {cluster_id}", self.rules)
         if self._lease is not None:
             self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
-        self.world = World(self.placement, self.n, self.gpus, self.options)
+        self.world = LaunchedWorld(self.placement, self.n, self.gpus, self.options)
         try:
             return self.world.start(cluster_id, deadline)
         except BaseException:
@@ -124,9 +120,9 @@ class MPICluster:
 
     def _start_standby(self) -> None:
         if wanted(self.standby_choice, self.placement, self.n):
-            self.standby = WarmStandby(lambda: World(self.placement, self.n, self.gpus, self.options))
+            self.standby = WarmStandby(lambda: LaunchedWorld(self.placement, self.n, self.gpus, self.options))
 
-    def _promote(self, warm: World) -> bool:
+    def _promote(self, warm: LaunchedWorld) -> bool:
         """Make the launched standby ``warm`` this cluster's world and finish every rank's bootstrap:
         ``hvd.init()`` and what follows it. False (and nothing of it left running) where that failed."""
         self.world = warm
@@ -142,16 +138,11 @@ class MPICluster:
             raise
 
     # ----------------------------------------------------------------- state
-    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
-        """Engine ids of the given MPI ranks (all ranks when None)."""
-        by_rank = {r.rank: r.engine_id for r in self.ranks}
-        return [by_rank[r] for r in (sorted(by_rank) if ranks is None else ranks)]
-
     def pids(self) -> set[int]:
         """Every process of this cluster seen so far (controller, mpiexec, its
         helpers, engines and their nannies, the reaper; its standby's)."""
         standby = self.standby.pids() if self.standby is not None else set()
-        return (self.world.pids() if self.world is not None else set()) | standby
+        return self.world.pids() | standby
 
     @property
     def standby_state(self) -> str:
@@ -166,25 +157,20 @@ class MPICluster:
 
     def mpiexec_output_tail(self, lines: int = 20) -> str:
         """The last lines mpiexec and the engines wrote to the launcher's log."""
-        return self.world.output_tail(lines) if self.world is not None else diagnosis.tail("", lines)
+        return self.world.output_tail(lines)
 
     def alive(self) -> dict[int, bool]:
         """Per rank: is its engine process still there? (On another host: is its engine still registered?)"""
-        return self.world.alive() if self.world is not None else {}
-
-    def controller_routes(self) -> bool:
-        """Can cells and their results still pass the controller (are its schedulers running)?"""
-        return self.world.controller_routes() if self.world is not None else True
+        return self.world.alive()
 
     def end_world(self, timeout: float = 2.0) -> None:
         """Kill the ranks still alive (an MPI world cannot go on once one of its ranks died) and give
         mpiexec a moment to report how each one ended."""
-        if self.world is not None:
-            self.world.end(timeout)
+        self.world.end(timeout)
 
     def exit_reports(self) -> dict[int, str]:
         """How each rank ended, where the launcher said so: rank -> "exit code 7" or "signal Kill"."""
-        return self.world.exit_reports() if self.world is not None else {}
+        return self.world.exit_reports()
 
     # ------------------------------------------------------------------ stop
     def restart(self) -> list[RankInfo]:
@@ -241,15 +227,13 @@ class MPICluster:
         try:
             self._start_cold()
         except ClusterError as exc:
-            if not isinstance(self.placement, HostList) or self._min_np() >= self.n:
+            smaller = self.placement.without_failures() if self._min_np() < self.n else None
+            if smaller is None:
                 raise
-            gone = self.placement.host_failures()
-            if not gone:
-                raise
-            kept = self.placement.without(list(gone))
-            self._shrink(min(self.n, kept.slots) if kept.hosts else 0, "; ".join(gone.values()))
+            kept, room, why = smaller
+            self._shrink(min(self.n, room), why)
             self.placement = kept
-            self.options = replace(self.options, hosts=kept.options.hosts, hostfile=None)
+            self.options = replace(kept.options, n=self.options.n)
             try:
                 self._start_cold()
             except ClusterError as again:
@@ -257,9 +241,8 @@ class MPICluster:
 
     def _end_world(self) -> None:
         """Stop the world cells ran on (its standby stays, and the lease: a restart takes the same GPUs)."""
-        world, self.world = self.world, None
-        if world is not None:
-            world.stop()
+        world, self.world = self.world, NO_WORLD
+        world.stop()
         shm.remove_orphaned()  # the killed ranks' MPICH segments (of this and earlier worlds) in /dev/shm
 
     def stop(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import config
 from . import shm
-from .placement import Placement
+from .placements import Placement
 
 # an idle engine whose controller is gone exits by itself after this many missed
 # heartbeats (the controller pings every 3 s, the engine checks every 3.5 s)

@@ -11,13 +11,47 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def run_with_resets(attempt: Callable[[], T], resumable: Callable[[T], bool], reset: Callable[[T, int], str],
-                    max_resets: int) -> tuple[T, list[str]]:
-    """``attempt()``; while what it returned is a failure that ``resumable`` says can resume and fewer than
-    ``max_resets`` resets were made, ``reset(failure, number)`` (a new world: it returns a line on the
-    reset, for the history) and ``attempt()`` again. What the last attempt returned, and the lines."""
-    outcome, lines = attempt(), []
-    while len(lines) < max_resets and resumable(outcome):
-        lines.append(reset(outcome, len(lines) + 1))
-        outcome = attempt()
-    return outcome, lines
+class ResetsUsedUp(Exception):
+    """Work failed in a way a reset would resume, after as many resets as were allowed.
+
+    Attributes:
+        failure: the last attempt's failure.
+        lines: one line per reset made, in order.
+    """
+
+    def __init__(self, failure: BaseException, lines: list[str]) -> None:
+        super().__init__(str(failure))
+        self.failure, self.lines = failure, lines
+
+
+def run_with_resets(attempt: Callable[[], T], resumable: Callable[[BaseException], bool],
+                    reset: Callable[[BaseException, int], str], max_resets: int) -> T:
+    """Run ``attempt()`` until it returns, resetting the world after each failure that can resume.
+
+    Args:
+        attempt: the work; it raises where it fails.
+        resumable: whether a failure can resume on a new world (ranks died after a commit).
+        reset: makes a new world after ``failure`` for reset number ``number`` (from 1); returns a line on
+            it for the history. What it raises ends the loop.
+        max_resets: how many resets at most.
+
+    Returns:
+        What the first attempt that did not fail returned.
+
+    Raises:
+        ResetsUsedUp: from the last failure, where it could resume but ``max_resets`` resets were made (one
+            or more).
+        BaseException: the failure itself, where it cannot resume, or where no reset was allowed.
+    """
+    lines: list[str] = []
+    while True:
+        try:
+            return attempt()
+        except BaseException as failure:
+            if not resumable(failure):
+                raise
+            if len(lines) >= max_resets:
+                if lines:
+                    raise ResetsUsedUp(failure, lines) from failure
+                raise
+            lines.append(reset(failure, len(lines) + 1))

@@ -22,19 +22,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import psutil
 
 from ..config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
 from ..config import ELASTIC_DIR, ClusterOptions
 from . import diagnosis, shm
-from . import hosts as hostlib
 from .errors import ClusterError
 from .launch import world_environment
 from .pids import kill_all
-from .placement import HostList, Placement, choose_placement, is_open_mpi
-from .resets import run_with_resets
+from .placements import Placement, choose_placement
+from .resets import ResetsUsedUp, run_with_resets
 from .workdir import clusters_dir
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
@@ -108,31 +107,6 @@ def check_command(command: tuple[str, ...]) -> None:
     split = split_python(command)
     if split is not None and split[1][0] not in ("-m", "-c", "-") and not Path(split[1][0]).is_file():
         raise ClusterError(f"{split[1][0]}: no such file (the ranks start in {os.getcwd()}). Check the script's path.")
-
-
-def forwarded_variables(placement: Placement, names: list[str]) -> list[str]:
-    """Open MPI passes a variable to ranks on other hosts only when named (``-x NAME``);
-    MPICH's hydra and srun pass the whole environment."""
-    if not isinstance(placement, HostList) or not is_open_mpi(placement.command):
-        return []
-    return [arg for name in sorted(names) for arg in ("-x", name)]
-
-
-def launch_argv(placement: Placement, n: int, env: dict[str, str], command: tuple[str, ...]) -> list[str]:
-    """The launcher's command line, in the order ipyparallel gives it for ``%hvd start``."""
-    return [*placement.launcher_prefix(), placement.command, "-n", str(n), *placement.launcher_args(),
-            *forwarded_variables(placement, list(env)), *fail_fast(command)]
-
-
-def check_hosts(placement: Placement, timeout: float) -> None:
-    """Before launching on other hosts, one trivial rank on each proves it can start ranks of
-    this environment (as ``horovodrun`` checks ssh to each host), within ``timeout`` seconds."""
-    if not isinstance(placement, HostList) or all(hostlib.is_this_host(h.name) for h in placement.hosts):
-        return
-    failed = placement.host_failures(timeout).values()
-    if failed:
-        listed = "".join(f"\n  - {f}" for f in failed)
-        raise ClusterError(f"not every host can start a rank:{listed}\nFix those hosts, or raise --start-timeout.")
 
 
 # ------------------------------------------------------------------ how the job ended
@@ -323,9 +297,17 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     placement = choose_placement(job.options)
     n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
     placement.check_room(n)
-    check_hosts(placement, job.options.timeout)
+    placement.preflight(job.options.timeout)
     env = world_environment(placement)
-    return placement, launch_argv(placement, n, env, job.command), env
+    return placement, placement.command_line(n, list(env), list(fail_fast(job.command))), env
+
+
+class _FailedAfterCommit(Exception):
+    """A launch of the job that failed after rank 0's ``hvd.elastic`` commit: a new launch resumes from it."""
+
+    def __init__(self, code: int, output: str) -> None:
+        super().__init__(f"exit code {code}")
+        self.code, self.output = code, output
 
 
 def _launch_once_more_after_mpi_init(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -364,18 +346,27 @@ def run_job(job: Job) -> int:
                   f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
         commit = Path(elastic) / COMMIT_SUMMARY
 
-        def reset(ended: tuple[int, str], number: int) -> str:
-            failed = failed_ranks(diagnosis.exit_reports(ended[1]))
-            why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {ended[0]}"
+        def attempt() -> tuple[int, str]:
+            code, output = _launch_once_more_after_mpi_init(argv, env)
+            if code and commit.exists():  # (a failure that a new launch resumes from the commit)
+                raise _FailedAfterCommit(code, output)
+            return code, output
+
+        def reset(failure: BaseException, number: int) -> str:
+            ended = cast(_FailedAfterCommit, failure)  # (the only failure ``resumable`` lets through)
+            failed = failed_ranks(diagnosis.exit_reports(ended.output))
+            why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {ended.code}"
             print(f"[hvd_notebook] the job failed ({why}); launching it again from rank 0's last hvd.elastic "
                   f"commit ({commit.read_text().strip()}): reset {number} of {job.options.max_resets}.",
                   file=sys.stderr, flush=True)
             return why
 
         try:  # a job that failed after an hvd.elastic commit is launched again (the session's loop)
-            (code, output), _ = run_with_resets(lambda: _launch_once_more_after_mpi_init(argv, env),
-                                                lambda ended: bool(ended[0]) and commit.exists(), reset,
-                                                job.options.max_resets)
+            code, output = run_with_resets(attempt, lambda failure: isinstance(failure, _FailedAfterCommit), reset,
+                                           job.options.max_resets)
+        except (_FailedAfterCommit, ResetsUsedUp) as failed:
+            last = cast(_FailedAfterCommit, failed.failure if isinstance(failed, ResetsUsedUp) else failed)
+            code, output = last.code, last.output
         except Stopped as stop:
             print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
             return 128 + stop.signum

@@ -15,19 +15,14 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import psutil
-
 from .. import config
 from ..config import ClusterOptions, Standby
 from .errors import ClusterError
-from .placement import OneHost, Placement, SlurmAllocation
+from .placements import STANDBY_BYTES_PER_RANK, Placement  # noqa: F401 (the standby's memory, as tests read it)
 
 if TYPE_CHECKING:
-    from .world import World
+    from .world import LaunchedWorld
 
-# host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS
-# measured here), rounded up; ``auto`` wants room for the standby and as much again free
-STANDBY_BYTES_PER_RANK = 1 << 30
 CANCEL_WAIT_S = 60.0  # a standby being launched stops at its next step; ipyparallel's own steps are bounded
 
 
@@ -36,9 +31,9 @@ def choose(options: ClusterOptions, placement: Placement) -> Standby:
     text = options.standby or config.STANDBY.text() or Standby.AUTO.value
     choice = config.parse_choice(
         Standby, text, f"--standby {text!r} (or HVD_NOTEBOOK_STANDBY): use auto, on or off.", ClusterError)
-    if choice is Standby.ON and isinstance(placement, SlurmAllocation):
-        raise ClusterError("--standby on: the cluster's ranks take the Slurm allocation's tasks, and a second "
-                           "job step would wait for them. Use --standby off (the default under srun).")
+    refusal = placement.standby_refusal()
+    if choice is Standby.ON and refusal is not None:
+        raise ClusterError(refusal)
     return choice
 
 
@@ -47,18 +42,18 @@ def wanted(choice: Standby, placement: Placement, n: int) -> bool:
     whose free memory holds the standby's ranks twice over."""
     if choice is not Standby.AUTO:
         return choice is Standby.ON
-    return isinstance(placement, OneHost) and psutil.virtual_memory().available >= 2 * n * STANDBY_BYTES_PER_RANK
+    return placement.standby_by_default(n)
 
 
 class WarmStandby:
     """One standby world, launched in a background thread as soon as it is made.
 
-    >>> standby = WarmStandby(lambda: World(placement, n, gpus, options))
+    >>> standby = WarmStandby(lambda: LaunchedWorld(placement, n, gpus, options))
     >>> standby.state                   # "starting", then "ready"
     >>> world = standby.take(timeout)   # the launched world, or None (then it is stopped)
     """
 
-    def __init__(self, make_world: Callable[[], World]) -> None:
+    def __init__(self, make_world: Callable[[], LaunchedWorld]) -> None:
         self.world = make_world()  # not launched: warm_up brings it up
         self.error: str | None = None
         self._cancelled = threading.Event()
@@ -86,7 +81,7 @@ class WarmStandby:
         """Its processes so far."""
         return self.world.pids()
 
-    def take(self, timeout: float) -> World | None:
+    def take(self, timeout: float) -> LaunchedWorld | None:
         """The standby's world, once launched (waiting up to ``timeout`` seconds for a standby still
         starting), where all of it still runs; else None, and nothing of it is left running."""
         self._thread.join(timeout)

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ..config import ClusterOptions
+from ..messages import RankReport
 from . import diagnosis, shm
+from .channel import RankChannel
 from .errors import ClusterError
 from .launch import EngineWorld, make_ipp_cluster
-from .pids import PidRegistry, alive, kill_all, pid_alive
-from .placement import Placement
+from .pids import PidRegistry, kill_all, pid_alive
+from .placements import Placement
 from .reaper import start_reaper
 from .workdir import WorkDir, new_cluster_id
 
@@ -54,25 +54,24 @@ class RankInfo:
     here: bool = True  # on the kernel's host (its pid means something here)
 
     @classmethod
-    def from_bootstrap(cls, engine_id: int, report: dict[str, Any]) -> RankInfo:
-        """The rank that ``engine.bootstrap.bootstrap`` described in ``report``."""
-        reported = {k: report[k] for k in cls.__dataclass_fields__ if k not in ("engine_id", "here") and k in report}
-        return cls(engine_id=engine_id, here=report["host"] == socket.gethostname(), **reported)
+    def from_bootstrap(cls, engine_id: int, report: RankReport) -> RankInfo:
+        """The rank that ``engine.bootstrap.bootstrap`` described in ``report``, on engine ``engine_id``."""
+        reported = {k: getattr(report, k) for k in cls.__dataclass_fields__ if k not in ("engine_id", "here")}
+        return cls(engine_id=engine_id, here=report.host == socket.gethostname(), **reported)
 
 
-class World:
+class LaunchedWorld:
     """A controller and ``n`` engines placed by ``placement``, pinned to ``gpus`` (one per local rank)."""
 
     def __init__(self, placement: Placement, n: int, gpus: list[str], options: ClusterOptions) -> None:
         self.placement, self.n, self.gpus, self.options = placement, n, list(gpus), options
         self.ipp_cluster: Any = None
-        self.client: Any = None
+        self._channel: RankChannel | None = None  # every message to the ranks, once launched
         self.workdir: Path | None = None  # the cluster directory while it runs
         self.ranks: list[RankInfo] = []
         self._engines: EngineWorld | None = None
         self._pids = PidRegistry()
         self._warm_pids: set[int] = set()  # the engines of a warm standby (``warm_up``)
-        self._routers: list[psutil.Process] = []  # the controller's schedulers (``controller_routes``)
         self._reaper: subprocess.Popen | None = None
 
     # ----------------------------------------------------------------- start
@@ -110,7 +109,7 @@ class World:
     def promote(self) -> None:
         """Finish a warm standby's bootstrap (``hvd.init()`` and what follows it): the world cells run on."""
         WorkDir(self.workdir).mark_standby(False)
-        self._bootstrap(sorted(self.client.ids), time.monotonic() + self.options.timeout)
+        self._bootstrap(sorted(self.channel.registered()), time.monotonic() + self.options.timeout)
 
     def _launch(self, cluster_id: str) -> WorkDir:
         """Make the cluster directory, start the reaper, the controller and the engines (without waiting
@@ -123,7 +122,7 @@ class World:
         self._reaper = start_reaper(workdir)
         self.ipp_cluster.start_controller_sync()
         self._pids.add(self.ipp_cluster.controller.pid)
-        self.client = self.ipp_cluster.connect_client_sync()
+        self._channel = RankChannel(self.ipp_cluster.connect_client_sync())
         engine_set = self.ipp_cluster.start_engines_sync(self.n)
         self._engines = EngineWorld(self.ipp_cluster.engines[engine_set])
         self._pids.add(self._engines.pid)
@@ -133,7 +132,7 @@ class World:
         """Engine ids of the whole world once every rank has registered; a ClusterError saying why as soon
         as the launcher has exited, or at the deadline."""
         engines, shm_checked = self._engines, 0.0
-        while len(registered := set(self.client.ids)) < self.n:
+        while len(registered := self.channel.registered()) < self.n:
             if cancelled is not None and cancelled.is_set():
                 raise ClusterError("the standby was cancelled")
             if time.monotonic() - shm_checked > SHM_CHECK_S:  # a rank on a planted segment never registers
@@ -152,11 +151,7 @@ class World:
                                                           engines.command, engines.output()))
             time.sleep(0.05)
         self._pids.remember_descendants()
-        try:
-            self._routers = psutil.Process(self.ipp_cluster.controller.pid).children(recursive=True)
-        except psutil.Error:
-            raise ClusterError("the cluster's controller ended while the ranks started (killed? out of memory?): "
-                               "start the cluster again") from None
+        self.channel.watch_routes(self.ipp_cluster.controller.pid)
         return sorted(registered)
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
@@ -165,10 +160,11 @@ class World:
 
         results = self._on_engines(engine_ids, max(deadline, time.monotonic() + 1.0), None, bootstrap, self.gpus,
                                    self.options.backend, self.ipp_cluster.controller_ip, self.options.framework)
-        sizes = sorted({r["size"] for r in results})
-        if sizes != [self.n] or sorted(r["rank"] for r in results) != list(range(self.n)):
+        sizes = sorted({r.size for r in results})
+        if sizes != [self.n] or sorted(r.rank for r in results) != list(range(self.n)):
             raise ClusterError(diagnosis.not_one_world(self.n, sizes, self.placement.command))
         self.ranks = sorted(map(RankInfo.from_bootstrap, engine_ids, results), key=lambda r: r.rank)
+        self.channel.bind({r.rank: r.engine_id for r in self.ranks})
         self._pids.add(*(r.pid for r in self.ranks if r.here))  # a pid on another host is not ours to kill
         self._check_shm()  # before any cell runs
 
@@ -176,7 +172,7 @@ class World:
                     func: Any, *args: Any) -> list[Any]:
         """``func(*args)`` on each engine (a bootstrap step): their results, or a ClusterError where one fails,
         the deadline passes or ``cancelled`` is set first."""
-        ar = self.client[engine_ids].apply_async(func, *args)
+        ar = self.channel.on_engines(engine_ids, func, *args)
         while not ar.wait(0.1):
             if cancelled is not None and cancelled.is_set():
                 raise ClusterError("the standby was cancelled")
@@ -195,6 +191,13 @@ class World:
 
     # ----------------------------------------------------------------- state
     @property
+    def channel(self) -> RankChannel:
+        """Every message to the ranks (a ClusterError before the launch or after the stop)."""
+        if self._channel is None:
+            raise ClusterError("this world's ranks are not running (not launched yet, or stopped)")
+        return self._channel
+
+    @property
     def launcher_pid(self) -> int | None:
         """The launcher's own process (``mpiexec`` or ``srun``), once launched."""
         return self._engines.pid if self._engines is not None else None
@@ -206,21 +209,14 @@ class World:
 
     def engines_whole(self) -> bool:
         """The launcher still runs, every engine is registered, and (for a standby) each is alive."""
-        return (self._engines is not None and self._engines.exit_code() is None and self.client is not None
-                and len(set(self.client.ids)) == self.n and all(map(pid_alive, self._warm_pids)))
+        return (self._engines is not None and self._engines.exit_code() is None and self._channel is not None
+                and len(self.channel.registered()) == self.n and all(map(pid_alive, self._warm_pids)))
 
     def alive(self) -> dict[int, bool]:
         """Per rank: is its engine process still there? (On another host: is its engine still registered,
         i.e. answering the controller's heartbeats?)"""
-        registered = set(self.client.ids) if self.client is not None else set()
+        registered = self._channel.registered() if self._channel is not None else set()
         return {r.rank: pid_alive(r.pid) if r.here else r.engine_id in registered for r in self.ranks}
-
-    def controller_routes(self) -> bool:
-        """Does any of the controller's schedulers still run? They pass cells to the engines and the results
-        back, each a process of its own: a cell still finishes where the controller's hub alone is gone (its
-        queue questions go unanswered then), never without them. (Only all of them gone counts: one process
-        seen ending is no proof that no cell can pass.)"""
-        return any(alive(proc) for proc in self._routers) or not self._routers
 
     def output_tail(self, lines: int = 20) -> str:
         """The last lines the launcher and the engines wrote to the launcher's log."""
@@ -243,12 +239,12 @@ class World:
         ipyparallel's launchers would stop them one after the other, and a kernel shut down by Jupyter is
         soon killed itself), then settle ipyparallel's bookkeeping and remove the cluster directory."""
         pids = self.pids()
-        if self.client is not None:
+        if self._channel is not None:
             try:
-                self.client.close(linger=0)
+                self._channel.close()
             except Exception:
                 log.debug("closing the client failed", exc_info=True)
-            self.client = None
+            self._channel = None
         kill_all(pids, grace=STOP_GRACE_S)
         if self.ipp_cluster is not None:
             try:  # its processes are gone: this only settles ipyparallel's bookkeeping
@@ -269,3 +265,39 @@ class World:
             self._reaper = None
 
 
+
+
+class NoWorld:
+    """The world of a cluster with none running (before its start, after its stop, between the end of one
+    world and the start of the next): no ranks and no processes; every message to the ranks fails with a
+    ClusterError that says what to do."""
+
+    ranks: list[RankInfo] = []
+    workdir: Path | None = None
+    ipp_cluster: Any = None
+
+    @property
+    def channel(self) -> RankChannel:
+        raise ClusterError("the cluster has no world of ranks running (it was stopped, or a restart failed): "
+                           "%hvd restart starts it again")
+
+    def pids(self) -> set[int]:
+        return set()
+
+    def alive(self) -> dict[int, bool]:
+        return {}
+
+    def output_tail(self, lines: int = 20) -> str:
+        return diagnosis.tail("", lines)
+
+    def exit_reports(self) -> dict[int, str]:
+        return {}
+
+    def end(self, timeout: float = 2.0) -> None:
+        """Nothing runs: nothing to end."""
+
+    def stop(self) -> None:
+        """Nothing runs: nothing to stop."""
+
+
+NO_WORLD = NoWorld()

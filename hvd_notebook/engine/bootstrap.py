@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import keras_flavour
 from ..config import Backend, Framework, choices, parse_choice
+from ..messages import RankReport
 from . import completion, frameworks
 
 
@@ -118,7 +119,7 @@ def warm_up(gpus: list[str], backend: str = Backend.AUTO, framework: str = Frame
 
 
 def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str = "127.0.0.1",
-              framework: str = Framework.AUTO) -> dict[str, Any]:
+              framework: str = Framework.AUTO) -> RankReport:
     """Prepare this engine for ``%%hvd`` cells; return what the rank table shows.
 
     ``gpus`` lists the GPU ids of this host that the cluster may use, one per
@@ -155,17 +156,6 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
         frameworks.when_imported(keras_flavour.module_name(), _install_keras_progress)
     tqdm_bars.install()
 
-    return {
-        "rank": hvd.rank(),
-        "size": hvd.size(),
-        "local_rank": local_rank,
-        "local_size": local_size,
-        "host": socket.gethostname(),
-        "ip": ip,
-        "pid": os.getpid(),
-        "device": device,
-        "backend": backend_label,
-        "framework": framework_label,
-        "intra_op_threads": intra,
-        "inter_op_threads": inter,
-    }
+    return RankReport(rank=hvd.rank(), size=hvd.size(), local_rank=local_rank, local_size=local_size,
+                      host=socket.gethostname(), ip=ip, pid=os.getpid(), device=device, backend=backend_label,
+                      framework=framework_label, intra_op_threads=intra, inter_op_threads=inter)

@@ -17,9 +17,8 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from ipyparallel import util as ipp_util
-
 from ..cluster import ClusterError, stacks
+from ..cluster.channel import ControllerSilent
 from ..cluster.cluster import MPICluster
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
@@ -35,57 +34,6 @@ INTERRUPT_GRACE_S = 3.0  # how long interrupted ranks get before the MPI world i
 DEATH_REPORT_S = 3.0  # how long to wait for mpiexec to report how dead ranks ended
 SIMULTANEOUS_FAILURE_S = 0.2  # near-simultaneous failures on other ranks arrive within this
 WHEREABOUTS_S = 1.0  # how long ranks get to write their stacks (a live rank's faulthandler answers at once)
-QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
-QUEUE_ANSWER_S = 5.0  # how long the controller gets to say what its queues hold (it answers in milliseconds)
-
-
-def is_busy(queue: Any) -> bool:
-    """Whether one engine's entry of ``Client.queue_status()`` shows work running or queued."""
-    return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
-
-
-class ControllerSilent(ClusterError):
-    """The cluster's controller did not answer a question about its queues (stopped, hung, or gone)."""
-
-
-def queue_status(client: Any, targets: list[int] | None = None, timeout: float | None = None) -> dict[Any, Any]:
-    """``client.queue_status(targets)`` (None: every engine), but ``ControllerSilent`` after ``timeout`` seconds
-    (default ``QUEUE_ANSWER_S``) without an answer: ipyparallel's own waits for the controller's reply with no
-    limit, so a stopped or hung controller would hang the kernel (``%hvd status``, an interrupt, a completion)."""
-    timeout = QUEUE_ANSWER_S if timeout is None else timeout
-    content = {"targets": None if targets is None else client._build_targets(targets)[1], "verbose": False}
-    future = client._send(client._query_stream, "queue_request", content=content)  # (what queue_status sends)
-    try:
-        reply = future.result(timeout=timeout)["content"]
-    except TimeoutError:
-        raise ControllerSilent(f"the cluster's controller did not answer within {timeout:g} s (stopped or hung?): "
-                               "%hvd restart starts the cluster again") from None
-    if reply.pop("status") != "ok":
-        raise client._unwrap_exception(reply)
-    return ipp_util.int_keys(reply)
-
-
-def answer(client: Any, result: Any) -> Any:
-    """``result.get()`` of a request that may take the ranks long (a big pull), but ``ControllerSilent`` where
-    the controller stops answering meanwhile: it is asked for its queues after each ``QUEUE_ANSWER_S`` without
-    the answer."""
-    while True:
-        try:
-            return result.get(timeout=QUEUE_ANSWER_S)
-        except TimeoutError:  # (ipyparallel's is one)
-            queue_status(client)
-
-
-def settled_queue_status(client: Any, settle_s: float = QUEUE_SETTLE_S) -> dict[Any, Any]:
-    """``client.queue_status()``, asked again for up to ``settle_s`` while it shows work although this client
-    awaits no reply: the controller hears of a finished task a moment after the client has its result (right
-    after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``."""
-    deadline = time.monotonic() + settle_s
-    while True:
-        queues = queue_status(client)
-        if client.outstanding or not any(is_busy(q) for q in queues.values()) or time.monotonic() >= deadline:
-            return queues
-        time.sleep(0.02)
 
 
 @dataclass
@@ -156,6 +104,74 @@ class RankRequest:
         return (self.metadata["stdout"] or "") + (self.metadata["stderr"] or "")
 
 
+class RankStopper:
+    """Stops the ranks of a cell that still run: says where each is, interrupts them, and where they do not
+    answer restarts the world (``cluster_lost`` where that failed); renews the collectives after a debugged
+    rank quit."""
+
+    def __init__(self, cluster: MPICluster, still_running: Callable[[int], bool]) -> None:
+        self.cluster, self.still_running = cluster, still_running
+        self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
+
+    def interrupt(self, ranks: list[int]) -> str:
+        """Interrupt ranks; a rank stuck in an MPI collective ignores SIGINT, so
+        after a grace period restart the whole MPI world. Returns a note."""
+        if not ranks:
+            return ""
+        channel = self.cluster.channel
+        try:  # (through the controller, which may not answer: then the world is restarted)
+            channel.interrupt(ranks)
+        except ClusterError:
+            log.debug("the interrupt failed", exc_info=True)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        hub_answers = True
+        while True:
+            if hub_answers:
+                try:
+                    stuck = [rank for rank, busy in channel.busy(ranks).items() if busy]
+                except ControllerSilent:  # (its hub; the requests and signals may still pass: they go another way)
+                    hub_answers = False
+            if not hub_answers:  # (then whether this cell's own requests came back decides)
+                stuck = [rank for rank in ranks if self.still_running(rank)]
+            if not stuck:
+                return ""
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        why = failures.IGNORED_INTERRUPT if hub_answers else failures.SILENT_CONTROLLER
+        try:
+            self.cluster.restart()
+        except ClusterError as exc:
+            self.cluster_lost = True
+            return failures.unresponsive(stuck, str(exc), why)
+        return failures.unresponsive(stuck, why=why)
+
+    def renew(self, ranks: list[int]) -> str:
+        """After a debugged rank quit, where a rank was left half-way in a collective (interrupted while it
+        waited for the quitting rank): fresh collectives on every rank, variables kept. A note for the user
+        ("" where none was needed)."""
+        channel = self.cluster.channel
+        try:
+            if not any(channel.apply(breakpoints.broken, ranks=ranks).get(timeout=10)):
+                return ""
+            channel.apply(breakpoints.renew).get(timeout=60)
+        except Exception as exc:
+            return failures.not_renewed(f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}")
+        return failures.RENEWED
+
+    def whereabouts(self, ranks: list[int]) -> dict[int, str]:
+        """Where each of ``ranks`` on this host is now, a line each (``stacks.where`` of its Python stack;
+        a signal and a file read per rank): rank -> line, without the ranks that did not answer."""
+        pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
+        if not pids:
+            return {}
+        try:
+            dumps = stacks.collect(list(pids), timeout=WHEREABOUTS_S)
+        except OSError:
+            return {}
+        return {pids[pid]: stacks.where(dump) for pid, (_, dump) in dumps.items() if dump.strip()}
+
+
 class RunningCell:
     """A cell sent to ``ranks``; ``wait()`` forwards its output and ends it.
 
@@ -172,19 +188,15 @@ class RunningCell:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         # (a cell resumed after dead ranks goes on with the dashboard of its first run)
         self.dashboard = dashboard or (Dashboard(mode, ranks, shown=show) if mode != DashboardMode.NONE else None)
-        self.cluster_lost = False  # the MPI world could not be restarted after an interrupt
         self._told: dict[int, int] = {}  # per rank: the seq of the last of its events shown
         self._located: set[int] = set()  # ranks whose whereabouts a stall warning made us show
         self._stops: dict[int, int] = {}  # per rank: the number of its last breakpoint stop taken
         self.ending = False  # the cell is being ended: a rank's breakpoint is not opened any more
         self.quit: list[int] = []  # the ranks whose debugger was quit (q): the cell ends on every rank
         self.commits: list[str] = []  # rank 0's hvd.elastic commit events, in order ("": the commit was removed)
-        engine_ids = cluster.engine_ids(ranks)
-        # one engine as an int: its AsyncResult is then a single result, as split() makes of several
-        targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
-        self.async_result = cluster.client[targets].execute(code, silent=False, block=False)
-        parts = self.async_result.split() if len(engine_ids) > 1 else (self.async_result,)
+        self.async_result, parts = cluster.channel.execute(code, ranks)
         self.requests = [RankRequest(rank, part, part.metadata) for rank, part in zip(ranks, parts)]
+        self.stopper = RankStopper(cluster, lambda rank: not self.requests[self.ranks.index(rank)].done)
         self.streams = [
             (req, OutputStream(req.rank, name, getattr(sys, name).write))
             for req in self.requests if req.rank in show for name in ("stdout", "stderr")
@@ -291,7 +303,7 @@ class RunningCell:
             if rank in self._located:
                 continue
             self._located.add(int(rank))
-            where = self._whereabouts([int(rank)])
+            where = self.stopper.whereabouts([int(rank)])
             if where:
                 print(f"{WARNING_PREFIX}: stall: {failures.whereabouts(where, verb='is')} "
                       "(all of its stack: %hvd stacks, or hvd-notebook stacks while the cell runs)",
@@ -324,7 +336,7 @@ class RunningCell:
                 dead = [r for r, ok in self.cluster.alive().items() if not ok and r in self.ranks]
                 if dead:
                     raise self._ranks_died(dead)
-                if not self.cluster.controller_routes():
+                if not self.cluster.channel.routes():
                     raise self._controller_gone()
             if self.deadline is not None and time.monotonic() > self.deadline:
                 raise failures.cell_timeout(self.timeout or 0.0, *self._stop_running())
@@ -340,10 +352,15 @@ class RunningCell:
             raise self._ranks_died([req.rank for req in died if req.finished_at == died[0].finished_at])
         if self.quit and any(getattr(req.error, "ename", "") == "BdbQuit" for req in failed):
             running, where, note = self._stop_running(wait_for_output_s=1.0)
-            raise failures.debugger_quit(self.quit[0], running, where, note or self._renew())
+            raise failures.debugger_quit(self.quit[0], running, where, note or self.stopper.renew(self.ranks))
         time.sleep(SIMULTANEOUS_FAILURE_S)
         raise failures.rank_error({req.rank: req.error for req in self.requests}, failed[0].rank,
                                   *self._stop_running(wait_for_output_s=1.0))
+
+    @property
+    def cluster_lost(self) -> bool:
+        """The MPI world could not be restarted after an interrupt: the cluster is gone."""
+        return self.stopper.cluster_lost
 
     def _stop_running(self, wait_for_output_s: float = 0.0) -> tuple[list[int], dict[int, str], str]:
         """Stop the ranks still running, then forward the last of the output. Returns those ranks, where
@@ -351,72 +368,12 @@ class RunningCell:
         stopped)."""
         self.ending = True
         running = [req.rank for req in self.requests if not req.done]
-        where = self._whereabouts(running)
-        note = self._interrupt(running)
+        where = self.stopper.whereabouts(running)
+        note = self.stopper.interrupt(running)
         if wait_for_output_s:
             self.async_result.wait_for_output(wait_for_output_s)
         self.pump(final=True)
         return running, where, note
-
-    def _interrupt(self, ranks: list[int]) -> str:
-        """Interrupt ranks; a rank stuck in an MPI collective ignores SIGINT, so
-        after a grace period restart the whole MPI world. Returns a note."""
-        if not ranks:
-            return ""
-        client = self.cluster.client
-        targets = self.cluster.engine_ids(ranks)
-        try:  # (through the controller, which may not answer: then the world is restarted)
-            client.send_signal(signal.SIGINT, targets=targets, block=False).result(timeout=QUEUE_ANSWER_S)
-        except Exception:
-            log.debug("send_signal failed", exc_info=True)
-        deadline = time.monotonic() + INTERRUPT_GRACE_S
-        hub_answers = True
-        while True:
-            if hub_answers:
-                try:
-                    queues = queue_status(client, targets)
-                    stuck = [rank for rank, target in zip(ranks, targets) if is_busy(queues.get(target))]
-                except ControllerSilent:  # (its hub; the requests and signals may still pass: they go another way)
-                    hub_answers = False
-            if not hub_answers:  # (then whether this cell's own requests came back decides)
-                stuck = [req.rank for req in self.requests if req.rank in ranks and not req.done]
-            if not stuck:
-                return ""
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        why = failures.IGNORED_INTERRUPT if hub_answers else failures.SILENT_CONTROLLER
-        try:
-            self.cluster.restart()
-        except ClusterError as exc:
-            self.cluster_lost = True
-            return failures.unresponsive(stuck, str(exc), why)
-        return failures.unresponsive(stuck, why=why)
-
-    def _renew(self) -> str:
-        """After a debugged rank quit, where a rank was left half-way in a collective (interrupted while it
-        waited for the quitting rank): fresh collectives on every rank, variables kept. A note for the user
-        ("" where none was needed)."""
-        client = self.cluster.client
-        try:
-            if not any(client[self.cluster.engine_ids(self.ranks)].apply_async(breakpoints.broken).get(timeout=10)):
-                return ""
-            client[self.cluster.engine_ids()].apply_async(breakpoints.renew).get(timeout=60)
-        except Exception as exc:
-            return failures.not_renewed(f"{getattr(exc, 'ename', type(exc).__name__)}: {getattr(exc, 'evalue', exc)}")
-        return failures.RENEWED
-
-    def _whereabouts(self, ranks: list[int]) -> dict[int, str]:
-        """Where each of ``ranks`` on this host is now, a line each (``stacks.where`` of its Python stack;
-        a signal and a file read per rank): rank -> line, without the ranks that did not answer."""
-        pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
-        if not pids:
-            return {}
-        try:
-            dumps = stacks.collect(list(pids), timeout=WHEREABOUTS_S)
-        except OSError:
-            return {}
-        return {pids[pid]: stacks.where(dump) for pid, (_, dump) in dumps.items() if dump.strip()}
 
     def _controller_gone(self) -> failures.RankDied:
         """The controller's schedulers are gone: no cell or result passes any more, and the engines would shut

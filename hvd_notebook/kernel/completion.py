@@ -3,12 +3,14 @@ where the cells' variables live; everywhere else the kernel completes and inspec
 
 Completion is an IPython context matcher (``IPCompleter.custom_matchers``); inspection wraps the ipykernel
 kernel's ``do_inspect``, the one place that sees the cell and not only the name. Both ask rank 0 through the
-session (``Session.ask_idle``: the cluster's own channel, a short timeout, never while a cell runs) and fall
+session (``ask_idle``: the cluster's own channel, a short timeout, never while a cell runs) and fall
 back to the kernel's own answer where rank 0 gives none.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.completer import CompletionContext, SimpleCompletion, SimpleMatcherResult, context_matcher
@@ -16,6 +18,8 @@ from IPython.utils.tokenutil import token_at_cursor
 
 from ..engine import completion as on_rank
 from .session import Session
+
+log = logging.getLogger(__name__)
 
 ANSWER_S = 0.2  # how long a completion or inspection waits for rank 0 before the kernel answers itself
 MAGIC = "%%hvd"
@@ -36,13 +40,31 @@ def cell_body(code: str, cursor_pos: int) -> tuple[str, int] | None:
     return code[newline + 1:], cursor_pos - newline - 1
 
 
+def ask_idle(func: Callable[..., Any], *args: Any, timeout: float) -> Any:
+    """``func(*args)`` on rank 0 of the session's cluster, only while nothing uses the cluster: None at once where
+    a command holds it (a cell runs) or requests are pending, and None where no answer came within ``timeout``
+    seconds (the request then runs when rank 0 gets to it) or ``func`` raised. ``func`` must not return None."""
+    session = Session.get()
+    with session.in_use(wait=False) as held:
+        cluster = session.cluster
+        if not held or cluster is None:
+            return None
+        try:
+            if cluster.channel.waiting() or cluster.channel.busy([0], timeout)[0]:  # (the kernel's or others' work)
+                return None
+            return cluster.channel.call(0, func, *args, timeout=timeout)
+        except Exception as exc:  # (ipyparallel's TimeoutError, a RemoteError, a controller gone)
+            log.debug("rank 0 did not answer %s: %s", getattr(func, "__name__", func), exc)
+            return None
+
+
 @context_matcher(identifier="hvd_notebook.rank_matcher")
 def rank_matcher(context: CompletionContext) -> SimpleMatcherResult:
     """Rank 0's completions in a ``%%hvd`` cell, in place of the kernel's (which they suppress)."""
     lines = context.full_text.split("\n")
     cursor = sum(len(line) + 1 for line in lines[:context.cursor_line]) + context.cursor_position
     found = cell_body(context.full_text, cursor)
-    answer = None if found is None else Session.get().ask_idle(on_rank.complete, *found, timeout=ANSWER_S)
+    answer = None if found is None else ask_idle(on_rank.complete, *found, timeout=ANSWER_S)
     if not answer or not answer[1]:  # (with no completions IPython lets the others through anyway)
         return {"completions": [], "suppress": False}
     body, body_cursor = found  # type: ignore[misc]
@@ -58,8 +80,8 @@ def inspect_on_rank(shell: Any, code: str, cursor_pos: int, detail_level: int = 
     found = cell_body(code, cursor_pos)
     if found is None:
         return None
-    bundle = Session.get().ask_idle(on_rank.inspect, token_at_cursor(*found), detail_level, tuple(omit_sections),
-                                    timeout=ANSWER_S)
+    bundle = ask_idle(on_rank.inspect, token_at_cursor(*found), detail_level, tuple(omit_sections),
+                      timeout=ANSWER_S)
     if bundle is None:
         return None
     if not shell.enable_html_pager:  # (as ipykernel's own do_inspect)

@@ -14,7 +14,9 @@ from typing import Any
 
 from IPython.core.error import StdinNotImplementedError
 
+from ..cluster.channel import RankChannel
 from ..engine import debugging
+from . import failures
 from .failures import HvdError
 
 ANSWER_S = 30.0  # a command's answer: pdb on an idle rank answers at once
@@ -22,20 +24,33 @@ NO_INPUT = ("This front end cannot take input, which {what} reads its commands f
             "Notebook or jupyter console.")
 
 
+def rank_to_debug(cluster: Any, failed_ranks: list[int], rank: int | None) -> int:
+    """The rank ``%hvd debug`` opens: ``rank``, or the first of ``failed_ranks`` (those that raised in the last
+    cell that failed); an ``HvdError`` where there is none, or ``rank`` is not one of ``cluster``."""
+    if rank is None:
+        if not failed_ranks:
+            raise HvdError("No %%hvd cell has raised on a rank of this cluster: %hvd debug opens pdb where one "
+                           "did (name a rank with --rank R).")
+        rank = failed_ranks[0]
+    if rank not in [r.rank for r in cluster.ranks]:
+        raise failures.unknown_ranks([rank], cluster.n)
+    return rank
+
+
 def post_mortem(cluster: Any, rank: int, ask: Callable[[str], str] = input,
                 say: Callable[..., Any] = print) -> None:
     """pdb on ``rank``'s last failed cell, a command at a time from ``ask`` until the session ends."""
-    view = cluster.client[cluster.engine_ids([rank])[0]]
-    where = _call(view, rank, debugging.begin)
+    channel = cluster.channel
+    where = _call(channel, rank, debugging.begin)
     if where is None:
         raise HvdError(f"Rank {rank} has no failed cell to debug: %hvd debug opens pdb where a %%hvd cell raised "
                        "on a rank (a rank that died has no traceback: see %hvd status).")
     say(f"[hvd] pdb on rank {rank}, where its cell failed (up/down, p EXPR, l, where; q ends it):")
     say(where, end="")
     try:
-        _drive(rank, lambda line: _call(view, rank, debugging.step, line), ask, say)
+        _drive(rank, lambda line: _call(channel, rank, debugging.step, line), ask, say)
     except StdinNotImplementedError:
-        _call(view, rank, debugging.end)
+        _call(channel, rank, debugging.end)
         raise HvdError(NO_INPUT.format(what="%hvd debug")) from None
     say(f"[hvd] pdb on rank {rank} ended.")
 
@@ -45,7 +60,7 @@ def at_breakpoint(cluster: Any, rank: int, stop: int, where: str, ask: Callable[
     """pdb on ``rank``, stopped at ``where`` (its stop number ``stop``), a command at a time from ``ask`` until
     the rank goes on: whether it quit (``q``: its cell then fails there), and its last stop taken (``n`` and
     ``s`` stop again)."""
-    stopped = _Stopped(cluster.client, cluster.engine_ids([rank])[0], rank, stop)
+    stopped = _Stopped(cluster.channel, rank, stop)
     first, _ = stopped.step(None)
     if stopped.stale:  # (taken already: a `next` of an earlier session stopped there)
         return False, stop
@@ -81,8 +96,8 @@ def _drive(rank: int, step: Callable[[str], tuple[str, bool]], ask: Callable[[st
 class _Stopped:
     """A rank stopped in its debugger, reached with ``hvd_debug_request`` on its engine's control channel."""
 
-    def __init__(self, client: Any, engine_id: int, rank: int, stop: int) -> None:
-        self.client, self.engine_id, self.rank, self.stop = client, engine_id, rank, stop
+    def __init__(self, channel: RankChannel, rank: int, stop: int) -> None:
+        self.channel, self.rank, self.stop = channel, rank, stop
         self.stale = self.quit = False
 
     def step(self, line: str | None) -> tuple[str, bool]:
@@ -101,20 +116,18 @@ class _Stopped:
         return str(reply.get("output", "")), bool(reply.get("done"))
 
     def _request(self, line: str | None) -> dict[str, Any]:
-        future = self.client._send_control_request(  # (ipyparallel's; a control message of any type)
-            targets=[self.engine_id], msg_type="hvd_debug_request", content={"stop": self.stop, "command": line},
-            block=False)
         try:
-            return future.result(timeout=ANSWER_S)[0]["content"]
+            return self.channel.control(self.rank, "hvd_debug_request", {"stop": self.stop, "command": line},
+                                        timeout=ANSWER_S)
         except TimeoutError:
             raise HvdError(f"Rank {self.rank}'s debugger did not answer within {ANSWER_S:g} s: interrupt the "
                            "cell (the stop button) to end it.") from None
 
 
-def _call(view: Any, rank: int, function: Callable[..., Any], *args: Any) -> Any:
+def _call(channel: RankChannel, rank: int, function: Callable[..., Any], *args: Any) -> Any:
     """``function(*args)`` on the rank, its answer; an ``HvdError`` naming the rank where it gives none."""
     try:
-        return view.apply_async(function, *args).get(timeout=ANSWER_S)
+        return channel.call(rank, function, *args, timeout=ANSWER_S)
     except TimeoutError:
         raise HvdError(f"Rank {rank} did not answer within {ANSWER_S:g} s (is it running a cell? %hvd status "
                        "says).") from None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cluster.channel import is_engine_death
+
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 CONTROLLER_GONE = "ended: the cluster's controller was gone"  # (its bar, and how it ended in a reset's line)
 CONTROLLER_ENDED = ("the cluster's controller has ended (its processes are gone; the ranks shut down without it "
@@ -54,14 +56,6 @@ class RankDied(HvdError):
     def __init__(self, message: str, died: dict[int, str] | None = None) -> None:
         super().__init__(message)
         self.died = died or {}
-
-
-def is_engine_death(error: Any) -> bool:
-    """Whether a rank's request ended because its engine process died."""
-    from ipyparallel.error import EngineError
-
-    # raised in this process when the nanny reports a death, or relayed as a RemoteError
-    return isinstance(error, EngineError) or getattr(error, "ename", None) == "EngineError"
 
 
 def describe(error: Any) -> str:

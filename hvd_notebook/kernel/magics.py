@@ -15,6 +15,7 @@ from ..cluster import stacks
 from ..cluster.world import RankInfo
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
+from ..messages import RankStatus
 from . import auto, debugging, failures, sweep
 from .auto import AutoCells
 from .failures import HvdError
@@ -195,13 +196,13 @@ def format_rank_table(ranks: Sequence[RankInfo]) -> str:
     return text_table(rows)
 
 
-def format_status(rows: list[dict[str, Any]]) -> str:
-    gpus = any(r.get("gpu_memory") is not None or r["device"].startswith("GPU") for r in rows)
+def format_status(rows: list[RankStatus]) -> str:
+    gpus = any(r.gpu_memory is not None or r.device.startswith("GPU") for r in rows)
     table = [("rank", "state", "host", "pid", "device", "memory") + (("GPU memory",) if gpus else ()) + ("running",)]
     for r in rows:
-        row = (str(r["rank"]), r["state"], r["host"], str(r["pid"]), r["device"], _mib(r["rss"]))
-        row += (_mib(r.get("gpu_memory")),) if gpus else ()
-        table.append(row + (r["running"],))
+        row = (str(r.rank), r.state, r.host, str(r.pid), r.device, _mib(r.rss))
+        row += (_mib(r.gpu_memory),) if gpus else ()
+        table.append(row + (str(r.running),))
     return text_table(table)
 
 
@@ -276,7 +277,8 @@ class HvdMagics(Magics):
             ranks = [r for r in session.require().ranks if r.here]
             print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
         elif args.command == "debug":
-            debugging.post_mortem(session.require(), session.debug_rank(args.rank))
+            cluster = session.require()
+            debugging.post_mortem(cluster, debugging.rank_to_debug(cluster, session.failed_ranks, args.rank))
         elif args.command == "pull":
             self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
             print(f"Pulled {args.name!r} from rank {args.rank}.")

@@ -210,10 +210,10 @@ def test_pull_errors(cluster, run):
 
 def test_status_shows_each_rank(cluster, run):
     rows = Session.get().status()
-    assert [r["rank"] for r in rows] == [0, 1]
+    assert [r.rank for r in rows] == [0, 1]
     for row, info in zip(rows, cluster.ranks):
-        assert row["state"] == "alive" and row["pid"] == info.pid and row["running"] == "idle"
-        assert row["rss"] > 50 * 2**20  # TensorFlow is imported
+        assert row.state == "alive" and row.pid == info.pid and row.running == "idle"
+        assert row.rss > 50 * 2**20  # TensorFlow is imported
     result, out = run("%hvd status")
     assert result.success
     assert "rank  state  host" in out and f" {cluster.ranks[1].pid} " in out and "MiB" in out

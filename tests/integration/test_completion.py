@@ -71,8 +71,8 @@ def test_a_hvd_cell_completes_and_inspects_rank_0s_variables():
 
         # rank 0 busy with work the kernel sent it outside a cell: the kernel answers at once itself, and sends
         # rank 0 nothing (asked, rank 0 would have run the completion after its work)
-        execute(kc, "client = Session.get().cluster.client\n"
-                    "busy = client[Session.get().cluster.engine_ids([0])[0]]"
+        execute(kc, "channel = Session.get().cluster.channel\nclient = channel.ipp_client\n"
+                    "busy = client[channel.engine_ids([0])[0]]"
                     ".execute('import time; time.sleep(3)', block=False)\nsent = len(client.history)")
         content, took = ask(kc, "complete", "%%hvd\nrank_o")
         assert not any(m.startswith("rank_only") for m in content["matches"]) and took < 1.0, (content, took)

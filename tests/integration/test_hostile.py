@@ -447,7 +447,7 @@ def stop():
 
 
 def run(code):
-    ar = cluster.client[:].execute(code, block=False)
+    ar = cluster.channel.ipp_client[:].execute(code, block=False)
     ar.get(timeout=90)
     ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
     return dict(stdout=ar.stdout)

@@ -24,7 +24,7 @@ from conftest import (
     wait_for_standby,
 )
 
-from hvd_notebook.kernel import cell
+from hvd_notebook.cluster import channel
 
 
 def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
@@ -62,7 +62,7 @@ def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
 
     # a controller that does not answer (stopped here) hangs neither %hvd status nor a pull or push, and the
     # restart replaces it
-    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 2.0)
+    monkeypatch.setattr(channel, "QUEUE_ANSWER_S", 2.0)
     run("pushed = 3")
     controller = psutil.Process(session.cluster.world.ipp_cluster.controller.pid)
     for proc in [controller, *controller.children(recursive=True)]:  # (its schedulers are processes of their own)
@@ -260,7 +260,7 @@ def test_a_rank_that_dies_fails_the_cell_and_restart_recovers(session, run):
     assert "[1] last words" in out and "%hvd restart" in out
     assert "Last lines of mpiexec's output" in out
     rows = session.status()
-    assert [r["state"] for r in rows] == ["dead", "dead"]  # MPICH ends the world with it
+    assert [r.state for r in rows] == ["dead", "dead"]  # MPICH ends the world with it
     result, out = run("%%hvd\n1")
     assert not result.success and "are dead. Run %hvd restart" in out
     result, out = run("%hvd restart")
@@ -310,7 +310,7 @@ def test_segfault_and_sigkill_of_a_rank_are_reported_with_the_signal(session, ru
     figure(f"segfault on rank 1: the cell failed after {time.monotonic() - t0:.1f} s")
     assert "rank(s) [1] died while running the cell (rank 1: signal Segmentation" in out, out
     assert "so rank(s) [0] were ended too" in out
-    assert [r["state"] for r in session.status()] == ["dead", "dead"]
+    assert [r.state for r in session.status()] == ["dead", "dead"]
 
     result, out = run("%hvd restart")
     assert result.success, out

@@ -78,8 +78,8 @@ def test_two_hosts_train_together(two_hosts, ip, run):
         assert "address" in out and two_hosts[0] in out and two_hosts[1] in out
         assert [(r.local_rank, r.local_size) for r in cluster.ranks] == [(0, 1), (0, 1)]
         # the controller listens where the hosts reach it, with CurveZMQ
-        assert cluster.ipp_cluster.controller_ip == "10.231.0.1"
-        assert "--IPController.enable_curve=True" in cluster.ipp_cluster.controller_args
+        assert cluster.world.ipp_cluster.controller_ip == "10.231.0.1"
+        assert "--IPController.enable_curve=True" in cluster.world.ipp_cluster.controller_args
 
         before = _veth_bytes("hvdh1")
         result, out = run(

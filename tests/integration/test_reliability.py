@@ -189,8 +189,8 @@ def _overheard(cluster: Any) -> tuple[list[str], bool]:
         secret = f"secret-{os.getpid()}-{time.time_ns()}"
         # said five times over a second: a subscription that reached the publisher hears it (a control
         # cluster shows that it does)
-        ar = cluster.client[:].execute(f"import time\nfor _ in range(5):\n    print({secret!r}, flush=True)\n"
-                                       "    time.sleep(0.2)", block=False)
+        ar = cluster.channel.ipp_client[:].execute(f"import time\nfor _ in range(5):\n    print({secret!r}, "
+                                                   "flush=True)\n    time.sleep(0.2)", block=False)
         ar.get(timeout=60)
         ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
         assert all(secret in out for out in ar.stdout), ar.stdout  # the owner's client heard it: it was said
@@ -246,9 +246,9 @@ def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
 
         # the right keys run code; without the server's key, or with another, nothing is answered or run
         marker = tmp_path / "ran"
-        assert sorted(cluster.client[:].apply_sync(os.getpid)) == sorted(r.pid for r in cluster.ranks)
+        assert sorted(cluster.channel.ipp_client[:].apply_sync(os.getpid)) == sorted(r.pid for r in cluster.ranks)
         honest = _forged_client(cluster, tmp_path)  # the same file unchanged connects: the check can fail
-        assert sorted(honest.ids) == sorted(cluster.engine_ids())
+        assert sorted(honest.ids) == sorted(cluster.channel.engine_ids())
         honest.close()
         import zmq
 

@@ -34,7 +34,7 @@ facts = {"pid": os.getpid(), "tensorflow": "tensorflow" in sys.modules, "keras":
 
 def _on_ranks(cluster: MPICluster, code: str, name: str) -> list:
     """Run ``code`` on every engine of ``cluster`` and pull ``name`` (engines cannot import this module)."""
-    view = cluster.client[:]
+    view = cluster.channel.ipp_client[:]
     view.execute(code, block=False).get(timeout=120)  # (a world that died fails the test, never hangs it)
     return view.pull(name, block=False).get(timeout=120)
 

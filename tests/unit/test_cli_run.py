@@ -13,6 +13,8 @@ from hvd_notebook import cli
 from hvd_notebook.cluster import diagnosis
 from hvd_notebook.cluster import run as runmod
 from hvd_notebook.cluster.errors import ClusterError
+from hvd_notebook.cluster.placements import host_list
+from hvd_notebook.cluster.placements.host_list import HostList
 from hvd_notebook.config import ClusterOptions
 
 
@@ -25,10 +27,10 @@ def parse(*argv: str) -> tuple[argparse.Namespace, list[str]]:
 # ------------------------------------------------------------------ options
 def test_horovodrun_spellings_and_the_command_after_them():
     args, unknown = parse("-np", "4", "-H", "a:2,b:2", "--verbose", "python", "train.py", "--verbose", "-np", "1")
-    assert (args.np, args.hosts, args.verbose, unknown) == (4, "a:2,b:2", True, [])
+    assert (args.n, args.hosts, args.verbose, unknown) == (4, "a:2,b:2", True, [])
     assert args.program == ["python", "train.py", "--verbose", "-np", "1"]  # the script's own arguments
     args, _ = parse("--num-proc", "2", "-hostfile", "hosts.txt", "python", "x.py")
-    assert (args.np, args.hostfile) == (2, "hosts.txt")
+    assert (args.n, args.hostfile) == (2, "hosts.txt")
 
 
 def test_horovod_settings_become_the_variables_horovodrun_sets():
@@ -174,11 +176,12 @@ def test_hosts_both_ways_is_refused():
 
 
 def test_open_mpi_is_told_which_variables_reach_other_hosts(monkeypatch):
-    placement = runmod.HostList(ClusterOptions(n=2, hosts="a:1,b:1"))
-    monkeypatch.setattr(runmod, "is_open_mpi", lambda command: True)
-    assert runmod.forwarded_variables(placement, ["B", "A"]) == ["-x", "A", "-x", "B"]
-    monkeypatch.setattr(runmod, "is_open_mpi", lambda command: False)
-    assert runmod.forwarded_variables(placement, ["A"]) == []
+    placement = HostList(ClusterOptions(n=2, hosts="a:1,b:1"))
+    monkeypatch.setattr(host_list, "is_open_mpi", lambda command: True)
+    assert placement.forwarded_variables(["B", "A"]) == ["-x", "A", "-x", "B"]
+    assert placement.command_line(2, ["A"], ["python", "x.py"])[-4:] == ["-x", "A", "python", "x.py"]
+    monkeypatch.setattr(host_list, "is_open_mpi", lambda command: False)
+    assert placement.forwarded_variables(["A"]) == []
 
 
 # ------------------------------------------------------------------ how a job ends

@@ -7,10 +7,14 @@ import os
 import stat
 from pathlib import Path
 
+import psutil
 import pytest
 
-from hvd_notebook.cluster import ClusterError, placement
-from hvd_notebook.cluster.placement import HostList, OneHost, SlurmAllocation, choose_placement
+from hvd_notebook.cluster import ClusterError
+from hvd_notebook.cluster.placements import choose_placement, host_list
+from hvd_notebook.cluster.placements.host_list import HostList
+from hvd_notebook.cluster.placements.one_host import OneHost
+from hvd_notebook.cluster.placements.slurm import SlurmAllocation
 from hvd_notebook.config import ClusterOptions
 
 
@@ -82,9 +86,9 @@ def test_hosts_list(no_slurm, monkeypatch):
     chosen = choose_placement(ClusterOptions(hosts="localhost:2,127.0.0.1:1", mpi_args=("-v",)))
     assert type(chosen) is HostList and chosen.ranks([]) == 3
     assert chosen.controller_ip() == "127.0.0.1"  # every host is this one
-    monkeypatch.setattr(placement, "is_open_mpi", lambda command: False)
+    monkeypatch.setattr(host_list, "is_open_mpi", lambda command: False)
     assert chosen.launcher_args() == ["-hosts", "localhost:2,127.0.0.1:1", "-v"]
-    monkeypatch.setattr(placement, "is_open_mpi", lambda command: True)
+    monkeypatch.setattr(host_list, "is_open_mpi", lambda command: True)
     assert chosen.launcher_args()[:2] == ["--host", "localhost:2,127.0.0.1:1"]
     with pytest.raises(ClusterError, match=r"-n 4 ranks but the hosts have only 3 slot\(s\)"):
         HostList(ClusterOptions(n=4, hosts="localhost:2,127.0.0.1:1")).ranks([])
@@ -162,7 +166,7 @@ def test_standby_choice_and_its_auto_rule(no_slurm, slurm, monkeypatch):
         standby.choose(ClusterOptions(standby="on"), in_slurm)
     assert not standby.wanted(standby.choose(ClusterOptions(standby="auto"), in_slurm), in_slurm, 2)
 
-    free = standby.psutil.virtual_memory().available
+    free = psutil.virtual_memory().available
     assert standby.wanted(Standby.AUTO, one_host, 1) == (free >= 2 * standby.STANDBY_BYTES_PER_RANK)
     assert not standby.wanted(Standby.AUTO, one_host, free // standby.STANDBY_BYTES_PER_RANK)  # no room twice over
     assert standby.wanted(Standby.ON, one_host, 10**6) and not standby.wanted(Standby.OFF, one_host, 1)

@@ -22,6 +22,7 @@ from hvd_notebook.cluster import pids, reaper, workdir
 from hvd_notebook.cluster.launch import EngineWorld, rank_environment
 from hvd_notebook.cluster.workdir import WorkDir
 from hvd_notebook.cluster.world import RankInfo
+from hvd_notebook.messages import RankReport
 
 
 @pytest.fixture
@@ -161,8 +162,8 @@ def test_rank_environment_asks_for_huge_pages_unless_told_not_to():
 
 
 def test_rank_info_from_a_bootstrap_report():
-    report = {"rank": 1, "size": 2, "host": "elsewhere", "pid": 42, "device": "CPU", "local_rank": 0,
-              "local_size": 1, "intra_op_threads": 1, "inter_op_threads": 2, "backend": "builtin", "ip": "10.0.0.2"}
+    report = RankReport(rank=1, size=2, host="elsewhere", pid=42, device="CPU", local_rank=0, local_size=1,
+                        intra_op_threads=1, inter_op_threads=2, backend="builtin", framework="", ip="10.0.0.2")
     info = RankInfo.from_bootstrap(7, report)
     assert (info.rank, info.engine_id, info.pid, info.ip, info.here) == (1, 7, 42, "10.0.0.2", False)
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import FakeController
 from IPython.core.completer import provisionalcompleter
 
+from hvd_notebook.cluster.channel import RankChannel
 from hvd_notebook.engine import completion as on_rank
 from hvd_notebook.kernel import completion
 from hvd_notebook.kernel.session import Session
@@ -50,10 +51,8 @@ class Rank0(FakeController):
 
 class Cluster:
     def __init__(self, client: Rank0) -> None:
-        self.client = client
-
-    def engine_ids(self, ranks: list[int]) -> list[int]:
-        return ranks
+        self.channel = RankChannel(client)  # the real channel, over a stand-in client
+        self.channel.bind({0: 0})
 
 
 @pytest.fixture

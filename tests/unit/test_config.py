@@ -97,7 +97,6 @@ def test_every_env_setting_is_declared_once_with_help():
 
 def test_choices_are_the_enum_values():
     assert config.choices(config.Backend) == ["auto", "builtin", "horovod"]
-    assert config.choices(config.Launcher) == ["auto", "mpiexec", "srun"]
     assert config.choices(config.DashboardMode) == ["auto", "widgets", "text", "none"]
 
 
@@ -156,7 +155,7 @@ def test_no_arguments_give_the_dataclass_defaults():
     options = _parse()
     assert options == ClusterOptions()
     assert options.mpi_args == () and options.env == () and options.timeout == config.START_TIMEOUT_S
-    assert options.backend == config.Backend.AUTO and options.launcher == config.Launcher.AUTO
+    assert options.backend == config.Backend.AUTO and options.launcher == "auto"
 
 
 def test_every_field_is_an_option_with_help():
@@ -190,8 +189,24 @@ def test_mpi_args_are_split_like_a_shell():
     assert _parse("--hosts", "h1:1").hosts == "h1:1"
 
 
-@pytest.mark.parametrize("argv", [["-n", "0"], ["--backend", "tensorflow"], ["--launcher", "ssh"],
-                                  ["--env", "NOEQUALS"], ["--timeout", "-3"]])
+@pytest.mark.parametrize("argv", [["-n", "0"], ["--backend", "tensorflow"], ["--env", "NOEQUALS"],
+                                  ["--timeout", "-3"]])  # (--launcher: the registered placements say, at start)
 def test_bad_options_are_refused_by_the_parser(argv):
     with pytest.raises(argparse.ArgumentError):
         _parse(*argv)
+
+
+def test_hvd_notebook_run_takes_the_options_a_job_needs_as_horovodrun_spells_them():
+    """One declaration per option (``ClusterOptions``): ``hvd-notebook run`` derives its own from the fields'
+    ``RunSpelling``, with horovodrun's flags and the defaults that differ (the host checks' 30 s)."""
+    parser = argparse.ArgumentParser(allow_abbrev=False)  # (as horovodrun's and hvd-notebook run's)
+    ClusterOptions.add_arguments(parser, run=True)
+    args = parser.parse_args(["-np", "3", "-H", "a:2,b:1", "--reset-limit", "1", "--mpi-args", "-v -x"])
+    options = ClusterOptions.from_arguments(args)
+    assert (options.n, options.hosts, options.max_resets, options.mpi_args) == (3, "a:2,b:1", 1, ("-v", "-x"))
+    assert options.timeout == config.HOST_CHECK_TIMEOUT_S != config.START_TIMEOUT_S
+    assert options.env == () and options.gpus == "auto"  # (not options of a job: their defaults)
+    taken = {f.name for f in dataclasses.fields(ClusterOptions) if f.metadata["run"] is not None}
+    assert taken == {"n", "mpiexec", "mpi_args", "timeout", "hosts", "hostfile", "max_resets", "launcher"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["-np", "2", "--gpus", "none"])  # (not an option of a job)

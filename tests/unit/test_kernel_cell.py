@@ -11,19 +11,11 @@ from types import SimpleNamespace
 import pytest
 from conftest import FakeController
 
-from hvd_notebook.cluster import ClusterError
+from hvd_notebook.cluster import ClusterError, channel
+from hvd_notebook.cluster.channel import ControllerSilent, RankChannel, is_busy
 from hvd_notebook.config import DashboardMode
 from hvd_notebook.kernel import cell, failures
-from hvd_notebook.kernel.cell import (
-    ControllerSilent,
-    OutputStream,
-    RankValue,
-    RunningCell,
-    answer,
-    is_busy,
-    queue_status,
-    settled_queue_status,
-)
+from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell
 from hvd_notebook.messages import RankEvent
 
 
@@ -87,19 +79,15 @@ class FakeCluster:
     def __init__(self, parts: list[Future], busy: bool = False, restart_fails: bool = False,
                  ranks: list[SimpleNamespace] | None = None) -> None:
         self.client = FakeClient(parts, busy)
+        self.channel = Channel(self.client, self)  # the real channel, over a stand-in client
+        self.channel.bind({0: 10, 1: 11})
         self.restarts = 0
         self.restart_fails = restart_fails
         self.ranks = ranks or []  # (none: no processes here to ask for their stacks)
         self.routes, self.ended = True, False  # (the controller's schedulers run; the world was not ended)
 
-    def engine_ids(self, ranks):
-        return [10 + r for r in ranks]
-
     def alive(self):
         return {0: True, 1: True}
-
-    def controller_routes(self):
-        return self.routes
 
     def end_world(self):
         self.ended = True
@@ -108,6 +96,17 @@ class FakeCluster:
         self.restarts += 1
         if self.restart_fails:
             raise ClusterError("no MPI")
+
+
+class Channel(RankChannel):
+    """The rank channel, its controller's schedulers running while ``cluster.routes`` says so."""
+
+    def __init__(self, client: FakeClient, cluster: FakeCluster) -> None:
+        super().__init__(client)
+        self.cluster = cluster
+
+    def routes(self) -> bool:
+        return self.cluster.routes
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +210,7 @@ def test_ranks_that_ignore_the_interrupt_get_the_world_restarted():
 
 
 def test_ranks_behind_a_controller_that_does_not_answer_get_the_world_restarted_unless_their_answers_come(monkeypatch):
-    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 0.05)
+    monkeypatch.setattr(channel, "QUEUE_ANSWER_S", 0.05)
     cluster = FakeCluster([part(), part()])
     cluster.client.silent = cluster.client.control_silent = True  # (stopped: nothing it is sent is answered)
     with pytest.raises(failures.CellTimeout, match=r"Rank\(s\) \[0, 1\] could not be interrupted: the cluster's "
@@ -227,13 +226,12 @@ def test_ranks_behind_a_controller_that_does_not_answer_get_the_world_restarted_
 
 def test_a_controller_that_does_not_answer_is_given_up_after_the_timeout():
     client = LaggingController(lag=0)
-    assert queue_status(client, [0]) == {0: {"tasks": 0, "queue": 0}, 1: {"tasks": 0, "queue": 0},
-                                         "unassigned": 0}  # (ipyparallel's int keys back)
+    assert on_engines_0_and_1(client).busy([1, 0]) == {1: False, 0: False}  # (ipyparallel's int keys back)
     client.silent = True
     t0 = time.monotonic()
     with pytest.raises(ControllerSilent, match=r"did not answer within 0.2 s \(stopped or hung\?\): %hvd restart "
                                                "starts the cluster again"):
-        queue_status(client, timeout=0.2)
+        on_engines_0_and_1(client).busy(timeout=0.2)
     assert 0.2 <= time.monotonic() - t0 < 2
 
 
@@ -251,13 +249,15 @@ class SlowResult:
 
 
 def test_a_long_answer_is_awaited_while_the_controller_answers_and_given_up_when_it_does_not(monkeypatch):
-    monkeypatch.setattr(cell, "QUEUE_ANSWER_S", 0.05)
+    monkeypatch.setattr(channel, "QUEUE_ANSWER_S", 0.05)
     controller = LaggingController(lag=0)
     result = SlowResult(late=3)  # (a big pull: the ranks take long, the controller answers meanwhile)
-    assert answer(controller, result) == "the value" and result.waits == 4 and controller.asked == 3
-    controller.silent = True
+    controller.pulled = result
+    assert on_engines_0_and_1(controller).pull("x", 1) == "the value"
+    assert result.waits == 4 and controller.asked == 3
+    controller.silent, controller.pulled = True, SlowResult(late=3)
     with pytest.raises(ControllerSilent, match="did not answer within 0.05 s"):
-        answer(controller, SlowResult(late=3))
+        on_engines_0_and_1(controller).pull("x", 1)
 
 
 def test_a_controller_gone_while_the_cell_runs_ends_the_world_at_once_and_says_so(monkeypatch, capsys):
@@ -399,14 +399,29 @@ class LaggingController(FakeController):
         self.asked += 1
         return {0: {"tasks": int(self.asked <= self.lag), "queue": 0}, 1: {"tasks": 0, "queue": 0}, "unassigned": 0}
 
+    def __getitem__(self, engine: int):
+        assert engine == 1, engine  # (rank 1's engine)
+        return self
+
+    def pull(self, name: str, block: bool) -> SlowResult:
+        assert (name, block) == ("x", False)
+        return self.pulled
+
+
+def on_engines_0_and_1(client: FakeController) -> RankChannel:
+    """A channel whose ranks 0 and 1 are engines 0 and 1."""
+    channel = RankChannel(client)
+    channel.bind({0: 0, 1: 1})
+    return channel
+
 
 def test_the_controllers_queues_are_asked_again_while_they_lag_behind_the_clients_results():
     lagging = LaggingController(lag=3)
-    assert not is_busy(settled_queue_status(lagging)[0]) and lagging.asked == 4
+    assert not on_engines_0_and_1(lagging).settled_busy()[0] and lagging.asked == 4
     awaiting = LaggingController(lag=3, outstanding={"a cell"})  # the client awaits a reply: busy is believed
-    assert is_busy(settled_queue_status(awaiting)[0]) and awaiting.asked == 1
+    assert on_engines_0_and_1(awaiting).settled_busy()[0] and awaiting.asked == 1
     other_client = LaggingController(lag=10**6)  # work of another client shows once the settling time is over
-    assert is_busy(settled_queue_status(other_client, settle_s=0.1)[0])
+    assert on_engines_0_and_1(other_client).settled_busy(settle_s=0.1)[0]
 
 
 def test_failure_texts():

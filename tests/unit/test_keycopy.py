@@ -18,7 +18,8 @@ from hvd_notebook import private
 from hvd_notebook.cluster import keycopy
 from hvd_notebook.cluster.errors import ClusterError
 from hvd_notebook.cluster.launch import make_ipp_cluster
-from hvd_notebook.cluster.placement import HostList, OneHost
+from hvd_notebook.cluster.placements.host_list import HostList
+from hvd_notebook.cluster.placements.one_host import OneHost
 from hvd_notebook.config import ClusterOptions
 
 REMOTE = "hvd-remote.invalid"  # (resolves nowhere: never this host)

@@ -34,11 +34,13 @@ PROCESS_FUNCTIONS = frozenset(
     | {"signal.pthread_kill", "asyncio.create_subprocess_exec", "asyncio.create_subprocess_shell",
        "multiprocessing.Process"}
 )
-# methods that signal a process (psutil.Process, subprocess.Popen, ipyparallel launchers)
+# methods that signal a process (psutil.Process, subprocess.Popen, ipyparallel launchers and its client)
 PROCESS_METHODS = frozenset({"kill", "terminate", "send_signal"})
-# ipyparallel's Client.send_signal asks the engines to signal themselves (how a %%hvd cell is
-# interrupted): a request over the cluster's own messages, not a process this code kills
-ALLOWED_METHOD_RECEIVERS = frozenset({("client", "send_signal")})
+# what only the rank channel (cluster/channel.py) may touch: ipyparallel's client, and the private calls the
+# channel makes on it (its queue question with a deadline, control requests of any type)
+CHANNEL_MODULE = "hvd_notebook.cluster.channel"
+CLIENT_NAMES = frozenset({"client", "_client", "ipp_client"})
+IPP_PRIVATE = frozenset({"_send", "_send_control_request", "_build_targets", "_query_stream", "_unwrap_exception"})
 
 
 # ------------------------------------------------------------------ reading a package
@@ -299,10 +301,30 @@ def process_violations(package_dir: Path, allowed: str) -> list[str]:
                     found.append((module.name, node.lineno, f"{_where(module, node)} uses {name}"))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 method, receiver = node.func.attr, _receiver_name(node.func.value)
-                if (method in PROCESS_METHODS and (receiver, method) not in ALLOWED_METHOD_RECEIVERS
-                        and _dotted(node.func, aliases) not in PROCESS_FUNCTIONS):  # os.kill: reported above
+                # (os.kill and its kind: reported above)
+                if method in PROCESS_METHODS and _dotted(node.func, aliases) not in PROCESS_FUNCTIONS:
                     found.append((module.name, node.lineno,
                                   f"{_where(module, node)} calls {receiver or '<expression>'}.{method}()"))
+    return _in_order(found)
+
+
+def channel_violations(package_dir: Path, kernel: str, channel: str) -> list[str]:
+    """Outside the rank channel (module ``channel``): ipyparallel's private client calls anywhere; and in
+    package ``kernel``, an import of ipyparallel or any name of its client."""
+    found = []
+    for module in _outside(read_package(package_dir), channel):
+        in_kernel = module.name == kernel or module.name.startswith(kernel + ".")
+        for node in ast.walk(module.tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else (
+                node.arg if isinstance(node, ast.arg) else None)
+            if name in IPP_PRIVATE:
+                found.append((module.name, node.lineno, f"{_where(module, node)} calls ipyparallel's {name}"))
+            elif in_kernel and name in CLIENT_NAMES:
+                found.append((module.name, node.lineno, f"{_where(module, node)} names the client ({name})"))
+            elif in_kernel and isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found += [(module.name, node.lineno, f"{_where(module, node)} imports {n}")
+                          for n in names if n.split(".")[0] == "ipyparallel" and not getattr(node, "level", 0)]
     return _in_order(found)
 
 
@@ -310,12 +332,12 @@ def process_violations(package_dir: Path, allowed: str) -> list[str]:
 # one way: kernel -> cluster / engine -> runtime, and progress engine -> (IOPub) -> dashboard
 MAY_IMPORT = {
     "config": set(),
-    "messages": set(),  # what a rank tells the kernel (progress updates, rank events): one side writes, one reads
+    "messages": set(),  # what crosses layers (progress, rank events, a bootstrap's report, status rows), typed
     "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
     "keras_flavour": set(),  # which Keras (3, or 2's tf_keras) the process trains with: one choice for all
     "keras_patches": {"keras_flavour"},  # every global change to Keras, with undo; imported by the layers that patch
     "runtime": {"runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
-    "cluster": {"cluster", "engine", "config", "private"},  # engine: the bootstrap function it runs on new engines
+    "cluster": {"cluster", "engine", "config", "private", "messages"},  # engine: the bootstrap it runs
     "dashboard": {"dashboard", "config", "messages"},
     "engine": {"engine", "runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages"},
@@ -385,6 +407,11 @@ def test_only_the_runtime_imports_mpi4py_and_cupy():
 
 def test_only_the_cluster_starts_or_kills_processes():
     violations = process_violations(PACKAGE, "hvd_notebook.cluster")
+    assert not violations, _report(violations)
+
+
+def test_only_the_rank_channel_touches_ipyparallels_client():
+    violations = channel_violations(PACKAGE, "hvd_notebook.kernel", CHANNEL_MODULE)
     assert not violations, _report(violations)
 
 
@@ -515,7 +542,32 @@ def test_processes_outside_the_cluster_are_found(tmp_path):
         "pkg.kernel.bad (line 7) uses os.execv",
         "pkg.kernel.bad (line 8) calls <expression>.terminate()",
         "pkg.kernel.bad (line 9) calls handle.kill()",
+        "pkg.kernel.bad (line 10) calls client.send_signal()",
+        "pkg.kernel.bad (line 11) calls client.send_signal()",
         "pkg.kernel.bad (line 12) calls proc.send_signal()",
+    ], found
+
+
+def test_the_client_outside_the_rank_channel_is_found(tmp_path):
+    pkg = write_package(tmp_path, {
+        "cluster/channel.py": "import ipyparallel\nself._client._send(s, 'queue_request')\n",
+        "cluster/world.py": "self.channel = RankChannel(ipp_cluster.connect_client_sync())\nc._build_targets([1])\n",
+        "kernel/cell.py": textwrap.dedent("""\
+            from ipyparallel import util
+            import ipyparallel as ipp
+            from .channel import client
+            cluster.client[0].execute(code)
+            def ask(client): pass
+            cluster.channel.execute(code, [0])
+        """),
+    })
+    found = channel_violations(pkg, "pkg.kernel", "pkg.cluster.channel")
+    assert found == [
+        "pkg.cluster.world (line 2) calls ipyparallel's _build_targets",
+        "pkg.kernel.cell (line 1) imports ipyparallel",
+        "pkg.kernel.cell (line 2) imports ipyparallel",
+        "pkg.kernel.cell (line 4) names the client (client)",
+        "pkg.kernel.cell (line 5) names the client (client)",
     ], found
 
 
@@ -539,3 +591,34 @@ def test_an_import_against_the_flow_is_found(tmp_path):
         "pkg.engine.bad (line 1): engine imports pkg.dashboard.view",
         "pkg.runtime.bad (line 2): runtime imports pkg.kernel.session",
     ]
+
+
+# ------------------------------------------------------------------ size
+MAX_CLASS_LINES = 250  # a class longer than this holds more than one concern: split it
+
+
+def long_classes(package_dir: Path, limit: int = MAX_CLASS_LINES) -> list[str]:
+    """Classes of more than ``limit`` lines (decorators to the last line of the body)."""
+    found = []
+    for module in read_package(package_dir).values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                lines = node.end_lineno - first + 1  # type: ignore[operator]
+                if lines > limit:
+                    found.append((module.name, node.lineno, f"{_where(module, node)}: class {node.name} has {lines} "
+                                  f"lines (at most {limit})"))
+    return _in_order(found)
+
+
+def test_no_class_is_longer_than_250_lines():
+    violations = long_classes(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_a_long_class_is_found(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(5))
+    source = f"import dataclasses\n\n@dataclasses.dataclass\nclass Big:\n{body}"
+    pkg = write_package(tmp_path, {"kernel/big.py": source})
+    assert long_classes(pkg, limit=7) == []  # (7 lines with its decorator)
+    assert long_classes(pkg, limit=6) == ["pkg.kernel.big (line 4): class Big has 7 lines (at most 6)"]

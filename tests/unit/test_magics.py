@@ -3,6 +3,8 @@ nothing and leaves nothing running."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import cluster_processes
 
@@ -81,16 +83,18 @@ def test_bad_cell_options(ip, run):
 def test_status_shows_gpu_memory_from_the_driver():
     from hvd_notebook.cluster.gpus import parse_gpu_memory
     from hvd_notebook.kernel.magics import format_status
+    from hvd_notebook.messages import RankActivity, RankStatus
 
     # the format nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits prints
     used = parse_gpu_memory("4242, 1530\n4243, 812\nNo running processes found\n")
     assert used == {4242: 1530 * 2**20, 4243: 812 * 2**20}
-    rows = [{"rank": r, "state": "alive", "host": "n1", "pid": pid, "device": f"GPU {r} (NVIDIA H200)",
-             "rss": 2**30, "gpu_memory": used.get(pid), "running": "idle"} for r, pid in enumerate((4242, 4243))]
+    rows = [RankStatus(rank=r, alive=True, host="n1", pid=pid, device=f"GPU {r} (NVIDIA H200)", rss=2**30,
+                       gpu_memory=used.get(pid), running=RankActivity.IDLE) for r, pid in enumerate((4242, 4243))]
     table = format_status(rows)
     assert "GPU memory" in table.splitlines()[0]
     assert "GPU 0 (NVIDIA H200)" in table and "1530 MiB" in table and "812 MiB" in table
-    cpu = format_status([{**rows[0], "device": "CPU", "gpu_memory": None}])
+    assert table.splitlines()[1].split()[1] == "alive" and table.splitlines()[1].endswith("idle")
+    cpu = format_status([dataclasses.replace(rows[0], device="CPU", gpu_memory=None)])
     assert "GPU memory" not in cpu
 
 

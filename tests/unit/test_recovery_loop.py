@@ -10,25 +10,40 @@ from dataclasses import dataclass
 
 import pytest
 
-from hvd_notebook.cluster.resets import run_with_resets
+from hvd_notebook.cluster.channel import RankChannel
+from hvd_notebook.cluster.resets import ResetsUsedUp, run_with_resets
 from hvd_notebook.config import ClusterOptions, DashboardMode
-from hvd_notebook.kernel import session as session_module
+from hvd_notebook.kernel import runner as runner_module
 from hvd_notebook.kernel.failures import RankDied
 from hvd_notebook.kernel.recovery import RecordedCell
 from hvd_notebook.kernel.session import Session
 
 
 # ------------------------------------------------------------------ the loop itself
-def test_the_loop_resets_while_it_may_and_returns_the_last_outcome():
-    outcomes = iter(["died", "died", "died", "done"])
+def test_the_loop_resets_while_it_may_and_returns_the_first_success():
+    class Died(Exception):
+        pass
+
+    def attempts(*outcomes):
+        left = list(outcomes)
+
+        def attempt():
+            outcome = left.pop(0)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+        return attempt
+
     resets = []
-    last, lines = run_with_resets(lambda: next(outcomes), lambda o: o == "died",
-                                  lambda o, n: resets.append(n) or f"reset {n}", max_resets=2)
-    assert (last, lines, resets) == ("died", ["reset 1", "reset 2"], [1, 2])  # the limit: the failure stays
-    outcomes = iter(["died", "done"])
-    assert run_with_resets(lambda: next(outcomes), lambda o: o == "died", lambda o, n: "r", 3) == ("done", ["r"])
-    assert run_with_resets(lambda: "died", lambda o: o == "died", lambda o, n: pytest.fail("reset"), 0) == (
-        "died", [])
+    with pytest.raises(ResetsUsedUp) as used_up:  # the limit: the failure stays, with the resets' lines
+        run_with_resets(attempts(Died("1"), Died("2"), Died("3"), "done"), lambda f: isinstance(f, Died),
+                        lambda f, n: resets.append(n) or f"reset {n}", max_resets=2)
+    assert (str(used_up.value.failure), used_up.value.lines, resets) == ("3", ["reset 1", "reset 2"], [1, 2])
+    assert run_with_resets(attempts(Died(), "done"), lambda f: isinstance(f, Died), lambda f, n: "r", 3) == "done"
+    with pytest.raises(Died):  # no reset allowed: the failure itself
+        run_with_resets(attempts(Died()), lambda f: True, lambda f, n: pytest.fail("reset"), 0)
+    with pytest.raises(ValueError):  # a failure that cannot resume: at once
+        run_with_resets(attempts(ValueError()), lambda f: isinstance(f, Died), lambda f, n: pytest.fail("reset"), 3)
 
 
 # ------------------------------------------------------------------ the session's cells on a stand-in world
@@ -43,13 +58,12 @@ class World:
     n, gpus, rules, workdir = 2, [], None, None
 
     def __init__(self, log: list[str]) -> None:
-        self.log, self.ranks, self.client = log, [Rank(0), Rank(1)], Client()
+        self.log, self.ranks = log, [Rank(0), Rank(1)]
+        self.channel = RankChannel(Client())  # the real channel, over a stand-in client
+        self.channel.bind({0: 0, 1: 1})
 
     def alive(self):
         return {0: True, 1: True}
-
-    def engine_ids(self, ranks=None):
-        return [0, 1]
 
     def restart(self):
         self.log.append("restart")
@@ -129,7 +143,7 @@ def world(monkeypatch):
                 raise outcome
             return outcome
 
-    monkeypatch.setattr(session_module, "RunningCell", Running)
+    monkeypatch.setattr(runner_module, "RunningCell", Running)
     session = Session()
     session.cluster, session.options = World(log), ClusterOptions(n=2, max_resets=2)
     session.tenancy = Tenancy(log)

@@ -25,7 +25,7 @@ import pytest
 
 from hvd_notebook.cluster import diagnosis, shm, shmguard
 from hvd_notebook.cluster.errors import ClusterError
-from hvd_notebook.cluster.placement import GFORKER
+from hvd_notebook.cluster.placements import GFORKER
 
 BIN = Path(sys.executable).parent
 GFORKER_PATH = BIN / GFORKER

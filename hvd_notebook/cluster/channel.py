@@ -1,0 +1,195 @@
+"""The rank channel: every message between the kernel and one world's ranks.
+
+A ``RankChannel`` wraps the ipyparallel ``Client`` of one world and is the only code that touches it: the
+world registers and bootstraps its engines through it, the notebook side (``kernel/``) executes cells, applies
+functions, pulls and pushes variables, interrupts ranks, asks what their queues hold and sends control
+requests through it, addressing ranks by their MPI rank. Every question to the controller has a deadline:
+ipyparallel's own ``queue_status`` waits for the answer without one, so a stopped or hung controller would
+hang the kernel.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import psutil
+from ipyparallel import util as ipp_util
+
+from .errors import ClusterError
+from .pids import alive
+
+QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
+QUEUE_ANSWER_S = 5.0  # how long the controller gets to say what its queues hold (it answers in milliseconds)
+SETTLE_POLL_S = 0.02  # between two questions while the queues settle
+
+
+class ControllerSilent(ClusterError):
+    """The cluster's controller did not answer a question about its queues (stopped, hung, or gone)."""
+
+
+def is_busy(queue: Any) -> bool:
+    """Whether one engine's entry of the controller's queue report shows work running or queued."""
+    return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
+
+
+def is_engine_death(error: Any) -> bool:
+    """Whether a rank's request ended because its engine process died."""
+    from ipyparallel.error import EngineError
+
+    # raised in this process when the nanny reports a death, or relayed as a RemoteError
+    return isinstance(error, EngineError) or getattr(error, "ename", None) == "EngineError"
+
+
+class RankChannel:
+    """Messages to the ranks of one world, through its ipyparallel client.
+
+    Until ``bind`` the engines are addressed by engine id (registration and bootstrap); after it, every
+    call of the notebook side names MPI ranks.
+
+    >>> channel = world.channel
+    >>> channel.call(0, os.getpid, timeout=10)
+    4242
+    >>> channel.busy([0, 1])
+    {0: False, 1: False}
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._engines: dict[int, int] = {}  # MPI rank -> engine id
+        self._routers: list[psutil.Process] = []  # the controller's schedulers (``routes``)
+
+    # ------------------------------------------------------------ the world's side
+    @property
+    def ipp_client(self) -> Any:
+        """ipyparallel's client itself (for tests and benchmarks that compare with plain ipyparallel)."""
+        return self._client
+
+    def registered(self) -> set[int]:
+        """The engine ids registered with the controller now."""
+        return set(self._client.ids)
+
+    def on_engines(self, engine_ids: list[int], func: Any, *args: Any) -> Any:
+        """``func(*args)`` on each of ``engine_ids`` (before ``bind``: a bootstrap step); its AsyncResult."""
+        return self._client[engine_ids].apply_async(func, *args)
+
+    def bind(self, engine_of_rank: dict[int, int]) -> None:
+        """From now on, rank ``r`` is the engine ``engine_of_rank[r]``."""
+        self._engines = dict(engine_of_rank)
+
+    def watch_routes(self, controller_pid: int) -> None:
+        """Note the controller's schedulers (its children), which ``routes`` asks after; a ClusterError where
+        the controller is gone."""
+        try:
+            self._routers = psutil.Process(controller_pid).children(recursive=True)
+        except psutil.Error:
+            raise ClusterError("the cluster's controller ended while the ranks started (killed? out of memory?): "
+                               "start the cluster again") from None
+
+    def routes(self) -> bool:
+        """Does any of the controller's schedulers still run? They pass cells to the engines and the results
+        back, each a process of its own: a cell still finishes where the controller's hub alone is gone (its
+        queue questions go unanswered then), never without them. (Only all of them gone counts: one process
+        seen ending is no proof that no cell can pass.)"""
+        return any(alive(proc) for proc in self._routers) or not self._routers
+
+    def close(self) -> None:
+        """Close the client's sockets at once (its world is being stopped)."""
+        self._client.close(linger=0)
+
+    # ----------------------------------------------------------- the notebook's side
+    def engine_ids(self, ranks: list[int] | None = None) -> list[int]:
+        """Engine ids of ``ranks`` (every rank, in rank order, when None)."""
+        return [self._engines[r] for r in (sorted(self._engines) if ranks is None else ranks)]
+
+    def execute(self, code: str, ranks: list[int]) -> tuple[Any, list[Any]]:
+        """Send ``code`` to ``ranks`` as a cell, without waiting: the request as a whole (its
+        ``wait_for_output``) and each rank's part, in the order of ``ranks`` (each with ``done()``,
+        ``exception()`` and ``metadata``: the output so far)."""
+        engine_ids = self.engine_ids(ranks)
+        # one engine as an int: its AsyncResult is then a single result, as split() makes of several
+        targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
+        whole = self._client[targets].execute(code, silent=False, block=False)
+        return whole, list(whole.split()) if len(engine_ids) > 1 else [whole]
+
+    def apply(self, func: Any, *args: Any, ranks: list[int] | None = None) -> Any:
+        """``func(*args)`` queued on ``ranks`` (all when None) without waiting; its AsyncResult."""
+        return self._client[self.engine_ids(ranks)].apply_async(func, *args)
+
+    def call(self, rank: int, func: Any, *args: Any, timeout: float) -> Any:
+        """``func(*args)`` on ``rank``, its value; ``TimeoutError`` where none came within ``timeout`` s (the
+        request then runs when the rank gets to it), the rank's error (a RemoteError) where it raised."""
+        return self._client[self.engine_ids([rank])[0]].apply_async(func, *args).get(timeout=timeout)
+
+    def pull(self, name: str, rank: int) -> Any:
+        """The value of ``name`` on ``rank``, however long the rank takes while the controller answers;
+        ``ControllerSilent`` where it stops answering meanwhile."""
+        return self._answer(self._client[self.engine_ids([rank])[0]].pull(name, block=False))
+
+    def push(self, namespace: dict[str, Any]) -> None:
+        """Set each name of ``namespace`` to its value on every rank (waiting as ``pull`` does)."""
+        self._answer(self._client[self.engine_ids()].push(namespace, block=False))
+
+    def interrupt(self, ranks: list[int]) -> None:
+        """SIGINT to ``ranks`` through the controller; a ClusterError where it is not confirmed within
+        ``QUEUE_ANSWER_S`` (the signal may still arrive)."""
+        try:
+            self._client.send_signal(signal.SIGINT, targets=self.engine_ids(ranks),
+                                     block=False).result(timeout=QUEUE_ANSWER_S)
+        except Exception as exc:
+            raise ClusterError(f"the interrupt was not confirmed: {exc}") from None
+
+    def control(self, rank: int, msg_type: str, content: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """A control message of type ``msg_type`` to ``rank``'s engine (answered beside a running cell); the
+        content of its reply, or ``TimeoutError``."""
+        future = self._client._send_control_request(targets=[self.engine_ids([rank])[0]], msg_type=msg_type,
+                                                    content=content, block=False)
+        return dict(future.result(timeout=timeout)[0]["content"])
+
+    def waiting(self) -> bool:
+        """Does this kernel await replies to requests it sent?"""
+        return bool(self._client.outstanding)
+
+    def busy(self, ranks: list[int] | None = None, timeout: float | None = None) -> dict[int, bool]:
+        """Per rank (all when None): does the controller's queue for it hold work running or waiting (this
+        kernel's or another client's)? ``ControllerSilent`` after ``timeout`` s (``QUEUE_ANSWER_S``)."""
+        ranks = sorted(self._engines) if ranks is None else ranks
+        queues = self._queues(self.engine_ids(ranks), QUEUE_ANSWER_S if timeout is None else timeout)
+        return {rank: is_busy(queues.get(engine)) for rank, engine in zip(ranks, self.engine_ids(ranks))}
+
+    def settled_busy(self, settle_s: float = QUEUE_SETTLE_S) -> dict[int, bool]:
+        """``busy()`` of every rank, asked again for up to ``settle_s`` while it shows work although this kernel
+        awaits no reply: the controller hears of a finished task a moment after the client has its result (right
+        after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            busy = self.busy()
+            if self.waiting() or not any(busy.values()) or time.monotonic() >= deadline:
+                return busy
+            time.sleep(SETTLE_POLL_S)
+
+    def _queues(self, engine_ids: list[int] | None, timeout: float) -> dict[Any, Any]:
+        """What the controller's queues hold for ``engine_ids`` (None: every engine), as ipyparallel's
+        ``queue_status`` asks it, but ``ControllerSilent`` after ``timeout`` seconds without an answer."""
+        client = self._client
+        content = {"targets": None if engine_ids is None else client._build_targets(engine_ids)[1], "verbose": False}
+        future = client._send(client._query_stream, "queue_request", content=content)
+        try:
+            reply = future.result(timeout=timeout)["content"]
+        except TimeoutError:
+            raise ControllerSilent(f"the cluster's controller did not answer within {timeout:g} s (stopped or hung?): "
+                                   "%hvd restart starts the cluster again") from None
+        if reply.pop("status") != "ok":
+            raise client._unwrap_exception(reply)
+        return ipp_util.int_keys(reply)
+
+    def _answer(self, result: Any) -> Any:
+        """``result.get()`` of a request that may take the ranks long (a big pull), but ``ControllerSilent``
+        where the controller stops answering meanwhile: it is asked for its queues after each
+        ``QUEUE_ANSWER_S`` without the answer."""
+        while True:
+            try:
+                return result.get(timeout=QUEUE_ANSWER_S)
+            except TimeoutError:  # (ipyparallel's is one)
+                self._queues(None, QUEUE_ANSWER_S)
