@@ -145,7 +145,7 @@ def main() -> None:
         "plain_rounds_s": plain_s, "cell_rounds_s": cell_s, "target": 1.03,
         "start_s": start_s, "rank_device": rank.device, "framework": rank.framework,
         "nccl": found.group(3) == "True", "torch_distributed": found.group(4),
-        "dashboard_lines": [line for line in out.splitlines() if line.startswith("[hvd]")],
+        "dashboard_lines": [line for line in out.splitlines() if line.startswith("[hvd_notebook]")],
     }
     with open(out_path, "w") as f:
         json.dump(report, f, indent=2)

@@ -37,6 +37,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from .cluster.privileges import as_user
 from .cluster.reaper import reap
 from .cluster.run import Job, run_job
 from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
+from .commands import CLI, add_commands
 from .config import (
     CYCLE_TIME,
     FUSION_THRESHOLD,
@@ -300,51 +302,60 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hvd-notebook",
                                      description="Manage this user's hvd_notebook clusters; run scripts on N ranks.")
     sub = parser.add_subparsers(dest="command", required=True)
-    listing = sub.add_parser("list", help="list this user's clusters and the kernels that own them")
-    listing.add_argument("--all", action="store_true", help="every user's clusters and GPU leases on this node "
-                         "(from the node's register; nobody's files are read)")
-    clean_parser = sub.add_parser("clean", help="stop this user's clusters whose kernel is gone")
-    clean_parser.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
-    clean_parser.add_argument("--user", metavar="U", help="(root only) stop user U's orphaned clusters")
-    stacks = sub.add_parser("stacks", help="print every rank's Python stack now, even inside an MPI call")
-    stacks.add_argument("cluster", nargs="?", help="only this cluster's ranks (a name that hvd-notebook list shows)")
-    stacks.add_argument("--all-threads", action="store_true", help="every thread, not only those running a cell, "
-                        "a script or a collective")
-    stacks.add_argument("--timeout", type=seconds, default=2.0, metavar="S",
+    add_commands(sub, CLI, own={"list": _list_arguments, "clean": _clean_arguments, "stacks": _stacks_arguments,
+                                "install-kernel": _install_kernel_arguments, "setup-node": _setup_node_arguments,
+                                "scaling": _scaling_arguments, "run": add_run_arguments},
+                 parser_kwargs={"scaling": {"description": scaling.__doc__.split("\n\n")[0].replace("``", "")},
+                                "run": {"allow_abbrev": False, "description": "Launch a command on N ranks, as "
+                                        "horovodrun does, placed as %hvd start places engines."}})
+    return parser
+
+
+def _list_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--all", action="store_true", help="every user's clusters and GPU leases on this node "
+                        "(from the node's register; nobody's files are read)")
+
+
+def _clean_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="say what would be stopped, stop nothing")
+    parser.add_argument("--user", metavar="U", help="(root only) stop user U's orphaned clusters")
+
+
+def _stacks_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("cluster", nargs="?", help="only this cluster's ranks (a name that hvd-notebook list shows)")
+    parser.add_argument("--timeout", type=seconds, default=2.0, metavar="S",
                         help="seconds to wait for the ranks' answers (default 2)")
-    kernel = sub.add_parser("install-kernel", help="install the Jupyter kernel with the extension preloaded")
-    where = kernel.add_mutually_exclusive_group()
+
+
+def _install_kernel_arguments(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
     where.add_argument("--user", action="store_true", help="for this user only (the default)")
     where.add_argument("--sys-prefix", action="store_true", help="into this environment (sys.prefix)")
     where.add_argument("--prefix", help="under this prefix (PREFIX/share/jupyter/kernels)")
-    kernel.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME})")
-    kernel.add_argument("--display-name", help="name shown in the launcher (default: Python 3 (hvd_notebook))")
-    kernel.add_argument("--env", action="append", default=[], metavar="K=V", type=env_pair,
+    parser.add_argument("--name", default=KERNEL_NAME, help=f"kernelspec name (default {KERNEL_NAME})")
+    parser.add_argument("--display-name", help="name shown in the launcher (default: Python 3 (hvd_notebook))")
+    parser.add_argument("--env", action="append", default=[], metavar="K=V", type=env_pair,
                         help="environment variable for the kernel, e.g. HVD_NOTEBOOK_GPUS=0,1 (repeatable)")
-    setup = sub.add_parser("setup-node", help="(root, at install) make the node's GPU lease folder: root's, a lock "
-                           "file per GPU and the register; one made by someone else is moved aside")
-    setup.add_argument("--gpus", metavar="0,1,...", help="the node's GPU ids (default: HVD_NOTEBOOK_GPUS, else "
-                       "those nvidia-smi lists)")
-    scale = sub.add_parser("scaling", help="measure how training scales on this node's GPUs (or CPUs), "
-                           "hvd.DistributedOptimizer beside DDP, and project it to 8, 64 and 256 GPUs",
-                           description=scaling.__doc__.split("\n\n")[0].replace("``", ""))
-    scale.add_argument("-n", "--ranks", default=None, metavar="N|1,2,...",
-                       help="ranks to measure: N (1, 2, 4 .. N) or a list (default: one per GPU, else 2)")
-    scale.add_argument("--model", default=None, choices=scaling_worker.MODELS,
-                       help="the model (default: resnet50 on GPUs, needing torchvision; mlp on CPUs)")
-    scale.add_argument("--batch", type=positive_int, default=None, help="images per rank (default 64; 32 on CPUs)")
-    scale.add_argument("--steps", type=positive_int, default=20, help="timed steps per block (default 20)")
-    scale.add_argument("--rounds", type=positive_int, default=3,
-                       help="blocks of steps per method, alternating (default 3)")
+
+
+def _setup_node_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gpus", metavar="0,1,...", help="the node's GPU ids (default: HVD_NOTEBOOK_GPUS, else "
+                        "those nvidia-smi lists)")
+
+
+def _scaling_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--ranks", default=None, metavar="N|1,2,...",
+                        help="ranks to measure: N (1, 2, 4 .. N) or a list (default: one per GPU, else 2)")
+    parser.add_argument("--model", default=None, choices=scaling_worker.MODELS,
+                        help="the model (default: resnet50 on GPUs, needing torchvision; mlp on CPUs)")
+    parser.add_argument("--batch", type=positive_int, default=None, help="images per rank (default 64; 32 on CPUs)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="timed steps per block (default 20)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="blocks of steps per method, alternating (default 3)")
     for link in dataclasses.fields(scaling.Links):
-        scale.add_argument(f"--{link.name.replace('_', '-')}", type=type(link.default), default=link.default,
-                           metavar="X", help=f"projection: {link.metadata['help']} (default {link.default:g})")
-    scale.add_argument("--out", type=Path, metavar="FILE.json", help="also write every figure to this file")
-    run = sub.add_parser("run", allow_abbrev=False, help="launch a command on N ranks, as horovodrun does",
-                         description="Launch a command on N ranks, as horovodrun does, placed as %hvd start places "
-                         "engines.")
-    add_run_arguments(run)
-    return parser
+        parser.add_argument(f"--{link.name.replace('_', '-')}", type=type(link.default), default=link.default,
+                            metavar="X", help=f"projection: {link.metadata['help']} (default {link.default:g})")
+    parser.add_argument("--out", type=Path, metavar="FILE.json", help="also write every figure to this file")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,33 +370,41 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(args, unknown, HOROVODRUN)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if args.command == "run":
+    if args.command == "run":  # (the command's own arguments follow it)
         return run_command(args, unknown, "hvd-notebook run")
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return HANDLERS[args.command](args)
 
-    if args.command == "install-kernel":
-        prefix = sys.prefix if args.sys_prefix else args.prefix
-        path = install_kernel(args.name, args.display_name, args.env, prefix)
-        print(f"Installed kernelspec {args.name} in {path}")
-        return 0
 
-    if args.command == "stacks":
-        return print_stacks(args.cluster, args.all_threads, args.timeout)
+def install_kernel_command(args: argparse.Namespace) -> int:
+    """``install-kernel``: the kernelspec installed where ``args`` say."""
+    prefix = sys.prefix if args.sys_prefix else args.prefix
+    path = install_kernel(args.name, args.display_name, args.env, prefix)
+    print(f"Installed kernelspec {args.name} in {path}")
+    return 0
 
-    if args.command == "scaling":
-        return scaling_command(args)
 
-    if args.command == "setup-node":
-        return leases.setup_node_command(args.gpus)
-    if args.command == "list" and args.all:
+def list_command(args: argparse.Namespace) -> int:
+    """``list``: this user's clusters (``--all``: the node's register, every user's)."""
+    if args.all:
         try:
             print(format_node(registry.read_all(strict=True), leases.holders(), time.time()))
         except leases.LeaseError as exc:
             print(f"hvd-notebook list --all: {exc}", file=sys.stderr)
             return 2
         return 0
-    if args.command == "clean" and args.user:
+    clusters = find_clusters()
+    if not clusters:
+        print(f"No clusters in {clusters_dir()}.")
+    for c in clusters:
+        print(_describe(c))
+    return 0
+
+
+def clean_command(args: argparse.Namespace) -> int:
+    """``clean``: this user's orphaned clusters stopped (``--user U``, root only: U's, as U)."""
+    if args.user:
         if os.geteuid() != 0:
             print(f"hvd-notebook clean --user {args.user}: only root may stop another user's clusters; as "
                   "yourself, run hvd-notebook clean.", file=sys.stderr)
@@ -397,15 +416,18 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         # as that user, not as root: nothing they wrote can make root kill or remove what is not theirs
         return as_user(args.user, lambda: clean_own(args.dry_run, own_cluster_dirs()))
-
-    if args.command == "list":
-        clusters = find_clusters()
-        if not clusters:
-            print(f"No clusters in {clusters_dir()}.")
-        for c in clusters:
-            print(_describe(c))
-        return 0
     return clean_own(args.dry_run, [clusters_dir()])
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "list": list_command,
+    "clean": clean_command,
+    "install-kernel": install_kernel_command,
+    "stacks": lambda args: print_stacks(args.cluster, args.all_threads, args.timeout),
+    "setup-node": lambda args: leases.setup_node_command(args.gpus),
+    "scaling": lambda args: scaling_command(args),
+    "run": lambda args: run_command(args, [], "hvd-notebook run"),
+}  # the handler of each hvd-notebook command (``commands.COMMANDS``), by name
 
 
 def clean_own(dry_run: bool, bases: list[Path]) -> int:

@@ -149,9 +149,9 @@ def ending_message(launcher: str, code: int, reports: dict[int, str], causes: li
         return None
     if failed:
         named = ", ".join(f"rank {rank} ({how})" for rank, how in sorted(failed.items()))
-        return f"hvd-notebook run: {named} failed; every rank was stopped. Exit code {status}."
+        return f"[hvd_notebook] {named} failed; every rank was stopped. Exit code {status}."
     listed = "".join(f"\n  - {c}" for c in causes)
-    return f"hvd-notebook run: {launcher} exited with code {status}.{listed}"
+    return f"[hvd_notebook] {launcher} exited with code {status}.{listed}"
 
 
 # ------------------------------------------------------------------ the running job
@@ -239,7 +239,7 @@ class RunningJob:
 
     def _refuse(self, message: str) -> None:
         """A rank has another user's shared memory (``shm.StartWatch``): say so, and end the world."""
-        print(f"hvd-notebook run: {message}", file=sys.stderr, flush=True)
+        print(f"[hvd_notebook] {message}", file=sys.stderr, flush=True)
         self._kill_group()
 
     def wait(self) -> int:
@@ -342,7 +342,7 @@ def run_job(job: Job) -> int:
         placement, argv, env = prepare(job)
         if job.verbose:
             added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-            print(f"hvd-notebook run: {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
+            print(f"[hvd_notebook] {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
                   f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
         commit = Path(elastic) / COMMIT_SUMMARY
 
@@ -368,7 +368,7 @@ def run_job(job: Job) -> int:
             last = cast(_FailedAfterCommit, failed.failure if isinstance(failed, ResetsUsedUp) else failed)
             code, output = last.code, last.output
         except Stopped as stop:
-            print(f"hvd-notebook run: stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
+            print(f"[hvd_notebook] stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
             return 128 + stop.signum
     reports = diagnosis.exit_reports(output)
     causes = placement.diagnose(output) if code and not failed_ranks(reports) else []

@@ -129,7 +129,7 @@ class Dashboard:
         event = self.model.reset(died, commit, ranks)
         self.seen.clear()  # the new ranks count their updates from 0 again
         if self.outputs is not None:
-            self.outputs.note(f"[hvd] reset {len(self.model.events)}: {reset_text(event)}")
+            self.outputs.note(f"[hvd_notebook] reset {len(self.model.events)}: {reset_text(event)}")
         self._render()
 
     def finish(self) -> None:

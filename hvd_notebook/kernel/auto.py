@@ -58,7 +58,7 @@ class AutoCells:
 
 def ran_on(n: int) -> str:
     """The line an auto cell's output starts with."""
-    return f"[hvd] auto: runs on {n} ranks"
+    return f"[hvd_notebook] auto: runs on {n} ranks"
 
 
 def state(on: bool) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from ..cluster import stacks
 from ..cluster.world import RankInfo
+from ..commands import MAGIC, add_commands
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table
 from ..messages import RankStatus
@@ -62,6 +63,37 @@ def _join_option_values(argv: list[str], option: str) -> list[str]:
     return out
 
 
+def _start_arguments(parser: argparse.ArgumentParser) -> None:
+    ClusterOptions.add_arguments(parser)
+    parser.add_argument("--restart", action="store_true", help="stop a running cluster first")
+
+
+def _restart_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replay", action="store_true", help="then run again, in order, the %%%%hvd cells that "
+                        "completed since the last %%hvd start (not those marked --no-replay)")
+
+
+def _auto_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("state", nargs="?", choices=["on", "off"], help="on or off (default: the other one)")
+
+
+def _debug_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rank", type=non_negative_int, default=None, help="the rank to debug")
+
+
+def _pull_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="variable name on the rank")
+    parser.add_argument("--rank", type=non_negative_int, default=0, help="rank to copy from (default 0)")
+
+
+def _push_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help="variable name in this notebook")
+
+
+_OWN_ARGUMENTS = {"start": _start_arguments, "restart": _restart_arguments, "auto": _auto_arguments,
+                  "debug": _debug_arguments, "pull": _pull_arguments, "push": _push_arguments}
+
+
 def _build_line_parser() -> _Parser:
     parser = _Parser(
         prog="%hvd",
@@ -69,39 +101,8 @@ def _build_line_parser() -> _Parser:
         epilog="A cell that starts with %%hvd runs on every rank; see `%hvd cell --help`.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    start = sub.add_parser("start", help="start a controller and N MPI engines")
-    ClusterOptions.add_arguments(start)
-    start.add_argument("--restart", action="store_true", help="stop a running cluster first")
-
-    sub.add_parser("stop", help="stop the cluster; nothing of it is left running")
-    restart = sub.add_parser("restart", help="stop and start again with the options of the last start")
-    restart.add_argument("--replay", action="store_true", help="then run again, in order, the %%%%hvd cells that "
-                         "completed since the last %%hvd start (not those marked --no-replay)")
-    sub.add_parser("replay", help="run again, in order, the %%%%hvd cells that completed since the last %%hvd "
-                   "start (after a restart lost the ranks' variables)")
-    sub.add_parser("status", help="each rank: alive or dead, host, pid, device, memory, activity")
-    stacks_parser = sub.add_parser("stacks", help="each rank's Python stack now (while a cell runs, from a "
-                                   "terminal: hvd-notebook stacks)")
-    stacks_parser.add_argument("--all-threads", action="store_true", help="every thread of each rank")
-    auto_parser = sub.add_parser("auto", help="on: run every cell on the ranks as a %%%%hvd cell, except cells that "
-                                 "start with %% (%%hvd ..., %%time ...), which run in this kernel; off: back to "
-                                 "this kernel; no argument: switch; off by itself when the cluster stops")
-    auto_parser.add_argument("state", nargs="?", choices=["on", "off"], help="on or off (default: the other one)")
-
-    debug = sub.add_parser("debug", help="pdb on a rank's failed cell, its commands typed in this notebook "
-                           "(default: the first rank that raised in the last failed cell)")
-    debug.add_argument("--rank", type=non_negative_int, default=None, help="the rank to debug")
-
-    pull = sub.add_parser("pull", help="copy a variable from a rank into this notebook")
-    pull.add_argument("name", help="variable name on the rank")
-    pull.add_argument("--rank", type=non_negative_int, default=0, help="rank to copy from (default 0)")
-
-    push = sub.add_parser("push", help="copy a notebook variable to every rank")
-    push.add_argument("name", help="variable name in this notebook")
-
-    sub.add_parser("cell", help="options of %%%%hvd cells", add_help=True, parents=[_build_cell_parser(add_help=False)])
-    sub.add_parser("help", help="show this help")
+    add_commands(sub, MAGIC, own=_OWN_ARGUMENTS,
+                 parser_kwargs={"cell": {"parents": [_build_cell_parser(add_help=False)]}})
     parser.commands = sub.choices
     return parser
 
@@ -244,53 +245,66 @@ class HvdMagics(Magics):
             print(usage())
             return None
         args = _build_line_parser().parse_args(_join_option_values(argv, "--mpi-args"))
-        session = Session.get()
-        if args.command == "start":
-            options = ClusterOptions.from_arguments(args)
-            ranks = session.start(options, restart=args.restart)
-            print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
-            rules = session.require().rules.describe()
-            if rules:
-                print(f"This node's rules: {rules}.")
-        elif args.command == "stop":
-            print("Cluster stopped." if session.stop() else "No cluster was running.")
-            if self.auto is not None and self.auto.on:
-                self.auto.on = False
-                print(auto.state(False))
-        elif args.command == "auto":
-            self._auto(args.state)
-        elif args.command == "restart":
-            ranks = session.restart()
-            print(f"Restarted {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
-            if args.replay:
-                print(f"Replayed {session.replay()} cell(s).")
-        elif args.command == "replay":
+        return self._handlers()[args.command](args, Session.get())
+
+    def _handlers(self) -> dict[str, Callable[[argparse.Namespace, Session], None]]:
+        """The handler of each ``%hvd`` command (``commands.COMMANDS``), by name."""
+        return {"start": self._start, "stop": self._stop, "restart": self._restart, "replay": self._replay,
+                "status": self._status, "stacks": self._stacks, "auto": lambda args, _: self._auto(args.state),
+                "debug": self._debug, "pull": self._pull, "push": self._push, "cell": self._cell_help,
+                "help": lambda args, session: print(usage())}
+
+    def _start(self, args: argparse.Namespace, session: Session) -> None:
+        ranks = session.start(ClusterOptions.from_arguments(args), restart=args.restart)
+        print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
+        rules = session.require().rules.describe()
+        if rules:
+            print(f"This node's rules: {rules}.")
+
+    def _stop(self, args: argparse.Namespace, session: Session) -> None:
+        print("Cluster stopped." if session.stop() else "No cluster was running.")
+        if self.auto is not None and self.auto.on:
+            self.auto.on = False
+            print(auto.state(False))
+
+    def _restart(self, args: argparse.Namespace, session: Session) -> None:
+        ranks = session.restart()
+        print(f"Restarted {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
+        if args.replay:
             print(f"Replayed {session.replay()} cell(s).")
-        elif args.command == "status":
-            rows = session.status()
-            cluster = session.require()
-            print(f"{describe_hvd(cluster.ranks[0])}\n{format_status(rows)}\n"
-                  f"{format_standby(cluster.standby_state, cluster.n)}")
-            if self.auto is not None and self.auto.on:
-                print(auto.state(True))
-        elif args.command == "stacks":
-            ranks = [r for r in session.require().ranks if r.here]
-            print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
-        elif args.command == "debug":
-            cluster = session.require()
-            debugging.post_mortem(cluster, debugging.rank_to_debug(cluster, session.failed_ranks, args.rank))
-        elif args.command == "pull":
-            self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
-            print(f"Pulled {args.name!r} from rank {args.rank}.")
-        elif args.command == "push":
-            session.require()
-            if args.name not in self.shell.user_ns:
-                raise HvdError(f"This notebook has no variable named {args.name!r} to push.")
-            session.push(args.name, self.shell.user_ns[args.name])
-            print(f"Pushed {args.name!r} to {session.require().n} ranks.")
-        elif args.command == "cell":
-            print(_build_cell_parser().format_help())
-        return None
+
+    def _replay(self, args: argparse.Namespace, session: Session) -> None:
+        print(f"Replayed {session.replay()} cell(s).")
+
+    def _status(self, args: argparse.Namespace, session: Session) -> None:
+        rows = session.status()
+        cluster = session.require()
+        print(f"{describe_hvd(cluster.ranks[0])}\n{format_status(rows)}\n"
+              f"{format_standby(cluster.standby_state, cluster.n)}")
+        if self.auto is not None and self.auto.on:
+            print(auto.state(True))
+
+    def _stacks(self, args: argparse.Namespace, session: Session) -> None:
+        ranks = [r for r in session.require().ranks if r.here]
+        print(stacks.format_stacks(stacks.collect([r.pid for r in ranks]), args.all_threads))
+
+    def _debug(self, args: argparse.Namespace, session: Session) -> None:
+        cluster = session.require()
+        debugging.post_mortem(cluster, debugging.rank_to_debug(cluster, session.failed_ranks, args.rank))
+
+    def _pull(self, args: argparse.Namespace, session: Session) -> None:
+        self.shell.user_ns[args.name] = session.pull(args.name, args.rank)
+        print(f"Pulled {args.name!r} from rank {args.rank}.")
+
+    def _push(self, args: argparse.Namespace, session: Session) -> None:
+        session.require()
+        if args.name not in self.shell.user_ns:
+            raise HvdError(f"This notebook has no variable named {args.name!r} to push.")
+        session.push(args.name, self.shell.user_ns[args.name])
+        print(f"Pushed {args.name!r} to {session.require().n} ranks.")
+
+    def _cell_help(self, args: argparse.Namespace, session: Session) -> None:
+        print(_build_cell_parser().format_help())
 
     def _auto(self, state: str | None) -> None:
         """``%hvd auto [on|off]``: switch it (on needs a running cluster)."""

@@ -284,7 +284,7 @@ def test_dashboard_in_jupyterlab(lab):
     # the gradient noise scale, read against the global batch (16 a rank), kept in the summary
     assert re.search(r"the global batch 32 is \w+ the measured noise scale [\d,.]+", outputs), outputs[-2000:]
     assert "Cluster stopped." in outputs
-    assert "[hvd] pdb on rank 1, where its cell failed" in debugged and "(Pdb rank 1)" in debugged, debugged
+    assert "[hvd_notebook] pdb on rank 1, where its cell failed" in debugged and "(Pdb rank 1)" in debugged, debugged
     assert reloaded == ["100"] * 4
     saved = nbformat.read(lab["notebook"], as_version=4)
     bundles = [o.get("data", {}) for o in saved.cells[3].outputs]

@@ -106,24 +106,24 @@ def test_text_fallback_prints_a_line_per_epoch_and_per_evaluate(model, run):
     result, out = run("%%hvd --progress text\nmodel.fit(x, y, batch_size=64, epochs=2, verbose=0)\n"
                       "_ = model.evaluate(x, y, verbose=0)")
     assert result.success, out
-    lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
+    lines = [line for line in out.splitlines() if line.startswith("[hvd_notebook]")]
     assert len(lines) == 7, out
-    assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | ") and "samples/s | loss " in lines[0]
-    assert lines[3].startswith("[hvd] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[3]
+    assert lines[0].startswith("[hvd_notebook] fit epoch 1/2 | 2 ranks | ") and "samples/s | loss " in lines[0]
+    assert lines[3].startswith("[hvd_notebook] fit epoch 2/2 | 2 ranks | ") and "accuracy " in lines[3]
     for line in lines[0], lines[3]:  # each epoch with the gradient noise scale, and what it means
         assert " noise_scale " in line, line
-    assert lines[1].startswith("[hvd] the global batch 128 is ") and "the measured noise scale" in lines[1]
-    assert lines[4].startswith("[hvd] the global batch 128 is ")
+    assert lines[1].startswith("[hvd_notebook] the global batch 128 is ") and "the measured noise scale" in lines[1]
+    assert lines[4].startswith("[hvd_notebook] the global batch 128 is ")
     for line in lines[2], lines[5]:  # ... and where its steps' time went
-        assert line.startswith("[hvd] communication ") and "% of each step" in line, line
-    assert lines[6].startswith("[hvd] evaluate | 2 ranks | ") and "loss " in lines[6]
+        assert line.startswith("[hvd_notebook] communication ") and "% of each step" in line, line
+    assert lines[6].startswith("[hvd_notebook] evaluate | 2 ranks | ") and "loss " in lines[6]
 
 
 def test_no_progress_removes_the_callback_and_the_dashboard(model, run, dashboards):
     result, out = run("%%hvd --no-progress\nimport hvd_notebook.progress as p\nmodel.fit(x, y, epochs=1, verbose=0)\n"
                       "print('enabled', p.reporting())")
     assert result.success, out
-    assert "[0] enabled False" in out and "[hvd]" not in out
+    assert "[0] enabled False" in out and "[hvd_notebook]" not in out
     assert dashboards == []
     result, out = run("%%hvd\nprint('enabled', p.reporting())")
     assert "[0] enabled True" in out
@@ -186,6 +186,6 @@ def test_the_rank_that_sleeps_in_each_step_is_the_one_the_others_wait_for(model,
     waiting, step_s = breakdown.per_rank[0]
     assert waiting == pytest.approx(sleep, rel=0.3), breakdown  # rank 0 waits in the allreduce for rank 1
     assert breakdown.waited_s == pytest.approx(sleep, rel=0.3) and step_s >= sleep, breakdown
-    reading = [line for line in out.splitlines() if line.startswith("[hvd] communication ")]
+    reading = [line for line in out.splitlines() if line.startswith("[hvd_notebook] communication ")]
     assert len(reading) == 1 and reading[0].endswith(" a step for rank 1"), out
     print(f"rank 0 waited {waiting * 1e3:.0f} ms a step for rank 1's {sleep * 1e3:.0f} ms sleep: {reading[0]}")

@@ -82,10 +82,10 @@ def test_post_mortem_on_the_rank_that_failed(kc):
     reply, out, prompts = _debug(kc, ["p secret", "p x * 2", "where", "interact", "up", "q"])
     assert reply["content"]["status"] == "ok", out
     assert prompts == ["(Pdb rank 1) "] * 6, prompts
-    assert "[hvd] pdb on rank 1, where its cell failed" in out and "rank 1 gives up" in out, out
+    assert "[hvd_notebook] pdb on rank 1, where its cell failed" in out and "rank 1 gives up" in out, out
     assert "\n42\n" in out and "\n12\n" in out, out  # rank 1's locals in the frame that raised
     assert "scaled(6)" in out and "*** interact is not available in %hvd debug" in out, out
-    assert "[hvd] pdb on rank 1 ended." in out, out
+    assert "[hvd_notebook] pdb on rank 1 ended." in out, out
 
     _, out = execute(kc, "%%hvd --all-output\nprint('sum', int(hvd.allreduce(1, op=hvd.Sum)))")
     assert "[0] sum 2" in out and "[1] sum 2" in out, out  # both ranks usable after
@@ -117,8 +117,8 @@ def test_breakpoint_on_rank_1_continued_then_quit(kc):
     reply, out, prompts = _debug(kc, ["p local", "where", 4.5, "c"], STOPPING)
     assert reply["content"]["status"] == "ok", out
     assert prompts == ["(Pdb rank 1) "] * 3, prompts
-    assert "[hvd] rank 1 stopped at a cell, line 8; pdb on it" in out, out
-    assert "\n11\n" in out and "[hvd] rank 1 goes on." in out, out  # rank 1's local, read in its debugger
+    assert "[hvd_notebook] rank 1 stopped at a cell, line 8; pdb on it" in out, out
+    assert "\n11\n" in out and "[hvd_notebook] rank 1 goes on." in out, out  # rank 1's local, read in its debugger
     assert "[0] total 21" in out and "[1] total 21" in out, out
     stalls = [line for line in out.splitlines() if "WARNING: stall" in line]
     assert stalls and all("rank 1 is in the debugger (a cell, line 8)" in line and "have not arrived" not in line

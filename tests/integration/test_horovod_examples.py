@@ -88,9 +88,9 @@ def test_the_keras_example_as_a_cell_on_keras_2(session, run, ip):
     found = RESULT.search(out)
     assert found and float(found[1]) > 0, out
     # the dashboard followed the fit (verbose=0 and all): a line per epoch over both ranks
-    epochs = [line for line in out.splitlines() if line.startswith("[hvd] fit epoch ")]
-    assert [line.split(" | ")[:2] for line in epochs] == [["[hvd] fit epoch 1/2", "2 ranks"],
-                                                         ["[hvd] fit epoch 2/2", "2 ranks"]], out
+    epochs = [line for line in out.splitlines() if line.startswith("[hvd_notebook] fit epoch ")]
+    assert [line.split(" | ")[:2] for line in epochs] == [["[hvd_notebook] fit epoch 1/2", "2 ranks"],
+                                                         ["[hvd_notebook] fit epoch 2/2", "2 ranks"]], out
     # rank 0's History, with the gradient noise scale the runtime adds to fit's logs on Keras 2 too
     result, out = run("%%hvd\nfit_logs = model.history.history")
     assert result.success, out

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import holds_for, let_others_traverse, put_modes_back
+from conftest import assert_gone, holds_for, let_others_traverse, put_modes_back
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -286,13 +286,14 @@ def _greets_as_zmq(host, port):
 
 
 def cmd_probe_zmq(victim_uid, listen_s):
-    """Every port the victim listens on; a SUB (everything subscribed) and a DEALER on each ZMQ one; all
-    they receive in `listen_s` seconds, written out."""
+    """Every port the victim listens on; a SUB (everything subscribed) and a DEALER on each ZMQ one; once each
+    SUB's handshake ended (or 10 s passed), how each ended, then all they receive in `listen_s` seconds."""
     import zmq
+    from zmq.utils.monitor import recv_monitor_message
     ports = _listening(int(victim_uid))
     endpoints = [(h, p) for h, p in ports if _greets_as_zmq(h, p)]
     ctx = zmq.Context()
-    sockets = []
+    sockets, monitors = [], []
     for host, port in endpoints:
         url = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         for kind in (zmq.SUB, zmq.DEALER):
@@ -301,9 +302,19 @@ def cmd_probe_zmq(victim_uid, listen_s):
             s.setsockopt(zmq.IPV6, 1)
             if kind == zmq.SUB:
                 s.setsockopt(zmq.SUBSCRIBE, b"")
+                monitors.append(s.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                                                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL))
             s.connect(url)
             sockets.append(s)
-    out(ready=True, ports=ports, zmq=endpoints)
+    handshakes, deadline = [], time.monotonic() + 10.0
+    for monitor in monitors:  # (a subscription counts from its handshake on: then the test's cell runs)
+        outcome = "none"
+        if monitor.poll(max(0.0, deadline - time.monotonic()) * 1000):
+            event = recv_monitor_message(monitor)["event"]
+            outcome = "succeeded" if event == zmq.EVENT_HANDSHAKE_SUCCEEDED else "failed"
+        handshakes.append(outcome)
+    out(ready=True, ports=ports, zmq=endpoints, handshakes=handshakes)
     poller = zmq.Poller()
     for s in sockets:
         poller.register(s, zmq.POLLIN)
@@ -400,6 +411,13 @@ from hvd_notebook.config import ClusterOptions
 
 options = ClusterOptions(n=2, framework=sys.argv[1], timeout=float(sys.argv[2]))
 cluster = None
+if sys.argv[3:] == ["plain"]:  # (the control of the eavesdropping test: a cluster without CurveZMQ)
+    import importlib
+    for name in ("hvd_notebook.cluster.launch", "hvd_notebook.cluster.launching.launch"):
+        try:
+            importlib.import_module(name).CONTROLLER_ARGS = []
+        except ImportError:
+            pass
 
 
 def reply(**answer):
@@ -447,7 +465,8 @@ def stop():
 
 
 def run(code):
-    ar = cluster.channel.ipp_client[:].execute(code, block=False)
+    client = cluster.channel.ipp_client if hasattr(type(cluster), "channel") else cluster.client  # (older ones)
+    ar = client[:].execute(code, block=False)
     ar.get(timeout=90)
     ar.wait_for_output(timeout=10)  # (a rank's output may come after its reply)
     return dict(stdout=ar.stdout)
@@ -731,10 +750,11 @@ def sleepers(people):
 class VictimCluster:
     """The victim's cluster, driven by DRIVER as the victim: start, exec, restart, info, stop."""
 
-    def __init__(self, victim: User, log: Path) -> None:
+    def __init__(self, victim: User, log: Path, plain: bool = False) -> None:
         self.log = log
         self._log_file = open(log, "w")
-        self.proc = subprocess.Popen(victim.argv([str(PYTHON), str(Workspace.driver), FRAMEWORK, str(START_TIMEOUT)]),
+        argv = [str(PYTHON), str(Workspace.driver), FRAMEWORK, str(START_TIMEOUT)] + (["plain"] if plain else [])
+        self.proc = subprocess.Popen(victim.argv(argv),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True,
                                      cwd=victim.home)
         self._lines: queue.Queue[str] = queue.Queue()
@@ -1053,41 +1073,71 @@ def test_root_clean_of_the_attacker_leaves_the_victims_folders_alone(people, wor
 
 
 # ------------------------------------------------------------------ 3. reading the victim's cells
-def test_nobody_else_reads_the_victims_cells(people, workspace, victim_cluster):
-    victim, mallory = people
+def _eavesdrop(mallory: User, victim: User, cluster: VictimCluster) -> tuple[dict, dict | None, dict, str]:
+    """The attacker's probe on every ZMQ port of the victim's while ``cluster`` prints a secret twice, a second
+    apart: what it found when ready (ports, ZMQ ones, how its subscriptions' handshakes ended), what it heard
+    (None where it gave nothing), the victim's own answer, and the secret."""
     secret = f"hvdt-secret-{secrets.token_hex(8)}"
     spy = mallory.popen([str(PYTHON), str(Workspace.tool), "probe-zmq", str(victim.uid), "8"])
-    problems: list[str] = []
     try:
-        line = _readline(spy, 30)
+        line = _readline(spy, 40)
         assert line.startswith("@@"), f"the attacker's probe did not start: {line}"
         ready = json.loads(line[2:])
-        if not ready["zmq"]:  # (a probe that found nothing to listen to proves nothing)
-            problems.append(f"the attacker's probe found no ZMQ port of the victim's among {ready['ports']}: "
-                            "this run proved nothing")
-        time.sleep(1.0)  # (the subscriptions reach the publishers)
-        answer = victim_cluster.exec(f"print({secret!r})\nimport time\ntime.sleep(1.0)\nprint({secret!r})")
+        answer = cluster.exec(f"print({secret!r})\nimport time\ntime.sleep(1.0)\nprint({secret!r})")
         try:
             out, err = spy.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             kill_tree(spy)
             out, err = spy.communicate()
-        done = _answer(out)
-        print(f"the attacker found {len(ready['ports'])} listening port(s) of the victim's, {len(ready['zmq'])} "
-              f"greeting as ZMQ, and received {done and done['messages']} message(s)")
-        if done is None:
-            problems.append(f"the attacker's probe gave no result: {err[-2000:]}")
-        elif secret in done["text"]:
-            problems.append(f"the attacker read the victim's cell (source or output) on {len(ready['zmq'])} ZMQ "
-                            f"port(s) of the victim's {len(ready['ports'])} listening one(s): {done['messages']} "
-                            f"message(s), e.g. ...{done['text'][max(0, done['text'].find(secret) - 300):][:600]}")
-        if not answer["ok"] or answer["stdout"] != [f"{secret}\n{secret}\n"] * 2:
-            problems.append(f"the victim's own cell did not give its output: {answer}")
-        broken = victim_cluster.works()
-        if broken:
-            problems.append(broken)
     finally:
         kill_tree(spy)
+    done = _answer(out)
+    print(f"the attacker found {len(ready['ports'])} listening port(s) of the victim's, {len(ready['zmq'])} "
+          f"greeting as ZMQ (handshakes {ready['handshakes']}), and received {done and done['messages']} message(s)")
+    if done is None:
+        done = {"error": err[-2000:]}
+    return ready, done, answer, secret
+
+
+def test_the_attackers_probe_hears_a_victim_cluster_without_encryption(people, workspace, victim_cluster):
+    """The control of the next test, on the same set-up: the victim's second cluster, with CurveZMQ left out,
+    is heard by the same probe (its subscriptions' handshakes succeed and it reads the cell's output); so the
+    probe's silence on the victim's encrypted cluster means something."""
+    victim, mallory = people
+    plain = VictimCluster(victim, workspace.path / "plain.log", plain=True)
+    try:
+        started = plain.start()
+        assert started["ok"], f"the victim's unencrypted cluster did not start: {started}\n{plain.stderr()}"
+        ready, done, answer, secret = _eavesdrop(mallory, victim, plain)
+    finally:
+        plain.close()
+    assert answer["ok"] and answer["stdout"] == [f"{secret}\n{secret}\n"] * 2, answer
+    assert "succeeded" in ready["handshakes"], ready
+    assert secret in done.get("text", ""), f"the probe did not hear an unencrypted cluster: {done}"
+    assert_gone(started["pids"])
+
+
+def test_nobody_else_reads_the_victims_cells(people, workspace, victim_cluster):
+    victim, mallory = people
+    problems: list[str] = []
+    ready, done, answer, secret = _eavesdrop(mallory, victim, victim_cluster)
+    if not ready["zmq"]:  # (a probe that found nothing to listen to proves nothing)
+        problems.append(f"the attacker's probe found no ZMQ port of the victim's among {ready['ports']}: "
+                        "this run proved nothing")
+    if "succeeded" in ready["handshakes"] or "failed" not in ready["handshakes"]:
+        problems.append(f"the attacker's subscriptions did not all end refused at the handshake: "
+                        f"{ready['handshakes']}")
+    if "error" in done:
+        problems.append(f"the attacker's probe gave no result: {done['error']}")
+    elif secret in done["text"]:
+        problems.append(f"the attacker read the victim's cell (source or output) on {len(ready['zmq'])} ZMQ "
+                        f"port(s) of the victim's {len(ready['ports'])} listening one(s): {done['messages']} "
+                        f"message(s), e.g. ...{done['text'][max(0, done['text'].find(secret) - 300):][:600]}")
+    if not answer["ok"] or answer["stdout"] != [f"{secret}\n{secret}\n"] * 2:
+        problems.append(f"the victim's own cell did not give its output: {answer}")
+    broken = victim_cluster.works()
+    if broken:
+        problems.append(broken)
     fail_if(problems, "another user read the victim's cells")
 
 

@@ -234,9 +234,9 @@ def _every_cell_on_the_ranks(kc) -> None:
 
     assert "auto: on: every cell runs on the ranks" in ok("%hvd auto on")
     out = ok("auto_rank = hvd.rank()\nprint('on rank', auto_rank, 'of', hvd.size())")
-    assert out == "[hvd] auto: runs on 2 ranks\n[0] on rank 0 of 2\n", out  # (rank 0's output only, as %%hvd)
+    assert out == "[hvd_notebook] auto: runs on 2 ranks\n[0] on rank 0 of 2\n", out  # (rank 0's output only, as %%hvd)
     out = ok("%hvd status")
-    assert "rank  state" in out and "auto: on" in out and "[hvd] auto" not in out, out
+    assert "rank  state" in out and "auto: on" in out and "[hvd_notebook] auto" not in out, out
     assert "[1] explicit 1\n" in ok("%%hvd --all-output\nprint('explicit', auto_rank)")  # %%hvd as it is
     assert "auto: off" in ok("%hvd auto")  # (switches)
     assert ok("print('in the kernel', 'auto_rank' in globals())") == "in the kernel False\n"

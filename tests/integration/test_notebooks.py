@@ -85,7 +85,7 @@ def test_custom_loop_with_distributed_gradient_tape():
     accuracies = {int(r): float(a) for r, a in re.findall(r"\[(\d)\] test accuracy ([0-9.]+)", text)}
     assert set(accuracies) == {0, 1} and accuracies[0] == accuracies[1], text
     assert accuracies[0] > 0.85, accuracies
-    assert "[hvd] custom epoch 6/6 | 2 ranks | " in text and "samples/s | loss " in text, text
+    assert "[hvd_notebook] custom epoch 6/6 | 2 ranks | " in text and "samples/s | loss " in text, text
 
 
 def test_notebook_code_runs_unchanged_as_a_batch_job(tmp_path):

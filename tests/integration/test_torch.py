@@ -246,12 +246,12 @@ def test_tqdm_bars_in_a_cell_feed_the_dashboard(torch_cluster, run):
     result, out = run("%%hvd --progress text\n" + TQDM)
     assert result.success, out
     assert "[0] trained" in out and "it/s" not in out and "8/8" not in out, out  # no tqdm text at all
-    lines = [line for line in out.splitlines() if line.startswith("[hvd]")]
+    lines = [line for line in out.splitlines() if line.startswith("[hvd_notebook]")]
     assert len(lines) == 4, out
     for epoch, line in enumerate(lines[::2], 1):
         assert f"epoch {epoch}/2 | 2 ranks | " in line and "samples/s | loss " in line, out
     for line in lines[1::2]:  # each epoch's steps timed from the bar's steps, with the optimizer's allreduces
-        assert line.startswith("[hvd] communication ") and "% of each step" in line, out
+        assert line.startswith("[hvd_notebook] communication ") and "% of each step" in line, out
 
 
 def test_ddp_and_fsdp_in_cells_and_a_rank_killed_inside_ddp_backward(torch_cluster, run):

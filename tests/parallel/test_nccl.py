@@ -179,6 +179,18 @@ def test_allreduce_on_gpu_any_rank(nccl, tf, shape):
 
 
 @gpu
+def test_an_op_nccl_cannot_reduce_is_refused_with_horovods_error(nccl, tf):
+    """The NCCL backend checks the op at its boundary, as the MPI backend does: Adasum and an unknown op fail
+    with the same errors as on the host, not with a KeyError of NCCL's table."""
+    x = gpu_tensor(tf, contribution((3,), nccl.rank()), "float32")
+    with pytest.raises(NotImplementedError, match="op=hvd.Adasum is not supported"):
+        nccl.allreduce(x, op=nccl.Adasum)
+    with pytest.raises(ValueError, match="is not one of hvd.Average, hvd.Sum"):
+        nccl.allreduce(x, op=42)
+    assert not problems(nccl.allreduce(x, op=nccl.Sum), reduced("Sum", (3,), nccl.size()), "float32", "after")
+
+
+@gpu
 @pytest.mark.parametrize("mode", MODES)
 def test_grouped_allreduce_on_gpu_fused_or_not(nccl, tf, tmp_path, mode):
     # HOROVOD_FUSION_THRESHOLD=0 (gpu_check.sh runs this test so too) reduces one tensor per NCCL call

@@ -141,7 +141,7 @@ def test_text_view_prints_one_line_per_epoch_with_the_figures():
             0: {"loss": 0.5 + rank, "accuracy": 0.9, "time": 2.0, "samples": 6400}}))
     view.render()
     view.render()  # nothing twice
-    assert lines == ["[hvd] fit epoch 1/2 | 2 ranks | 6,400 samples/s | loss 1 accuracy 0.9 | 2.0 s\n"]
+    assert lines == ["[hvd_notebook] fit epoch 1/2 | 2 ranks | 6,400 samples/s | loss 1 accuracy 0.9 | 2.0 s\n"]
     board.feed(update(0, 0, run="e", kind="evaluate", state="done", step=10, steps=10, samples=320, elapsed=0.5,
                       logs={"loss": 0.25}))
     board.feed(update(1, 0, run="e", kind="evaluate", state="done", step=10, steps=10, samples=320, elapsed=0.5,
@@ -149,8 +149,8 @@ def test_text_view_prints_one_line_per_epoch_with_the_figures():
     view.render()
     board.fail(1, "KeyError: 'x'")
     view.render()
-    assert lines[1:] == ["[hvd] evaluate | 2 ranks | 1,280 samples/s | loss 0.5\n",
-                         "[hvd] rank 1 failed: KeyError: 'x'\n"]
+    assert lines[1:] == ["[hvd_notebook] evaluate | 2 ranks | 1,280 samples/s | loss 0.5\n",
+                         "[hvd_notebook] rank 1 failed: KeyError: 'x'\n"]
 
 
 def test_progress_reads_each_ranks_ring_of_published_updates_once():
@@ -227,7 +227,7 @@ def test_a_reset_marks_the_event_and_the_new_worlds_updates_continue_the_curves(
     assert xs == [10, 20, 30, 35, 50]
     assert model.current.ranks[1].state == "running" and model.current.ranks[1].step == 50
     text = "".join(lines)
-    assert ("[hvd] reset: rank 1 died (signal Kill) at epoch 1/2 step 40; world restarted; resumed from the "
+    assert ("[hvd_notebook] reset: rank 1 died (signal Kill) at epoch 1/2 step 40; world restarted; resumed from the "
             "last commit (batch=30, committed at 10:02:11)") in text, text
     bundle = static_bundle(model)
     assert "reset 1 at 0:42: rank 1 died" in bundle["text/plain"]
@@ -408,8 +408,8 @@ def test_each_ranks_output_keeps_its_order_its_badge_and_its_failure():
     assert "a &lt;b&gt;\n<span class='hvd-stderr'" in page and "warned\n</span>c\n</pre>" in page
     assert "✗ failed: ValueError: x" in output_html(outputs[2]) and "Traceback" in output_html(outputs[2])
     assert "(no output)" in output_html(RankOutputs([5], shown={5})[5])
-    outputs.note("[hvd] reset 1: rank 2 died")  # a reset: the failure so far becomes text
-    assert outputs[2].title == "rank 2 ⚠" and outputs[2].chunks[-1] == ("note", "[hvd] reset 1: rank 2 died\n")
+    outputs.note("[hvd_notebook] reset 1: rank 2 died")  # a reset: the failure so far becomes text
+    assert outputs[2].title == "rank 2 ⚠" and outputs[2].chunks[-1] == ("note", "[hvd_notebook] reset 1: rank 2 died\n")
 
 
 def test_a_long_output_keeps_its_last_part_with_a_note():
@@ -502,7 +502,7 @@ def test_after_a_reset_the_resumed_cells_output_goes_on_in_the_same_tabs():
     board.poll({0: {}, 1: {}}, force=True)
     text = board.tabs.pages[1].value
     assert text.index("first world") < text.index("failed: the process died") \
-        < text.index("[hvd] reset 1: rank 1 died (signal Kill)") < text.index("second world")
+        < text.index("[hvd_notebook] reset 1: rank 1 died (signal Kill)") < text.index("second world")
 
 
 # ------------------------------------------------------------------ the gradient noise scale
@@ -545,9 +545,9 @@ def test_every_view_keeps_the_reading():
                           epoch_logs={0: {"loss": 1.0, "noise_scale": 3100.0, "time": 1.0, "samples": 256}}))
     lines: list[str] = []
     TextView(board, lines.append).render()
-    assert lines[0].startswith("[hvd] fit epoch 1/2 | 2 ranks | 512 samples/s | loss 1 noise_scale 3100")
-    assert lines[1] == "[hvd] the global batch 128 is below the measured noise scale 3,100: more ranks should " \
-                       "still pay off\n"
+    assert lines[0].startswith("[hvd_notebook] fit epoch 1/2 | 2 ranks | 512 samples/s | loss 1 noise_scale 3100")
+    assert lines[1] == ("[hvd_notebook] the global batch 128 is below the measured noise scale 3,100: more ranks "
+                        "should still pay off\n")
     bundle = static_bundle(board)
     assert "class='hvd-noise-scale'>the global batch 128 is below" in bundle["text/html"]
     assert bundle["text/plain"].endswith("more ranks should still pay off")
@@ -648,7 +648,7 @@ def test_every_view_keeps_where_the_time_goes():
     reading = "communication 37% of each step; the others wait 0.20 s a step for rank 1"
     lines: list[str] = []
     TextView(board, lines.append).render()
-    assert lines[1] == f"[hvd] {reading}\n"
+    assert lines[1] == f"[hvd_notebook] {reading}\n"
     bundle = static_bundle(board)
     assert f"<p class='hvd-step-time'>{reading}</p>" in bundle["text/html"]
     assert bundle["text/plain"].endswith(reading)

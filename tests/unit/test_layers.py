@@ -332,6 +332,7 @@ def channel_violations(package_dir: Path, kernel: str, channel: str) -> list[str
 # one way: kernel -> cluster / engine -> runtime, and progress engine -> (IOPub) -> dashboard
 MAY_IMPORT = {
     "config": set(),
+    "commands": set(),  # the commands of %hvd and hvd-notebook, declared once for both front ends
     "messages": set(),  # what crosses layers (progress, rank events, a bootstrap's report, status rows), typed
     "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
     "keras_flavour": set(),  # which Keras (3, or 2's tf_keras) the process trains with: one choice for all
@@ -340,7 +341,7 @@ MAY_IMPORT = {
     "cluster": {"cluster", "engine", "config", "private", "messages"},  # engine: the bootstrap it runs
     "dashboard": {"dashboard", "config", "messages"},
     "engine": {"engine", "runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
-    "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages"},
+    "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages", "commands"},
 }
 # a rank starts its watcher (a process: the cluster's business) from hvd.init()
 MAY_ALSO_IMPORT = {"runtime": {"cluster.rankwatch"}}
@@ -622,3 +623,32 @@ def test_a_long_class_is_found(tmp_path):
     pkg = write_package(tmp_path, {"kernel/big.py": source})
     assert long_classes(pkg, limit=7) == []  # (7 lines with its decorator)
     assert long_classes(pkg, limit=6) == ["pkg.kernel.big (line 4): class Big has 7 lines (at most 6)"]
+
+
+# ------------------------------------------------------------------ what a user reads
+OTHER_PREFIXES = ("[hvd]", "hvd-notebook run:")  # what lines once started with, beside config.PREFIX
+
+
+def prefix_violations(package_dir: Path) -> list[str]:
+    """String literals (f-strings' first parts too) that start a line the user reads with another prefix than
+    ``config.PREFIX``."""
+    found = []
+    for module in read_package(package_dir).values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for line in node.value.splitlines():
+                    if line.lstrip().startswith(OTHER_PREFIXES):
+                        found.append((module.name, node.lineno, f"{_where(module, node)}: {line.strip()[:60]!r}"))
+    return _in_order(found)
+
+
+def test_one_prefix_starts_what_the_user_reads():
+    violations = prefix_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_another_prefix_is_found(tmp_path):
+    pkg = write_package(tmp_path, {"kernel/say.py": 'print(f"[hvd] sweep: {n} points")\nx = "ok\\n[hvd] late"\n'
+                                   'y = "[hvd_notebook] fine"\n'})
+    assert prefix_violations(pkg) == ["pkg.kernel.say (line 1): '[hvd] sweep:'", "pkg.kernel.say (line 2): "
+                                      "'[hvd] late'"]

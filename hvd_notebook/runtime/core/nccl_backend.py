@@ -146,7 +146,9 @@ class NcclBackend:
         """Reduce GPU arrays over all ranks; each dtype's arrays are fused into one device buffer (up
         to ``HOROVOD_FUSION_THRESHOLD`` bytes, each array 64-byte aligned in it) and one NCCL call.
         Returns arrays of the inputs' shapes, views of the reduced buffers. ``dtype_names``: the
-        dtypes the agreement names (a binding that widened bfloat16 to float32 names bfloat16)."""
+        dtypes the agreement names (a binding that widened bfloat16 to float32 names bfloat16).
+        ``NotImplementedError`` for Adasum, ``ValueError`` for an op that is none of Horovod's, before any call."""
+        ops.check_op(op)  # (the backend's boundary: every binding's reduction passes here)
         dtype_names = dtype_names or [a.dtype.name for a in arrays]
         results: list[Any] = [None] * len(arrays)
         with self.on_stream(wait):
@@ -244,7 +246,11 @@ class NcclBackend:
         outs = []
         with self.on_stream(wait):
             for a, dtype_name, name in zip(arrays, dtype_names, names):
-                with self.negotiator.turn(reducescatter_signature(op, dtype_name, tuple(a.shape), name)):
+                sig = reducescatter_signature(op, dtype_name, tuple(a.shape), name)
+                if op not in ops.REDUCING_OPS:  # (refused on every rank, as the MPI backend refuses it)
+                    self.negotiator.refuse(sig, f"reducescatter supports hvd.Average, Sum, Min, Max and Product, "
+                                           f"not {op!r}.")
+                with self.negotiator.turn(sig):
                     outs.append(self._reducescatter_one(a, op, name))
         return outs
 
