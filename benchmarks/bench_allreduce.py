@@ -48,8 +48,8 @@ def _run_horovod(ctx: Context) -> dict | None:
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster.launch import rank_environment
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.launch import rank_environment
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     # the ranks get what %hvd start's ranks get; then a plain mpiexec with nothing prepared
     res = run_worker(HERE / "mpi_allreduce_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())

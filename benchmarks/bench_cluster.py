@@ -91,7 +91,7 @@ class _Phases:
         self.bootstrap_s = math.nan
 
     def __enter__(self) -> _Phases:
-        from hvd_notebook.cluster.world import LaunchedWorld
+        from hvd_notebook.cluster.launching.world import LaunchedWorld
 
         self._cls = LaunchedWorld
         self._orig = LaunchedWorld._bootstrap
@@ -114,7 +114,7 @@ class _Phases:
 @contextlib.contextmanager
 def _without_curve() -> Any:
     """Clusters started inside start their controller without CurveZMQ (the baseline of what it costs)."""
-    from hvd_notebook.cluster import launch
+    from hvd_notebook.cluster.launching import launch
 
     saved, launch.CONTROLLER_ARGS = launch.CONTROLLER_ARGS, []
     try:
@@ -173,7 +173,7 @@ def run(ctx: Context) -> Report:
     import ipyparallel as ipp
     from traitlets.config import Config
 
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
     from hvd_notebook.kernel.session import Session
 
     mpiexec = find_mpiexec(None)

@@ -14,8 +14,8 @@ COMMIT_BUDGET_S = 0.2
 
 
 def run(ctx: Context) -> Report:
-    from hvd_notebook.cluster.launch import rank_environment
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.launch import rank_environment
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     r = run_worker(HERE / "mpi_elastic_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
     ms = 1e3

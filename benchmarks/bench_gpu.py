@@ -21,7 +21,7 @@ TARGET = 1.05
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     res = run_worker(HERE / "mpi_gpu_worker.py", 1, ctx, mpiexec=find_mpiexec(None),
                      env={"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"})

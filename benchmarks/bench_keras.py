@@ -19,8 +19,8 @@ HERE = Path(__file__).resolve().parent
 
 def _run(n: int, ctx: Context, keras2: bool = False) -> dict:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster.launch import rank_environment
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.launch import rank_environment
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     # the ranks get what %hvd start's ranks get (and Keras 2 where asked: %hvd start --env TF_USE_LEGACY_KERAS=1)
     env = {**rank_environment(), "TF_USE_LEGACY_KERAS": "1" if keras2 else "0"}

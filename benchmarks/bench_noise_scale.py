@@ -15,8 +15,8 @@ TARGET = 1.03
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster.launch import rank_environment
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.launch import rank_environment
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     figures = run_worker(HERE / "mpi_noise_scale_worker.py", 2, ctx, mpiexec=find_mpiexec(None),
                          env=rank_environment())

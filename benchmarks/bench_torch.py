@@ -24,8 +24,8 @@ LARGE_TARGET, SMALL_TARGET, DDP_TARGET, MANY_SMALL_TARGET = 1.1, 2.0, 1.1, 1.05 
 
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
-    from hvd_notebook.cluster.launch import rank_environment
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.launch import rank_environment
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
     us = 1e6

@@ -42,14 +42,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import private, scaling
-from .cluster import leases, registry, shm, stacks
 from .cluster.errors import ClusterError
-from .cluster.gpus import detect_gpus
-from .cluster.pids import is_alive, live_processes
-from .cluster.privileges import as_user
-from .cluster.reaper import reap
-from .cluster.run import Job, run_job
-from .cluster.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
+from .cluster.launching.run import Job, run_job
+from .cluster.node import leases, registry, shm
+from .cluster.node.gpus import detect_gpus
+from .cluster.node.privileges import as_user
+from .cluster.processes import stacks
+from .cluster.processes.pids import is_alive, live_processes
+from .cluster.processes.reaper import reap
+from .cluster.processes.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
 from .commands import CLI, add_commands
 from .config import (
     CYCLE_TIME,

@@ -54,7 +54,7 @@ class Framework(enum.StrEnum):
 class Standby(enum.StrEnum):
     """Whether a cluster keeps a warm standby world for its restarts (``--standby``)."""
 
-    AUTO = "auto"  # on for ranks on this host where its memory allows (cluster.standby.wanted)
+    AUTO = "auto"  # on for ranks on this host where its memory allows (cluster.launching.standby.wanted)
     ON = "on"
     OFF = "off"
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from . import private
 from .cluster.errors import ClusterError
-from .cluster.run import Job, run_job
+from .cluster.launching.run import Job, run_job
 from .config import ClusterOptions
 from .dashboard.formatting import text_table
 

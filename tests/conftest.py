@@ -175,8 +175,8 @@ def put_modes_back(changed: list[tuple[Path, int]]) -> None:
 
 class FakeController:
     """The part of ipyparallel's ``Client`` that asks the controller for its queues, as
-    ``hvd_notebook.cluster.channel.RankChannel`` sends the question: a subclass answers with ``queues(targets)``
-    (None: every engine); ``silent`` is a controller that never answers (stopped or hung)."""
+    ``hvd_notebook.cluster.launching.channel.RankChannel`` sends the question: a subclass answers with
+    ``queues(targets)`` (None: every engine); ``silent`` is a controller that never answers (stopped or hung)."""
 
     silent = False
     _query_stream = "query"
@@ -217,7 +217,8 @@ def cluster_processes() -> set[int]:
             cmd = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        if any(name in cmd for name in ("ipyparallel", "hydra_pmi_proxy", "mpiexec", "hvd_notebook.cluster.reaper")):
+        if any(name in cmd for name in ("ipyparallel", "hydra_pmi_proxy", "mpiexec",
+                                        "hvd_notebook.cluster.processes.reaper")):
             out.add(p.pid)
     return out
 

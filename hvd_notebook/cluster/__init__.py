@@ -1,17 +1,20 @@
-"""The cluster layer: every process hvd_notebook starts or kills.
+"""The cluster layer: every process hvd_notebook starts or kills, in three sub-packages by concern.
 
-``cluster.MPICluster`` runs an ipyparallel controller plus one MPI world of
-engines (``world.LaunchedWorld``: one launched world, which a restart replaces or swaps for
-its warm standby's, ``standby``). Its parts: ``placement`` (one host, a hosts list, a Slurm allocation),
-``hosts`` (host lists, hostfiles, routes), ``launch`` (ipyparallel's launchers
-and the ranks' environment), ``diagnosis`` (what a launcher's output says),
-``workdir`` (the cluster directory's format), ``pids`` (the PID registry and
-killing), ``gpus`` (what the driver reports), ``leases`` (GPU leases shared by
-every user of the node), ``policy`` (the node's fair-sharing rules),
-``registry`` (the node's world-readable register of clusters), ``shm`` (the
-shared-memory segments killed ranks leave), ``reaper`` (a watchdog that stops a cluster whose
-kernel died) and ``rankwatch`` (a watcher that names a rank of a plain
-``mpiexec`` run that ends without a word).
+``launching``: a cluster's worlds and how they start, run and end. ``cluster.MPICluster`` runs an ipyparallel
+controller plus one launcher's world of engines (``world.LaunchedWorld``, which a restart replaces or swaps for
+its warm standby's, ``standby``); ``channel.RankChannel`` carries every message to the ranks; ``placements``
+(one module per launcher, registered by name) says where ranks run; ``hosts``, ``launch``, ``keycopy``,
+``diagnosis``, ``status``, ``resets`` and ``run`` (``hvd-notebook run``) do the rest.
+
+``node``: the node shared with other users, and its security: ``gpus`` (what the driver reports), ``leases``
+(GPU leases between every user's notebooks) in the folder ``nodedir`` finds, ``policy`` (the node's fair-sharing
+rules), ``registry`` (the world-readable register of clusters), ``privileges`` (root acting as a user), ``shm``
+and ``shmguard`` (the ranks' shared memory, and the guard against names planted by another user).
+
+``processes``: process hygiene: ``pids`` (the PID registry, liveness and killing), ``workdir`` (a cluster
+directory's format), ``reaper`` (the watchdog that stops a cluster whose kernel died), ``rankwatch`` (the watcher
+that names a rank of a plain ``mpiexec`` run ending without a word) and ``stacks`` (every rank's stack on
+demand).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from ..config import ClusterOptions
 from .errors import ClusterError
 
-# Nothing else is imported here: a rank starts its watcher (``rankwatch``) without the rest of the layer.
-# ``MPICluster`` is in ``cluster``, ``RankInfo`` in ``world``, ``find_mpiexec`` in ``placement``,
-# ``rank_environment`` in ``launch``.
+# Nothing else is imported here: a rank starts its watcher (``processes.rankwatch``) without the rest of the
+# layer. ``MPICluster`` is in ``launching.cluster``, ``RankInfo`` in ``launching.world``, ``find_mpiexec`` in
+# ``launching.placements``, ``rank_environment`` in ``launching.launch``.
 __all__ = ["ClusterError", "ClusterOptions"]

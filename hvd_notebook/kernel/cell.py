@@ -17,9 +17,10 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster import ClusterError, stacks
-from ..cluster.channel import ControllerSilent
-from ..cluster.cluster import MPICluster
+from ..cluster import ClusterError
+from ..cluster.launching.channel import ControllerSilent
+from ..cluster.launching.cluster import MPICluster
+from ..cluster.processes import stacks
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..engine import breakpoints

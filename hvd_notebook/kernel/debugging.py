@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.error import StdinNotImplementedError
 
-from ..cluster.channel import RankChannel
+from ..cluster.launching.channel import RankChannel
 from ..engine import debugging
 from . import failures
 from .failures import HvdError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.channel import is_engine_death
+from ..cluster.launching.channel import is_engine_death
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 CONTROLLER_GONE = "ended: the cluster's controller was gone"  # (its bar, and how it ended in a reset's line)

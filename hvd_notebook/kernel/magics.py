@@ -11,8 +11,8 @@ from typing import Any
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from ..cluster import stacks
-from ..cluster.world import RankInfo
+from ..cluster.launching.world import RankInfo
+from ..cluster.processes import stacks
 from ..commands import MAGIC, add_commands
 from ..config import ClusterOptions, DashboardMode, choices, non_negative_int, positive_int, rank_list, seconds
 from ..dashboard.formatting import text_table

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import private
-from ..cluster.workdir import clusters_dir
+from ..cluster.processes.workdir import clusters_dir
 from ..config import ELASTIC_COMMIT_SUMMARY, ELASTIC_DIR
 from .failures import HvdError
 

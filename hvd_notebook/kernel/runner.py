@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ..cluster.cluster import MPICluster
-from ..cluster.resets import ResetsUsedUp, run_with_resets
+from ..cluster.launching.cluster import MPICluster
+from ..cluster.launching.resets import ResetsUsedUp, run_with_resets
 from ..config import ClusterOptions, DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from . import failures

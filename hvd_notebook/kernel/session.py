@@ -14,10 +14,10 @@ from dataclasses import replace
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions
-from ..cluster.channel import ControllerSilent
-from ..cluster.cluster import MPICluster
-from ..cluster.status import rank_status
-from ..cluster.world import RankInfo
+from ..cluster.launching.channel import ControllerSilent
+from ..cluster.launching.cluster import MPICluster
+from ..cluster.launching.status import rank_status
+from ..cluster.launching.world import RankInfo
 from ..config import DashboardMode
 from ..dashboard import Dashboard
 from ..messages import RankStatus

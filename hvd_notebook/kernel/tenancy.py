@@ -19,8 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from ..cluster import registry
-from ..cluster.policy import Policy, format_duration
+from ..cluster.node import registry
+from ..cluster.node.policy import Policy, format_duration
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ def test_postbuild_installs_package_and_kernel(tmp_path):
     assert spec["argv"][0] == str(env_dir / "bin" / "python") and "--ext=hvd_notebook" in spec["argv"]
     check = subprocess.run([str(env_dir / "bin" / "python"), "-c",
                             "import hvd_notebook, tensorflow, ipyparallel, mpi4py, bqplot; "
-                            "from hvd_notebook.cluster.placements import find_mpiexec; print(find_mpiexec(None))"],
+                            "from hvd_notebook.cluster.launching.placements import find_mpiexec; "
+                            "print(find_mpiexec(None))"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.strip() == str(env_dir / "bin" / "mpiexec")

@@ -59,7 +59,7 @@ def test_ranks_ask_malloc_for_huge_pages(cluster, run):
 
 
 def test_huge_pages_setting_adds_to_tunables_and_yields():
-    from hvd_notebook.cluster.launch import rank_environment
+    from hvd_notebook.cluster.launching.launch import rank_environment
 
     assert rank_environment({}) == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
     assert rank_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}) == {

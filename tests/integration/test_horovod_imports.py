@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from hvd_notebook.cluster.placements import find_mpiexec
+from hvd_notebook.cluster.launching.placements import find_mpiexec
 from hvd_notebook.config import HOROVOD_ALIAS
 
 SCRIPT = textwrap.dedent("""\

@@ -333,7 +333,10 @@ def cmd_probe_zmq(victim_uid, listen_s):
 def cmd_lease(gpus, n):
     """Lease `n` of `gpus` (as the kernel does at %hvd start) and hold it until stdin closes."""
     t0 = time.monotonic()
-    from hvd_notebook.cluster import leases
+    try:
+        from hvd_notebook.cluster.node import leases
+    except ImportError:  # (the flat cluster/ of older trees)
+        from hvd_notebook.cluster import leases
     try:
         lease = leases.acquire(gpus.split(","), int(n), "the hostile test")
     except Exception as exc:
@@ -345,7 +348,10 @@ def cmd_lease(gpus, n):
 
 
 def cmd_register_folder():
-    from hvd_notebook.cluster import registry
+    try:
+        from hvd_notebook.cluster.node import registry
+    except ImportError:  # (the flat cluster/ of older trees)
+        from hvd_notebook.cluster import registry
     out(folder=str(registry.card_path(1).parent))
 
 
@@ -384,7 +390,10 @@ def cmd_read_register():
     import logging
     logging.basicConfig(level=logging.WARNING, format="WARNING %(message)s")
     t0 = time.monotonic()
-    from hvd_notebook.cluster import registry
+    try:
+        from hvd_notebook.cluster.node import registry
+    except ImportError:  # (the flat cluster/ of older trees)
+        from hvd_notebook.cluster import registry
     cards = registry.read_all()
     out(cards=[{"user": c.user, "cluster": c.cluster, "path": c.path} for c in cards],
         seconds=round(time.monotonic() - t0, 2))
@@ -404,16 +413,19 @@ import json, logging, os, sys, time
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 import psutil
 try:
-    from hvd_notebook.cluster.cluster import MPICluster
-except ImportError:  # (an older package, under HVD_HOSTILE_SOURCE)
-    from hvd_notebook.cluster import MPICluster
+    from hvd_notebook.cluster.launching.cluster import MPICluster
+except ImportError:  # (an older package, under HVD_HOSTILE_SOURCE: cluster/ flat, or one module)
+    try:
+        from hvd_notebook.cluster.cluster import MPICluster
+    except ImportError:
+        from hvd_notebook.cluster import MPICluster
 from hvd_notebook.config import ClusterOptions
 
 options = ClusterOptions(n=2, framework=sys.argv[1], timeout=float(sys.argv[2]))
 cluster = None
 if sys.argv[3:] == ["plain"]:  # (the control of the eavesdropping test: a cluster without CurveZMQ)
     import importlib
-    for name in ("hvd_notebook.cluster.launch", "hvd_notebook.cluster.launching.launch"):
+    for name in ("hvd_notebook.cluster.launching.launch", "hvd_notebook.cluster.launch"):
         try:
             importlib.import_module(name).CONTROLLER_ARGS = []
         except ImportError:
@@ -437,7 +449,10 @@ def info():
 def write_card():
     """The card the kernel would write (kernel.tenancy): this process's cluster, in the node's register."""
     try:
-        from hvd_notebook.cluster import registry
+        try:
+            from hvd_notebook.cluster.node import registry
+        except ImportError:  # (the flat cluster/ of older trees)
+            from hvd_notebook.cluster import registry
         me = psutil.Process()
         registry.write(registry.Card(cluster=cluster.workdir.name, workdir=str(cluster.workdir), kernel=me.pid,
                                      kernel_started=me.create_time(), ranks=cluster.n, gpus=[]))
@@ -458,7 +473,10 @@ def stop():
     if cluster is not None:
         cluster.stop()
     try:
-        from hvd_notebook.cluster import registry
+        try:
+            from hvd_notebook.cluster.node import registry
+        except ImportError:  # (the flat cluster/ of older trees)
+            from hvd_notebook.cluster import registry
         registry.remove()
     except Exception:
         pass

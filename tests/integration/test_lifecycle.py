@@ -24,7 +24,7 @@ from conftest import (
     wait_for_standby,
 )
 
-from hvd_notebook.cluster import channel
+from hvd_notebook.cluster.launching import channel
 
 
 def test_start_table_status_restart_stop(session, run, monkeypatch, tmp_path):
@@ -186,7 +186,7 @@ def test_kernel_shutdown_stops_the_cluster():
             assert reply["content"]["status"] == "ok", out
             pids[how] = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
             assert len(pids[how]) >= 5
-            assert any("hvd_notebook.cluster.reaper" in _cmdline(p) for p in pids[how])
+            assert any("hvd_notebook.cluster.processes.reaper" in _cmdline(p) for p in pids[how])
         shut[0].shutdown_kernel(now=False)
         execute(exits[1], "exit()", wait=False)  # the kernel process exits on its own
         killed[0].provisioner.process.kill()
@@ -520,7 +520,7 @@ def test_min_np_lets_a_resume_go_on_without_a_gpu_that_is_gone(session, run, tmp
     lease is released."""
     import threading
 
-    from hvd_notebook.cluster import leases
+    from hvd_notebook.cluster.node import leases
 
     monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "leases"))
@@ -550,8 +550,9 @@ def test_min_np_lets_a_resume_go_on_without_a_gpu_that_is_gone(session, run, tmp
 
 
 def test_without_min_np_a_gone_gpu_stops_the_restart_saying_what_to_do(monkeypatch, tmp_path):
-    from hvd_notebook.cluster import ClusterError, ClusterOptions, leases
-    from hvd_notebook.cluster.cluster import MPICluster
+    from hvd_notebook.cluster import ClusterError, ClusterOptions
+    from hvd_notebook.cluster.launching.cluster import MPICluster
+    from hvd_notebook.cluster.node import leases
 
     monkeypatch.setenv("HVD_NOTEBOOK_GPUS", "0,1")
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "leases"))

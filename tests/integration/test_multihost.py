@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import ProcessWatch, assert_gone, figure
 
-from hvd_notebook.cluster import diagnosis
-from hvd_notebook.cluster import hosts as hostlib
+from hvd_notebook.cluster.launching import diagnosis
+from hvd_notebook.cluster.launching import hosts as hostlib
 from hvd_notebook.kernel.session import Session
 
 NETNS = Path(__file__).resolve().parent / "netns"

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from hvd_notebook.cluster.placements import find_mpiexec
+from hvd_notebook.cluster.launching.placements import find_mpiexec
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = sorted(p.name for p in (ROOT / "tests" / "parallel").glob("test_*.py"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from conftest import assert_gone
 
-from hvd_notebook.cluster.placements import Placement, launcher_names, register, unregister
+from hvd_notebook.cluster.launching.placements import Placement, launcher_names, register, unregister
 from hvd_notebook.kernel.session import Session
 
 

@@ -28,7 +28,7 @@ def test_clean_stops_orphaned_clusters_and_leaves_live_ones(tmp_path):
         assert orphan.workdir.stat().st_mode & 0o777 == 0o700
         # the kernel dies so hard that neither its atexit nor its watchdog runs
         reapers = [p for p in psutil.process_iter(["cmdline"])
-                   if "hvd_notebook.cluster.reaper" in " ".join(p.info["cmdline"] or []) and
+                   if "hvd_notebook.cluster.processes.reaper" in " ".join(p.info["cmdline"] or []) and
                    str(orphan.workdir) in " ".join(p.info["cmdline"] or [])]
         assert reapers, "the cluster has no watchdog"
         for p in reapers + [psutil.Process(orphan.proc.pid)]:
@@ -66,7 +66,7 @@ def test_gpus_are_leased_between_notebooks(tmp_path):
     """Three GPUs (listed, as on a node that restricts them): a second notebook
     gets the free ones or an error naming the holder; leases end with the cluster
     or with the kernel, however it dies."""
-    from hvd_notebook.cluster import leases
+    from hvd_notebook.cluster.node import leases
 
     env = {"HVD_NOTEBOOK_GPUS": "0,1,2", "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "leases")}
     a = Kernel("auto", n=2, env=env).wait_ready()
@@ -204,8 +204,9 @@ def test_an_eavesdropper_hears_a_cluster_without_encryption(monkeypatch):
     """The control of the next test's eavesdropper: on the same set-up with CurveZMQ left out (as the
     benchmark's baseline does), the same listener hears a cell's output; so its silence there means
     something."""
-    from hvd_notebook.cluster import ClusterOptions, launch
-    from hvd_notebook.cluster.cluster import MPICluster
+    from hvd_notebook.cluster import ClusterOptions
+    from hvd_notebook.cluster.launching import launch
+    from hvd_notebook.cluster.launching.cluster import MPICluster
 
     monkeypatch.setattr(launch, "CONTROLLER_ARGS", [])
     cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
@@ -221,7 +222,7 @@ def test_an_eavesdropper_hears_a_cluster_without_encryption(monkeypatch):
 
 def test_only_loopback_private_files_and_encrypted_messages(tmp_path):
     from hvd_notebook.cluster import ClusterOptions
-    from hvd_notebook.cluster.cluster import MPICluster
+    from hvd_notebook.cluster.launching.cluster import MPICluster
 
     cluster = MPICluster(ClusterOptions(n=2, gpus="none"))
     cluster.start()
@@ -337,7 +338,8 @@ def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_
         assert len(engines) == 2, {pid: p.cmdline() for pid, p in procs.items()}
         for pid, p in procs.items():
             cmd = " ".join(p.cmdline())
-            if pid == kernel.proc.pid or "hvd_notebook.cluster.reaper" in cmd or "ipyparallel.controller" in cmd:
+            if (pid == kernel.proc.pid or "hvd_notebook.cluster.processes.reaper" in cmd
+                    or "ipyparallel.controller" in cmd):
                 p.kill()
         t0 = time.monotonic()
         assert_gone(engines, timeout=30)
@@ -353,7 +355,7 @@ def test_engines_exit_by_themselves_when_kernel_watchdog_and_controller_are_all_
 def test_a_running_worlds_shared_memory_is_kept_and_a_stopped_ones_removed(session, run):
     """The ranks' MPICH segments in /dev/shm: mapped while the world runs (removal leaves them, and the
     ranks go on talking through them); left by the killed ranks after a stop, then removed."""
-    from hvd_notebook.cluster import shm
+    from hvd_notebook.cluster.node import shm
 
     result, out = run("%hvd start -n 2")
     assert result.success, out

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hvd_notebook.cluster.placements import find_mpiexec
+from hvd_notebook.cluster.launching.placements import find_mpiexec
 
 SCRIPT = r"""
 import json, sys

@@ -65,7 +65,7 @@ print("CALLS", json.dumps([e["args"]["tensors"] for e in events if e["name"] == 
 def test_one_rank_reduces_its_buckets_only_when_asked_for_measuring(tmp_path, alone):
     """``HVD_NOTEBOOK_REDUCE_ALONE=1``: the reduction that more ranks make, on one (what the device check
     measures against DDP on one GPU); by default one rank reduces nothing, as Horovod's."""
-    from hvd_notebook.cluster.placements import find_mpiexec
+    from hvd_notebook.cluster.launching.placements import find_mpiexec
 
     proc = subprocess.run([find_mpiexec(None), "-n", "1", sys.executable, "-c", REDUCES, str(tmp_path / "t.json")],
                           capture_output=True, text=True, timeout=120,

@@ -14,8 +14,9 @@ import time
 import pytest
 from conftest import CLI, assert_gone, figure, wait_for_standby
 
-from hvd_notebook.cluster import ClusterOptions, leases
-from hvd_notebook.cluster.cluster import MPICluster
+from hvd_notebook.cluster import ClusterOptions
+from hvd_notebook.cluster.launching.cluster import MPICluster
+from hvd_notebook.cluster.node import leases
 
 # what a standby rank holds, run on it (as source: the engines cannot import this test module)
 WARM_RANK_FACTS = """

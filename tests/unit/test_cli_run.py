@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from hvd_notebook import cli
-from hvd_notebook.cluster import diagnosis
-from hvd_notebook.cluster import run as runmod
 from hvd_notebook.cluster.errors import ClusterError
-from hvd_notebook.cluster.placements import host_list
-from hvd_notebook.cluster.placements.host_list import HostList
+from hvd_notebook.cluster.launching import diagnosis
+from hvd_notebook.cluster.launching import run as runmod
+from hvd_notebook.cluster.launching.placements import host_list
+from hvd_notebook.cluster.launching.placements.host_list import HostList
 from hvd_notebook.config import ClusterOptions
 
 

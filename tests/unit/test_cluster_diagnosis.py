@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvd_notebook.cluster import diagnosis
+from hvd_notebook.cluster.launching import diagnosis
 
 # printed by MPICH's hydra in this machine's network namespaces (tests/integration/test_multihost.py)
 HYDRA_UNREACHABLE = "ssh: connect to host 10.231.0.12 port 22: No route to host\n[mpiexec@vm] Launch proxy failed.\n"
@@ -124,8 +124,8 @@ def test_mpi_init_is_tried_once_more_and_no_more(capsys):
 
 
 def test_a_cluster_start_whose_mpi_init_keeps_failing_says_so_and_other_failures_are_not_retried(monkeypatch):
-    from hvd_notebook.cluster.cluster import MPICluster
     from hvd_notebook.cluster.errors import ClusterError
+    from hvd_notebook.cluster.launching.cluster import MPICluster
 
     cluster = MPICluster.__new__(MPICluster)  # no launch: _start_once is the fake
     tries = []
@@ -149,7 +149,7 @@ def test_a_cluster_start_whose_mpi_init_keeps_failing_says_so_and_other_failures
 
 
 def test_a_job_is_launched_once_more_only_where_mpi_init_failed_before_its_script(monkeypatch):
-    from hvd_notebook.cluster import run as runmod
+    from hvd_notebook.cluster.launching import run as runmod
 
     launched = []
     ends = iter([(1, INIT_FAILED), (0, "")])

@@ -11,10 +11,10 @@ import psutil
 import pytest
 
 from hvd_notebook.cluster import ClusterError
-from hvd_notebook.cluster.placements import choose_placement, host_list
-from hvd_notebook.cluster.placements.host_list import HostList
-from hvd_notebook.cluster.placements.one_host import OneHost
-from hvd_notebook.cluster.placements.slurm import SlurmAllocation
+from hvd_notebook.cluster.launching.placements import STANDBY_BYTES_PER_RANK, choose_placement, host_list
+from hvd_notebook.cluster.launching.placements.host_list import HostList
+from hvd_notebook.cluster.launching.placements.one_host import OneHost
+from hvd_notebook.cluster.launching.placements.slurm import SlurmAllocation
 from hvd_notebook.config import ClusterOptions
 
 
@@ -148,7 +148,7 @@ def test_slurm_is_not_chosen_over_an_explicit_mpiexec_or_launcher(slurm, tmp_pat
 
 
 def test_standby_choice_and_its_auto_rule(no_slurm, slurm, monkeypatch):
-    from hvd_notebook.cluster import standby
+    from hvd_notebook.cluster.launching import standby
     from hvd_notebook.config import Standby
 
     monkeypatch.delenv("SLURM_JOB_ID")  # (the slurm fixture's srun stays on PATH)
@@ -167,6 +167,6 @@ def test_standby_choice_and_its_auto_rule(no_slurm, slurm, monkeypatch):
     assert not standby.wanted(standby.choose(ClusterOptions(standby="auto"), in_slurm), in_slurm, 2)
 
     free = psutil.virtual_memory().available
-    assert standby.wanted(Standby.AUTO, one_host, 1) == (free >= 2 * standby.STANDBY_BYTES_PER_RANK)
-    assert not standby.wanted(Standby.AUTO, one_host, free // standby.STANDBY_BYTES_PER_RANK)  # no room twice over
+    assert standby.wanted(Standby.AUTO, one_host, 1) == (free >= 2 * STANDBY_BYTES_PER_RANK)
+    assert not standby.wanted(Standby.AUTO, one_host, free // STANDBY_BYTES_PER_RANK)  # no room twice over
     assert standby.wanted(Standby.ON, one_host, 10**6) and not standby.wanted(Standby.OFF, one_host, 1)

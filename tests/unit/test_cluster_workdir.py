@@ -18,10 +18,10 @@ import psutil
 import pytest
 
 from hvd_notebook import cli
-from hvd_notebook.cluster import pids, reaper, workdir
-from hvd_notebook.cluster.launch import EngineWorld, rank_environment
-from hvd_notebook.cluster.workdir import WorkDir
-from hvd_notebook.cluster.world import RankInfo
+from hvd_notebook.cluster.launching.launch import EngineWorld, rank_environment
+from hvd_notebook.cluster.launching.world import RankInfo
+from hvd_notebook.cluster.processes import pids, reaper, workdir
+from hvd_notebook.cluster.processes.workdir import WorkDir
 from hvd_notebook.messages import RankReport
 
 

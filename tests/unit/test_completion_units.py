@@ -12,7 +12,7 @@ import pytest
 from conftest import FakeController
 from IPython.core.completer import provisionalcompleter
 
-from hvd_notebook.cluster.channel import RankChannel
+from hvd_notebook.cluster.launching.channel import RankChannel
 from hvd_notebook.engine import completion as on_rank
 from hvd_notebook.kernel import completion
 from hvd_notebook.kernel.session import Session

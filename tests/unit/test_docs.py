@@ -120,6 +120,6 @@ def test_architecture_page_names_every_module():
     package = ROOT / "hvd_notebook"
     missing = [str(p.relative_to(package)) for p in sorted(package.rglob("*.py"))
                if p.name != "__init__.py" and f"{p.name}`" not in page]
-    missing += [f"{d.name}/" for d in sorted(package.iterdir())
-                if (d / "__init__.py").exists() and f"`{d.name}/`" not in page]
+    missing += [f"{d.relative_to(package)}/" for d in sorted(package.rglob("*"))
+                if (d / "__init__.py").exists() and f"{d.name}/`" not in page]
     assert missing == [], f"docs/architecture.md does not name {missing}"

@@ -11,8 +11,9 @@ from types import SimpleNamespace
 import pytest
 from conftest import FakeController
 
-from hvd_notebook.cluster import ClusterError, channel
-from hvd_notebook.cluster.channel import ControllerSilent, RankChannel, is_busy
+from hvd_notebook.cluster import ClusterError
+from hvd_notebook.cluster.launching import channel
+from hvd_notebook.cluster.launching.channel import ControllerSilent, RankChannel, is_busy
 from hvd_notebook.config import DashboardMode
 from hvd_notebook.kernel import cell, failures
 from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from hvd_notebook import private
-from hvd_notebook.cluster import keycopy
 from hvd_notebook.cluster.errors import ClusterError
-from hvd_notebook.cluster.launch import make_ipp_cluster
-from hvd_notebook.cluster.placements.host_list import HostList
-from hvd_notebook.cluster.placements.one_host import OneHost
+from hvd_notebook.cluster.launching import keycopy
+from hvd_notebook.cluster.launching.launch import make_ipp_cluster
+from hvd_notebook.cluster.launching.placements.host_list import HostList
+from hvd_notebook.cluster.launching.placements.one_host import OneHost
 from hvd_notebook.config import ClusterOptions
 
 REMOTE = "hvd-remote.invalid"  # (resolves nowhere: never this host)
@@ -79,7 +79,8 @@ def test_the_file_lands_at_the_same_path_on_the_other_host_owner_only(fake_ssh, 
     path = _connection_file(base)
     keycopy.copy_to_hosts(path, [REMOTE], [str(script)])
     (line,) = log.read_text().splitlines()
-    assert line.startswith(f"{REMOTE} {sys.executable} -m hvd_notebook.cluster.keycopy {base} hvd-1-1/profile/"), line
+    assert line.startswith(f"{REMOTE} {sys.executable} -m hvd_notebook.cluster.launching.keycopy {base} "
+                           "hvd-1-1/profile/"), line
     assert json.loads(path.read_text()) == SECRET and _mode(path) == 0o600
 
 

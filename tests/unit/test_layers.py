@@ -38,7 +38,7 @@ PROCESS_FUNCTIONS = frozenset(
 PROCESS_METHODS = frozenset({"kill", "terminate", "send_signal"})
 # what only the rank channel (cluster/channel.py) may touch: ipyparallel's client, and the private calls the
 # channel makes on it (its queue question with a deadline, control requests of any type)
-CHANNEL_MODULE = "hvd_notebook.cluster.channel"
+CHANNEL_MODULE = "hvd_notebook.cluster.launching.channel"
 CLIENT_NAMES = frozenset({"client", "_client", "ipp_client"})
 IPP_PRIVATE = frozenset({"_send", "_send_control_request", "_build_targets", "_query_stream", "_unwrap_exception"})
 
@@ -344,7 +344,7 @@ MAY_IMPORT = {
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages", "commands"},
 }
 # a rank starts its watcher (a process: the cluster's business) from hvd.init()
-MAY_ALSO_IMPORT = {"runtime": {"cluster.rankwatch"}}
+MAY_ALSO_IMPORT = {"runtime": {"cluster.processes.rankwatch"}}
 
 
 def layer_of(name: str) -> str | None:
@@ -433,8 +433,8 @@ def test_every_module_is_in_a_layer():
 
 def test_the_package_is_read_whole():
     modules = read_package(PACKAGE)
-    for name in ("hvd_notebook", "hvd_notebook.config", "hvd_notebook.runtime", "hvd_notebook.cluster.cluster",
-                 "hvd_notebook.kernel.magics", "hvd_notebook.dashboard"):
+    for name in ("hvd_notebook", "hvd_notebook.config", "hvd_notebook.runtime",
+                 "hvd_notebook.cluster.launching.cluster", "hvd_notebook.kernel.magics", "hvd_notebook.dashboard"):
         assert name in modules
     graph = import_graph(modules)
     # the extension's entry points import the kernel side lazily, in functions: no edge

@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from hvd_notebook.cli import format_node, main
-from hvd_notebook.cluster import leases, policy, registry
+from hvd_notebook.cluster.node import leases, policy, registry
 from hvd_notebook.private import user_name
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates a second Unix user (useradd) and "
@@ -146,7 +146,7 @@ def test_acquire_release_and_holders_over_real_flocks(node, sleeper):
 
 
 def test_a_lease_ends_with_its_process(node):
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from hvd_notebook.cluster import leases; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from hvd_notebook.cluster.node import leases; "
                                "l = leases.acquire(['0'], 1, 'x'); print(l.gpus, flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -337,7 +337,7 @@ def test_bad_cards_are_skipped_with_one_warning_and_readers_go_on(node, sleeper,
     (register / f"cluster-{uid}-8.json").write_text(  # another kernel's number than its name's
         (register / f"cluster-{uid}-{sleeper.pid}.json").read_text())
     bad = {f"cluster-{uid}-{i}.json" for i in (1, 2, 3, 4, 6, 7, 8)} | {f"cluster-{other_uid}-5.json"}
-    caplog.set_level(logging.WARNING, logger="hvd_notebook.cluster.registry")
+    caplog.set_level(logging.WARNING, logger="hvd_notebook.cluster.node.registry")
     t0 = time.monotonic()
     cards = registry.read_all()
     assert time.monotonic() - t0 < 15  # no reader hung on the FIFO (not a speed: the load varies)

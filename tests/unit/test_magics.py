@@ -81,7 +81,7 @@ def test_bad_cell_options(ip, run):
 
 
 def test_status_shows_gpu_memory_from_the_driver():
-    from hvd_notebook.cluster.gpus import parse_gpu_memory
+    from hvd_notebook.cluster.node.gpus import parse_gpu_memory
     from hvd_notebook.kernel.magics import format_status
     from hvd_notebook.messages import RankActivity, RankStatus
 

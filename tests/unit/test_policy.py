@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hvd_notebook.cli import format_node
-from hvd_notebook.cluster import leases, policy, registry
+from hvd_notebook.cluster.node import leases, policy, registry
 from hvd_notebook.kernel.tenancy import due
 
 

@@ -1,4 +1,4 @@
-"""The rank watcher's choice and claim (``cluster.rankwatch``): only the watcher of a job that found its
+"""The rank watcher's choice and claim (``cluster.processes.rankwatch``): only the watcher of a job that found its
 rank ended first reports it, and no other user can take the claim first to silence the reports."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 
-from hvd_notebook.cluster import rankwatch
+from hvd_notebook.cluster.processes import rankwatch
+
+RANKWATCH = rankwatch.__name__  # (run as python -m, as hvd.init() starts it)
 
 
 def test_the_first_claim_of_a_job_wins_until_released(tmp_path):
@@ -59,7 +61,7 @@ def test_a_watcher_whose_rank_ended_later_stays_silent(tmp_path, monkeypatch):
     tmp_path.chmod(0o700)
     (tmp_path / "hvd_notebook").chmod(0o700)
     earlier = rankwatch.note_woken(where, job, 1, time.monotonic_ns())
-    watcher = subprocess.Popen([sys.executable, "-m", "hvd_notebook.cluster.rankwatch", job, "0", "2", "999999"],
+    watcher = subprocess.Popen([sys.executable, "-m", RANKWATCH, job, "0", "2", "999999"],
                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watcher.stdin.close()
     said = watcher.stderr.read()
@@ -82,7 +84,7 @@ def test_a_name_bound_first_by_someone_else_does_not_silence_the_report():
     squatter = socket.socket(socket.AF_UNIX)
     squatter.bind(f"\0hvd_notebook-rank-ended-{job}")
     try:
-        watcher = subprocess.Popen([sys.executable, "-m", "hvd_notebook.cluster.rankwatch", job, "1", "2", "999999"],
+        watcher = subprocess.Popen([sys.executable, "-m", RANKWATCH, job, "1", "2", "999999"],
                                    stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         watcher.stdin.close()  # the rank's end of the pipe closes without a goodbye
         said = watcher.stderr.read()

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from hvd_notebook.cluster.channel import RankChannel
-from hvd_notebook.cluster.resets import ResetsUsedUp, run_with_resets
+from hvd_notebook.cluster.launching.channel import RankChannel
+from hvd_notebook.cluster.launching.resets import ResetsUsedUp, run_with_resets
 from hvd_notebook.config import ClusterOptions, DashboardMode
 from hvd_notebook.kernel import runner as runner_module
 from hvd_notebook.kernel.failures import RankDied

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from hvd_notebook.cluster import diagnosis, shm, shmguard
 from hvd_notebook.cluster.errors import ClusterError
-from hvd_notebook.cluster.placements import GFORKER
+from hvd_notebook.cluster.launching import diagnosis
+from hvd_notebook.cluster.launching.placements import GFORKER
+from hvd_notebook.cluster.node import shm, shmguard
 
 BIN = Path(sys.executable).parent
 GFORKER_PATH = BIN / GFORKER
@@ -320,7 +321,7 @@ def test_a_rank_killed_by_sigbus_is_told_of_dev_shm():
                     reason="mounts a small /dev/shm in a mount namespace of its own: needs root")
 def test_ranks_on_a_full_dev_shm_die_of_sigbus_and_are_told_why():
     py, rank = shlex.quote(sys.executable), shlex.quote("from mpi4py import MPI; MPI.COMM_WORLD.Barrier()")
-    tell = shlex.quote("import sys; from hvd_notebook.cluster import diagnosis; "
+    tell = shlex.quote("import sys; from hvd_notebook.cluster.launching import diagnosis; "
                        "print(diagnosis.exit_reports(sys.argv[1]))")
     script = (f"mount -t tmpfs -o size=1M tmpfs /dev/shm || exit 3\n"  # (in this namespace only)
               f"out=$({shlex.quote(str(GFORKER_PATH))} -exitinfo -n 2 {py} -c {rank} 2>&1)\n"

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from hvd_notebook.cluster import stacks
+from hvd_notebook.cluster.processes import stacks
 from hvd_notebook.engine.stacks import remove_files, stacks_dir
 
 REGISTERED = ("from hvd_notebook.engine import stacks; stacks.register(0, 1); print('ready', flush=True); "

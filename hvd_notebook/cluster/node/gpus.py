@@ -9,8 +9,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 
-from .. import config
-from .errors import ClusterError
+from ... import config
+from ..errors import ClusterError
 
 
 def detect_gpus() -> list[str]:

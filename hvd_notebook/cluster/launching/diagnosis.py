@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
-from . import shm
+from ..node import shm
 
 T = TypeVar("T")
 

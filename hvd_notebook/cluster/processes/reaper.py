@@ -7,7 +7,7 @@ gone, kills every process listed in the cluster's PID file and removes the
 cluster's directory. When the cluster is stopped normally its directory
 disappears and the reaper exits.
 
-Run as ``python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR``.
+Run as ``python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from . import registry, shm
+from ..node import registry, shm
 from .pids import alive, kill_all, live_processes
 from .workdir import WorkDir
 
@@ -30,7 +30,7 @@ POLL_S = 1.0
 def start_reaper(workdir: WorkDir) -> subprocess.Popen:
     """Start the watchdog of the cluster in ``workdir``, owned by this process (the kernel)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "hvd_notebook.cluster.reaper", str(os.getpid()), str(workdir.path)],
+        [sys.executable, "-m", "hvd_notebook.cluster.processes.reaper", str(os.getpid()), str(workdir.path)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
@@ -62,9 +62,9 @@ def watch(kernel_pid: int, workdir: WorkDir) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR``."""
+    """``python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR``."""
     if len(argv) != 3:
-        print("usage: python -m hvd_notebook.cluster.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
+        print("usage: python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
         return 2
     watch(int(argv[1]), WorkDir(Path(argv[2])))
     return 0

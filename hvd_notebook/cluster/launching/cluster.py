@@ -17,14 +17,15 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ..config import ClusterOptions
-from . import diagnosis, leases, policy, shm
+from ...config import ClusterOptions
+from ..errors import ClusterError
+from ..node import leases, policy, shm
+from ..node.gpus import detect_gpus, resolve_gpus
+from ..processes.workdir import new_cluster_id
+from . import diagnosis
 from .channel import RankChannel
-from .errors import ClusterError
-from .gpus import detect_gpus, resolve_gpus
 from .placements import choose_placement
 from .standby import WarmStandby, choose, wanted
-from .workdir import new_cluster_id
 from .world import NO_WORLD, LaunchedWorld, NoWorld, RankInfo
 
 log = logging.getLogger(__name__)

@@ -27,19 +27,10 @@ from pathlib import Path
 
 import psutil
 
-from .. import config
-from ..private import OPEN_FLAGS, describe, user_name
+from ... import config
+from ...private import OPEN_FLAGS, describe, user_name
 from . import registry
-from .nodedir import (
-    REGISTER,
-    SETUP,
-    LeaseError,
-    check_parent,
-    configured_dir,
-    make_dir,
-    open_dir,
-    opened_folder,
-)
+from .nodedir import REGISTER, SETUP, LeaseError, check_parent, configured_dir, make_dir, open_dir, opened_folder
 from .nodedir import LeaseDirError as LeaseDirError  # (for the callers of leases)
 
 LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one

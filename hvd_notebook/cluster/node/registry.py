@@ -32,7 +32,7 @@ from pathlib import Path
 
 import psutil
 
-from .. import private
+from ... import private
 from . import nodedir
 
 log = logging.getLogger(__name__)

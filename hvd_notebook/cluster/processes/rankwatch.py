@@ -18,7 +18,7 @@ reports, as they could bind an abstract socket's name. Ranks
 started by ``%hvd start`` or ``hvd-notebook run`` need none: their launcher
 reports how each rank ended.
 
-Run as ``python -m hvd_notebook.cluster.rankwatch JOB RANK SIZE PID``, the pipe on stdin.
+Run as ``python -m hvd_notebook.cluster.processes.rankwatch JOB RANK SIZE PID``, the pipe on stdin.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from .. import private
+from ... import private
 
 GOODBYE = b"bye\n"
 SETTLE_S = 1.0  # how long a watcher whose rank ended waits for the job's other watchers to note when they woke

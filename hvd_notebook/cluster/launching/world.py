@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ClusterOptions
-from ..messages import RankReport
-from . import diagnosis, shm
+from ...config import ClusterOptions
+from ...messages import RankReport
+from ..errors import ClusterError
+from ..node import shm
+from ..processes.pids import PidRegistry, kill_all, pid_alive
+from ..processes.reaper import start_reaper
+from ..processes.workdir import WorkDir, new_cluster_id
+from . import diagnosis
 from .channel import RankChannel
-from .errors import ClusterError
 from .launch import EngineWorld, make_ipp_cluster
-from .pids import PidRegistry, kill_all, pid_alive
 from .placements import Placement
-from .reaper import start_reaper
-from .workdir import WorkDir, new_cluster_id
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class LaunchedWorld:
         """Bring the world up as a warm standby: controller and engines up, every rank's imports done and
         device pinned, but no runtime initialised, no GPU context and no lease (``engine.bootstrap.warm_up``).
         A ClusterError where it fails or ``cancelled`` is set; nothing of it is left running then."""
-        from ..engine.bootstrap import warm_up
+        from ...engine.bootstrap import warm_up
 
         deadline = time.monotonic() + self.options.timeout
         try:
@@ -156,7 +157,7 @@ class LaunchedWorld:
 
     def _bootstrap(self, engine_ids: list[int], deadline: float) -> None:
         """Run the engine bootstrap on every rank and keep what each reports."""
-        from ..engine.bootstrap import bootstrap
+        from ...engine.bootstrap import bootstrap
 
         results = self._on_engines(engine_ids, max(deadline, time.monotonic() + 1.0), None, bootstrap, self.gpus,
                                    self.options.backend, self.ipp_cluster.controller_ip, self.options.framework)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import psutil
 
-from ...config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
-from .. import leases, shm
-from ..errors import ClusterError
-from ..policy import Policy
+from ....config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
+from ...errors import ClusterError
+from ...node import leases, shm
+from ...node.policy import Policy
 from .base import AUTO, GFORKER, STANDBY_BYTES_PER_RANK, Placement, at_least_one, register
 
 # MPI between ranks of one host over shared memory only: UCX (MPICH's default netmod in the wheel) otherwise

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import config
-from . import shm
+from ... import config
+from ..node import shm
 from .placements import Placement
 
 # an idle engine whose controller is gone exits by itself after this many missed

@@ -15,10 +15,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .. import config
-from ..config import ClusterOptions, Standby
-from .errors import ClusterError
-from .placements import STANDBY_BYTES_PER_RANK, Placement  # noqa: F401 (the standby's memory, as tests read it)
+from ... import config
+from ...config import ClusterOptions, Standby
+from ..errors import ClusterError
+from .placements import Placement
 
 if TYPE_CHECKING:
     from .world import LaunchedWorld

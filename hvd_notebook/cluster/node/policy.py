@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import config
+from ... import config
+from ..errors import ClusterError
 from . import registry
-from .errors import ClusterError
 
 SYSTEM_FILE = Path("/etc/hvd_notebook/policy.toml")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -13,11 +13,11 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from ...config import ClusterOptions
+from ....config import ClusterOptions
+from ...errors import ClusterError
 from .. import hosts as hostlib
 from .. import keycopy
 from ..diagnosis import diagnose_launch, names_a_host, telling_line
-from ..errors import ClusterError
 from .base import AUTO, Placement, at_least_one, is_open_mpi, register
 
 

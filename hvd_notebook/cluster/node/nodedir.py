@@ -14,9 +14,9 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .. import config
-from ..private import OPEN_FLAGS, UnsafePathError, describe, guards_entries
-from .errors import ClusterError
+from ... import config
+from ...private import OPEN_FLAGS, UnsafePathError, describe, guards_entries
+from ..errors import ClusterError
 
 DEFAULT_NAME = "hvd_notebook-gpu-leases"
 REGISTER = "register"  # the register's sticky subfolder (registry.py)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import shutil
 
-from ... import config
-from ...config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
+from .... import config
+from ....config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
+from ...errors import ClusterError
 from .. import hosts as hostlib
-from ..errors import ClusterError
 from .base import AUTO, Placement, at_least_one, register
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import psutil
 
-from ..messages import RankActivity, RankStatus
+from ...messages import RankActivity, RankStatus
+from ..node.gpus import gpu_memory_by_pid
 from .cluster import MPICluster
-from .gpus import gpu_memory_by_pid
 
 
 def rank_status(cluster: MPICluster, busy: dict[int, bool] | None) -> list[RankStatus]:

@@ -17,8 +17,8 @@ from typing import Any
 import psutil
 from ipyparallel import util as ipp_util
 
-from .errors import ClusterError
-from .pids import alive
+from ..errors import ClusterError
+from ..processes.pids import alive
 
 QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
 QUEUE_ANSWER_S = 5.0  # how long the controller gets to say what its queues hold (it answers in milliseconds)

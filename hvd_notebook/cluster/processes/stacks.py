@@ -8,9 +8,9 @@ import re
 import time
 from pathlib import Path
 
-from .. import private
-from ..engine.breakpoints import code_line
-from ..engine.stacks import SIGNAL, remove_files, stacks_dir
+from ... import private
+from ...engine.breakpoints import code_line
+from ...engine.stacks import SIGNAL, remove_files, stacks_dir
 from .pids import same_process
 
 

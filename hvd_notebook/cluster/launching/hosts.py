@@ -16,8 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..engine.bootstrap import address_towards
-from .errors import ClusterError
+from ...engine.bootstrap import address_towards
+from ..errors import ClusterError
 
 
 class HostError(ClusterError, ValueError):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from .. import private
+from ... import private
 
 OWNER_FILE = "owner"
 PID_FILE = "pids"

@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from ...config import ClusterOptions
-from .. import leases, shm
+from ....config import ClusterOptions
+from ...errors import ClusterError
+from ...node import leases, shm
+from ...node.policy import Policy
 from ..diagnosis import diagnose_launch
-from ..errors import ClusterError
-from ..policy import Policy
 
 # host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS measured here), rounded up
 STANDBY_BYTES_PER_RANK = 1 << 30

@@ -26,15 +26,16 @@ from typing import IO, cast
 
 import psutil
 
-from ..config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
-from ..config import ELASTIC_DIR, ClusterOptions
-from . import diagnosis, shm
-from .errors import ClusterError
+from ...config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
+from ...config import ELASTIC_DIR, ClusterOptions
+from ..errors import ClusterError
+from ..node import shm
+from ..processes.pids import kill_all
+from ..processes.workdir import clusters_dir
+from . import diagnosis
 from .launch import world_environment
-from .pids import kill_all
 from .placements import Placement, choose_placement
 from .resets import ResetsUsedUp, run_with_resets
-from .workdir import clusters_dir
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

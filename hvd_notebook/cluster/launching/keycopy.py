@@ -7,7 +7,7 @@ the host can connect to; with CurveZMQ, the file's server key alone lets a clien
 
 The copy goes over the same remote shell the launcher reaches the hosts with (hydra's
 ``-launcher-exec``, Open MPI's ``plm_rsh_agent``; ssh by default), to this module run on the other
-host: ``python -m hvd_notebook.cluster.keycopy BASE RELATIVE`` with the file on its stdin. There it
+host: ``python -m hvd_notebook.cluster.launching.keycopy BASE RELATIVE`` with the file on its stdin. There it
 lands at the same path as here (the engines' ``--file`` is one path for every host), written 0600
 inside folders that are the user's own with no access for others, or it is refused.
 """
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import private
+from ... import private
+from ..errors import ClusterError
 from . import hosts as hostlib
 from .diagnosis import diagnose_launch, telling_line
-from .errors import ClusterError
 
 COPY_TIMEOUT_S = 60.0
 FILE_WAIT_S = 30.0  # for the controller to write the engines' connection file

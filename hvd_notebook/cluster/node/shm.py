@@ -33,10 +33,10 @@ from pathlib import Path
 
 import psutil
 
-from ..private import describe, user_name
+from ...private import describe, user_name
+from ..errors import ClusterError
+from ..processes.pids import pid_alive
 from . import shmguard
-from .errors import ClusterError
-from .pids import pid_alive
 
 SHM_DIR = Path(shmguard.SHM_DIR)
 _SHM_PREFIX = shmguard.SHM_DIR + "/"

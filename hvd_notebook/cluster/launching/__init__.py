@@ -1,0 +1,1 @@
+"""A cluster's worlds and how they start, run and end (see ``hvd_notebook.cluster``)."""
