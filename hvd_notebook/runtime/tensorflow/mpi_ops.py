@@ -140,9 +140,9 @@ def _check_not_xla() -> None:
         )
 
 
-def _gpu(world: Any) -> TensorFlowOnNccl:
-    """The NCCL collectives of ``world`` (or a process set's backends) for TensorFlow GPU tensors."""
-    return TensorFlowOnNccl(world.nccl)
+def _gpu(backends: Any) -> TensorFlowOnNccl:
+    """The NCCL collectives of ``backends`` (the world's, or a process set's) for TensorFlow GPU tensors."""
+    return TensorFlowOnNccl(backends.nccl)
 
 
 def _is_cupy(x: Any) -> bool:
@@ -150,12 +150,12 @@ def _is_cupy(x: Any) -> bool:
     return type(x).__module__.startswith("cupy")
 
 
-def _nccl_of(world: Any, call: str) -> Any:
+def _nccl_of(backends: Any, call: str) -> Any:
     """The NCCL backend that cupy arrays need; a clear error where the world has none."""
-    if world.nccl is None:
+    if backends.nccl is None:
         raise ValueError(f"{call} of cupy arrays needs NCCL on every rank (one NVIDIA GPU per rank, cupy installed, "
                          "HVD_NOTEBOOK_NCCL not 0); pass numpy arrays (cupy.asnumpy) to go through the host.")
-    return world.nccl
+    return backends.nccl
 
 
 def _backends(process_set: Any, call: str, tensor: Any = None) -> Any:
@@ -381,16 +381,16 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
                              process_set=process_set)[0]
 
 
-def _eager_allreduce_one(world: Any, tensor: Any, op: int, prescale: float, postscale: float, name: str) -> Any:
+def _eager_allreduce_one(backends: Any, tensor: Any, op: int, prescale: float, postscale: float, name: str) -> Any:
     """One eager host tensor outside any gradient tape, the commonest call: read in
     place, reduced by the MPI backend's single-tensor path into a pooled buffer that
     becomes the result without a copy. None where the general path must take it.
     (``world``: the world or a process set's backends, see ``_backends``.)"""
-    if world.nccl is not None or _has_gpus() or _recording():
+    if backends.nccl is not None or _has_gpus() or _recording():
         return None
     arr = _to_numpy(tensor)
     try:
-        out = world.mpi.allreduce_one(arr, op, prescale, postscale, name)
+        out = backends.mpi.allreduce_one(arr, op, prescale, postscale, name)
     except ValueError as exc:  # (a MismatchError too)
         raise _ERRORS.convert(exc) from None
     return None if out is None else _adopt(out)
@@ -491,24 +491,24 @@ def _tf_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescal
 
 
 def _eager_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                             postscale: float, world: Any) -> list[Any]:
+                             postscale: float, backends: Any) -> list[Any]:
     """Host tensors are read in place (DLPack); the results are views of the reduced
     fusion buffers, adopted by TensorFlow without a copy. GPU tensors go to NCCL
     where it runs (``nccl_backend``)."""
     if _on_gpus(tensors):
         try:
-            return _gpu(world).allreduce(tensors, op, prescale, postscale, names)
+            return _gpu(backends).allreduce(tensors, op, prescale, postscale, names)
         except MismatchError as exc:
             raise _ERRORS.convert(exc) from None
     arrays = [_to_numpy(t) for t in tensors]
     try:
-        fused = world.mpi.allreduce_fused(arrays, op, prescale, postscale, names)
+        fused = backends.mpi.allreduce_fused(arrays, op, prescale, postscale, names)
     except ValueError as exc:  # (a MismatchError too)
         raise _ERRORS.convert(exc) from None
     results: list[Any] = [None] * len(tensors)
     for group, buf, offsets in fused:
         fused_out = len(group) > 1  # (a tensor alone was reduced straight into its result)
-        with (world.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", fused_label([names[i] for i in group]), buf.nbytes)
+        with (backends.timeline.phase("MEMCPY_OUT_FUSION_BUFFER", fused_label([names[i] for i in group]), buf.nbytes)
               if fused_out else contextlib.nullcontext()):
             for i, piece in zip(group, _unfuse(buf, offsets, [arrays[i] for i in group])):
                 results[i] = piece
@@ -532,17 +532,17 @@ def _unfuse(buf: np.ndarray, offsets: list[int], arrays: list[np.ndarray]) -> li
 
 
 def _graph_grouped_allreduce(tensors: list[Any], names: list[str], op: int, prescale: float,
-                             postscale: float, world: Any) -> list[Any]:
+                             postscale: float, backends: Any) -> list[Any]:
     """In a graph: TensorFlow packs each dtype's tensors into one flat tensor, one
     ``numpy_function`` reduces it, TensorFlow splits it again."""
     _check_not_xla()
-    if world.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
-        return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale, world), tensors,
+    if backends.nccl is not None:  # the tensors may be on a GPU: reduce them where they are, fused, in one op
+        return _py_function(lambda xs: _eager_grouped_allreduce(xs, names, op, prescale, postscale, backends), tensors,
                             [t.dtype for t in tensors], [t.shape for t in tensors])
     groups = fusion_groups([(t.dtype, (t.shape.num_elements() or 0) * t.dtype.size) for t in tensors])
     results: list[Any] = [None] * len(tensors)
     for group in groups:
-        pieces = _graph_allreduce_group(world.mpi, [tensors[i] for i in group],
+        pieces = _graph_allreduce_group(backends.mpi, [tensors[i] for i in group],
                                         fused_label([names[i] for i in group]), op, prescale, postscale)
         for i, piece in zip(group, pieces):
             results[i] = piece
@@ -606,15 +606,15 @@ def _allreduce_with_slices(tensors: list[Any], op: int, compression: Any, presca
     return out
 
 
-def _differentiable(tensors: list[Any], call: str, world: Any, process_set: Any, collective: Any, shape: Any,
+def _differentiable(tensors: list[Any], call: str, backends: Any, process_set: Any, collective: Any, shape: Any,
                     rule: Any, scaled: Any = lambda run: run) -> list[Any]:
-    """``collective(backend, tensors)`` (an allgather, broadcast or reducescatter) of ``tensors`` among ``world``:
+    """``collective(backend, tensors)`` (an allgather, broadcast or reducescatter) of ``tensors`` among ``backends``:
     cupy arrays through NCCL (``call`` names it where there is none), numpy arrays through MPI, TensorFlow
     tensors as one op of output shapes ``shape(x)`` whose gradients are ``rule(ops, grads, inputs)``
     (``core/gradients``); ``scaled`` wraps each way of running it."""
-    on_host = scaled(lambda arrays: collective(world.mpi, arrays))
+    on_host = scaled(lambda arrays: collective(backends.mpi, arrays))
     if _is_cupy(tensors[0]):
-        return scaled(lambda arrays: collective(_nccl_of(world, call), arrays))(list(tensors))
+        return scaled(lambda arrays: collective(_nccl_of(backends, call), arrays))(list(tensors))
     if not _is_tf(tensors[0]):
         return on_host([np.asarray(t) for t in tensors])
     tf = _tf()
@@ -622,8 +622,8 @@ def _differentiable(tensors: list[Any], call: str, world: Any, process_set: Any,
     @tf.custom_gradient
     def run(*xs: Any) -> Any:
         outs = _on_tf(on_host, list(xs), [x.dtype for x in xs], [shape(x) for x in xs],
-                      gpu_fn=scaled(lambda ts: collective(_gpu(world), ts)))
-        return outs, lambda *dys: rule(_TensorFlowOps(process_set, world), list(dys), xs)
+                      gpu_fn=scaled(lambda ts: collective(_gpu(backends), ts)))
+        return outs, lambda *dys: rule(_TensorFlowOps(process_set, backends), list(dys), xs)
 
     return list(run(*[tf.convert_to_tensor(t) for t in tensors]))
 
@@ -707,10 +707,10 @@ def grouped_allgather(tensors: list[Any], name: str | None = None, process_set: 
     """
     if not tensors:
         return []
-    world = _backends(process_set, "hvd.grouped_allgather", tensors[0])
+    backends = _backends(process_set, "hvd.grouped_allgather", tensors[0])
     names = _names(name, "allgather", tensors)
     return _differentiable(
-        tensors, "hvd.allgather", world, process_set, lambda b, xs: b.allgather(xs, names), _any_rows,
+        tensors, "hvd.allgather", backends, process_set, lambda b, xs: b.allgather(xs, names), _any_rows,
         lambda ops, dys, xs: _gradients.allgather(ops, dys, [_tf().shape(x)[0] for x in xs]))
 
 
@@ -753,12 +753,12 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
         HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
         XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
     """
-    world = _backends(process_set, "hvd.broadcast", tensor)
+    backends = _backends(process_set, "hvd.broadcast", tensor)
     names = [_name(_scoped(name, ignore_name_scope, tensor), "broadcast", tensor)]
-    root = world.root(root_rank)  # (Horovod's root_rank is a global rank)
+    root = backends.root(root_rank)  # (Horovod's root_rank is a global rank)
     return _differentiable(
-        [tensor], "hvd.broadcast", world, process_set, lambda b, xs: b.broadcast(xs, root, names), lambda x: x.shape,
-        lambda ops, dys, _: [_gradients.broadcast(ops, dys[0], world.rank == root)])[0]
+        [tensor], "hvd.broadcast", backends, process_set, lambda b, xs: b.broadcast(xs, root, names), lambda x: x.shape,
+        lambda ops, dys, _: [_gradients.broadcast(ops, dys[0], backends.rank == root)])[0]
 
 
 @not_converted
@@ -849,19 +849,19 @@ def broadcast_(variables: list[Any], root_rank: int, name: str | None = None, pr
         return [tf.identity(v.read_value()) for v in variables]
 
 
-def _assign_from_root(variables: list[Any], root_rank: int, names: list[str], world: Any) -> list[Any]:
+def _assign_from_root(variables: list[Any], root_rank: int, names: list[str], backends: Any) -> list[Any]:
     """Broadcast the variables' values from ``root_rank`` in one fused call among ``world`` (the world or a
     process set's backends) and assign them; the assignments."""
     tf = _tf()
-    root = world.root(root_rank)
+    root = backends.root(root_rank)
 
     def bcast_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return world.mpi.broadcast(arrays, root, names)
+        return backends.mpi.broadcast(arrays, root, names)
 
     values = _on_tf(bcast_np, [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v)
                                for v in variables],
                     [v.dtype.base_dtype if hasattr(v.dtype, "base_dtype") else v.dtype for v in variables],
-                    [v.shape for v in variables], gpu_fn=lambda ts: _gpu(world).broadcast(ts, root, names))
+                    [v.shape for v in variables], gpu_fn=lambda ts: _gpu(backends).broadcast(ts, root, names))
     return [v.assign(x) for v, x in zip(variables, values)]
 
 
@@ -1003,10 +1003,10 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
         HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
         XLAUnsupportedError: the call is traced into an XLA-compiled function (``jit_compile=True``).
     """
-    world = _backends(process_set, "hvd.alltoall", tensor)
+    backends = _backends(process_set, "hvd.alltoall", tensor)
     label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
     if not _is_tf(tensor):
-        out, received = world.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
+        out, received = backends.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
         return out if splits is None else (out, received.astype(np.int32))
     tf = _tf()
     tensor = tf.convert_to_tensor(tensor)
@@ -1014,15 +1014,15 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
 
     def a2a_np(arrays: list[np.ndarray]) -> list[np.ndarray]:
         arr, sp = arrays
-        out, received = world.mpi.alltoall(arr, None if splits is None else sp, label)
+        out, received = backends.mpi.alltoall(arr, None if splits is None else sp, label)
         return [out, received.astype(np.int32)]
 
     @tf.custom_gradient
     def a2a_tf(x: Any) -> Any:
-        out, received = _on_tf(a2a_np, [x, splits_t], [x.dtype, tf.int32], [_any_rows(x), [world.size]])
+        out, received = _on_tf(a2a_np, [x, splits_t], [x.dtype, tf.int32], [_any_rows(x), [backends.size]])
 
         def grad(dy: Any, *_: Any) -> Any:
-            return _gradients.alltoall(_TensorFlowOps(process_set, world), dy, received)
+            return _gradients.alltoall(_TensorFlowOps(process_set, backends), dy, received)
 
         return (out, received), grad
 
@@ -1116,7 +1116,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
     """
     if not tensors:
         return []
-    world = _backends(process_set, "hvd.grouped_reducescatter", tensors[0])
+    backends = _backends(process_set, "hvd.grouped_reducescatter", tensors[0])
     names = _names(name, "reducescatter", tensors)
 
     def scaled(reduce: Any) -> Any:
@@ -1128,7 +1128,7 @@ def grouped_reducescatter(tensors: list[Any], op: int = Average, name: str | Non
         return run
 
     return _differentiable(
-        tensors, "hvd.reducescatter", world, process_set, lambda b, xs: b.reducescatter(xs, op, names), _any_rows,
+        tensors, "hvd.reducescatter", backends, process_set, lambda b, xs: b.reducescatter(xs, op, names), _any_rows,
         lambda ops, dys, _: _gradients.reducescatter(ops, dys, op, prescale_factor, postscale_factor), scaled)
 
 
