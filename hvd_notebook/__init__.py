@@ -29,7 +29,11 @@ def ProgressCallback(batch_size: int | None = None, num_samples: int | None = No
 
 def load_ipython_extension(ipython: Any) -> None:
     """Register ``%hvd`` and ``%%hvd`` (called by ``%load_ext hvd_notebook``) and the extension's two hooks in
-    the shell: ``%hvd auto``'s input transformer, and completion and inspection of ``%%hvd`` cells from rank 0."""
+    the shell: ``%hvd auto``'s input transformer, and completion and inspection of ``%%hvd`` cells from rank 0.
+
+    Args:
+        ipython: the shell (IPython's ``InteractiveShell``) loading the extension. Loading twice changes nothing.
+    """
     from .kernel import completion
     from .kernel.auto import AutoCells
     from .kernel.magics import HvdMagics
@@ -40,7 +44,11 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def unload_ipython_extension(ipython: Any) -> None:
     """Stop this kernel's cluster when the extension is unloaded; cells run, complete and are inspected in this
-    kernel again."""
+    kernel again.
+
+    Args:
+        ipython: the shell the extension was loaded into.
+    """
     from .kernel import completion
     from .kernel.session import Session
 

@@ -360,8 +360,19 @@ def _scaling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``hvd-notebook list | clean [--dry-run] | install-kernel ... | run ...``; the exit status.
-    Run under the name ``horovodrun`` (a link to this command), it is ``hvd-notebook run``."""
+    """The ``hvd-notebook`` command (``commands.COMMANDS`` lists its subcommands); under the name ``horovodrun``
+    (a link to this command) it is ``hvd-notebook run``.
+
+    Args:
+        argv: the arguments after the program's name (None: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success; 2 for input that cannot be run (with a message on stderr); a job's own
+        exit status for ``run``.
+
+    Raises:
+        SystemExit: argparse's, for a line that does not parse (after printing its usage).
+    """
     if argv is None and Path(sys.argv[0]).name == HOROVODRUN:
         parser = argparse.ArgumentParser(prog=HOROVODRUN, allow_abbrev=False,
                                          description="hvd-notebook run, under horovodrun's name: launch a command "

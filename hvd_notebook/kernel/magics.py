@@ -231,6 +231,23 @@ class HvdMagics(Magics):
 
     @line_cell_magic
     def hvd(self, line: str, cell: str | None = None) -> Any:
+        """``%hvd COMMAND [options]`` (a line) or ``%%hvd [options]`` (a cell), under the session's lock.
+
+        Args:
+            line: the command and its options (``%hvd --help`` lists them; ``commands.COMMANDS`` declares them),
+                or a cell's options (``--ranks``, ``--timeout``, ``--output-ranks``, ``--progress``, ...), or
+                ``sweep`` and its grid.
+            cell: the code to run on the ranks; None for a line magic.
+
+        Returns:
+            For a cell, rank 0's value of its last expression (shown as a normal cell's); else None.
+
+        Raises:
+            UsageError: a line or options that do not parse (IPython shows the message alone).
+            HvdError: the command or cell failed: no cluster, a start that did not start, a rank that raised
+                (``RankError``), died (``RankDied``) or ran past ``--timeout`` (``CellTimeout``).
+            KeyboardInterrupt: the notebook's stop button, once the ranks were interrupted.
+        """
         try:
             with Session.get().in_use():  # (the node's release watch waits for the command)
                 if cell is None:
