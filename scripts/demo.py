@@ -78,8 +78,8 @@ def main() -> int:
     text = "\n".join(cell_text(c) for c in nb.cells if c.cell_type == "code")
     table = re.search(r"Started \d+ MPI ranks[^\n]*\n((?:.+\n?)+?)(?:\n|$)", text)
     accuracies = re.findall(r"\[(\d+)\] test accuracy ([0-9.]+)", text)
-    epochs = re.findall(r"^\[hvd\] fit epoch .*$", text, flags=re.M)  # the dashboard's text lines
-    readings = re.findall(r"^\[hvd\] .*noise scale.*$", text, flags=re.M)  # the gradient noise scale, read
+    epochs = re.findall(r"^\[hvd_notebook\] fit epoch .*$", text, flags=re.M)  # the dashboard's text lines
+    readings = re.findall(r"^\[hvd_notebook\] .*noise scale.*$", text, flags=re.M)  # the gradient noise scale, read
 
     print()
     if table:

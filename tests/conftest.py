@@ -110,6 +110,18 @@ def holds_for(check: Callable[[], bool], seconds: float) -> bool:
     return False
 
 
+def comes_within(check: Callable[[], Any], seconds: float, every: float = 0.1) -> Any:
+    """The first true answer of ``check()`` within ``seconds`` (asked every ``every`` s), else its last (false)
+    answer: for a state the test waits for (a cell under way, a card that says busy), which a fixed sleep
+    would either overshoot or miss on a loaded machine."""
+    deadline = time.monotonic() + seconds
+    while True:
+        answer = check()
+        if answer or time.monotonic() >= deadline:
+            return answer
+        time.sleep(every)
+
+
 def assert_gone(pids: Iterable[int], timeout: float = 15.0) -> None:
     """Fail unless every process in ``pids`` has exited within ``timeout`` seconds."""
     pids = set(pids)

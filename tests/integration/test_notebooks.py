@@ -40,7 +40,7 @@ def test_make_demo_runs_the_quickstart_and_prints_its_summary():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = proc.stdout
     assert re.search(r"rank +host +pid +device", summary) and "Started 2 MPI ranks" in summary, summary
-    assert re.search(r"\[hvd\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", summary), summary
+    assert re.search(r"\[hvd_notebook\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", summary), summary
     assert re.search(r"rank 0: final test accuracy 0\.\d+\nrank 1: final test accuracy 0\.\d+", summary), summary
     assert re.search(r"wall time: [\d.]+ s", summary)
     saved = re.search(r"^executed notebook: (.+)$", summary, flags=re.M)
@@ -60,7 +60,7 @@ def test_make_demo_runs_the_quickstart_and_prints_its_summary():
     assert all(a > 0.85 for a in accuracies.values()), accuracies
     assert accuracies[0] == accuracies[1]  # different seeds, one model: the broadcast and the optimizer worked
     assert "Cluster stopped." in text
-    assert re.search(r"\[hvd\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", text), text
+    assert re.search(r"\[hvd_notebook\] fit epoch 8/8 \| 2 ranks \| [\d,]+ samples/s \| loss", text), text
 
 
 def test_large_batch_sweep(tmp_path):

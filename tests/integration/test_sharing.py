@@ -9,7 +9,7 @@ import json
 import subprocess
 import time
 
-from conftest import CLI, assert_gone, cluster_pids, execute, figure, started_kernel
+from conftest import CLI, assert_gone, cluster_pids, comes_within, execute, figure, started_kernel
 
 START = "%load_ext hvd_notebook\nfrom hvd_notebook.kernel.session import Session\n%hvd start -n 2"
 
@@ -52,8 +52,7 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
         assert "your other clusters hold 2" in out and "GPU 0,1" in out, out
         # a card says busy while a cell runs
         execute(a, "%%hvd\nimport time; time.sleep(4)", wait=False)
-        time.sleep(2.5)
-        assert "busy (a cell runs)" in _list_all(env)
+        assert comes_within(lambda: "busy (a cell runs)" in _list_all(env), 4.0, every=0.3)
         a.get_shell_msg(timeout=60)
         execute(a, "%hvd stop")
         assert_gone(pids)

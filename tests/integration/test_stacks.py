@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from conftest import CLI, Kernel, assert_gone
+from conftest import CLI, Kernel, assert_gone, comes_within
 
 BLOCKED_CELL = ("import time\n"
                 "if hvd.rank() == 0:\n"
@@ -22,10 +22,14 @@ def test_stacks_from_a_terminal_show_rank_0_blocked_in_the_barrier(tmp_path):
     try:
         kernel.wait_ready()
         assert kernel.pids, f"the kernel did not start its cluster: {kernel.error[-3000:]}"
-        time.sleep(3)  # the cell is running: rank 0 waits in the barrier, rank 1 sleeps
-        started = time.monotonic()
-        proc = subprocess.run(CLI + ["stacks", kernel.workdir.name], capture_output=True, text=True, timeout=60)
-        took = time.monotonic() - started
+        def stacks_in_the_barrier() -> tuple[subprocess.CompletedProcess, float] | None:
+            started = time.monotonic()
+            proc = subprocess.run(CLI + ["stacks", kernel.workdir.name], capture_output=True, text=True, timeout=60)
+            return (proc, time.monotonic() - started) if "in barrier" in proc.stdout else None
+
+        found = comes_within(stacks_in_the_barrier, 30.0)  # (rank 0 in the barrier, rank 1 in its sleep)
+        assert found, "rank 0 was never seen in the cell's barrier"
+        proc, took = found
         assert proc.returncode == 0, proc.stdout + proc.stderr
         out = proc.stdout
         rank0, rank1 = out.split("== rank 1 of 2")[0], out.split("== rank 1 of 2")[1]
