@@ -44,8 +44,8 @@ COMMANDS: tuple[Command, ...] = (
     Command("replay", "run again, in order, the %%%%hvd cells that completed since the last %%hvd start (after a "
             "restart lost the ranks' variables)", _NOTEBOOK),
     Command("status", "each rank: alive or dead, host, pid, device, memory, activity", _NOTEBOOK),
-    Command("stacks", "each rank's Python stack now, even inside an MPI call (while a cell runs, from a terminal: "
-            "hvd-notebook stacks)", _BOTH, _stacks_arguments),
+    Command("stacks", "each rank's Python stack now, even inside an MPI call (the notebook waits while a cell "
+            "runs; a terminal's hvd-notebook stacks answers then)", _BOTH, _stacks_arguments),
     Command("auto", "on: run every cell on the ranks as a %%%%hvd cell, except cells that start with %% (%%hvd "
             "..., %%time ...), which run in this kernel; off: back to this kernel; no argument: switch; off by "
             "itself when the cluster stops", _NOTEBOOK),
