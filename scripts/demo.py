@@ -13,9 +13,12 @@ import re
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import KernelManager
+from jupyter_core.paths import jupyter_runtime_dir
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
@@ -55,6 +58,15 @@ def cell_text(cell: nbformat.NotebookNode) -> str:
     return "".join(parts)
 
 
+def private_kernel() -> KernelManager:
+    """The notebook's kernel on Unix sockets in the user's private Jupyter runtime folder (``ipc``, as the hub's
+    kernels): over TCP, any local user could subscribe to its output on a loopback port (ipykernel warns so)."""
+    runtime = Path(jupyter_runtime_dir())
+    runtime.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return KernelManager(kernel_name="python3", transport="ipc",
+                         connection_file=str(runtime / f"kernel-demo-{uuid.uuid4().hex}.json"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="make demo: run notebooks/01-quickstart.ipynb headless "
                                      "on 2 CPU ranks and print a summary.")
@@ -62,8 +74,7 @@ def main() -> int:
     saved = target(parser.parse_args().out)
     os.environ.setdefault("HVD_NOTEBOOK_GPUS", "")  # the demo runs on CPU ranks
     nb = nbformat.read(SOURCE, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(SOURCE.parent)}})
+    client = NotebookClient(nb, timeout=600, km=private_kernel(), resources={"metadata": {"path": str(SOURCE.parent)}})
     print(f"Running {SOURCE.relative_to(ROOT)} on 2 CPU ranks ...", flush=True)
     t0 = time.perf_counter()
     failed = None

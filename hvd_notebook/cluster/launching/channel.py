@@ -10,8 +10,11 @@ hang the kernel.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -32,6 +35,31 @@ class ControllerSilent(ClusterError):
 def is_busy(queue: Any) -> bool:
     """Whether one engine's entry of the controller's queue report shows work running or queued."""
     return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
+
+
+SIGNING_WARNING = "Message signing is disabled"  # jupyter_client's Session, where its key is empty
+
+
+class _EncryptedNotUnsigned(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return SIGNING_WARNING not in record.getMessage()
+
+
+@contextlib.contextmanager
+def without_signing_warning(encrypted: bool) -> Iterator[None]:
+    """Within, jupyter_client's "Message signing is disabled" is not logged where the cluster is ``encrypted``:
+    under CurveZMQ ipyparallel leaves HMAC signing off on purpose (CurveZMQ authenticates every peer and
+    protects against replays, which makes the digest redundant), so the warning each new session gives is not
+    true of it (docs/sharing.md). An unencrypted cluster (the benchmark's baseline) keeps it."""
+    from traitlets.log import get_logger
+
+    logger, quiet = get_logger(), _EncryptedNotUnsigned()
+    if encrypted:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 def is_engine_death(error: Any) -> bool:

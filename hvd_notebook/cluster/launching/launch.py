@@ -29,7 +29,8 @@ HUGEPAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 # Every controller encrypts with CurveZMQ: on one host too, where any local user may connect to its
 # loopback ports and its IOPub and notification sockets publish every cell's source and output to
 # any subscriber (``--secure`` asks for nothing more). Only the benchmark's baseline empties it.
-CONTROLLER_ARGS = ["--IPController.enable_curve=True"]
+CURVE_ARG = "--IPController.enable_curve=True"
+CONTROLLER_ARGS = [CURVE_ARG]
 
 
 def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:

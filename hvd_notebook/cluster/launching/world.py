@@ -26,8 +26,8 @@ from ..processes.pids import PidRegistry, kill_all, pid_alive
 from ..processes.reaper import start_reaper
 from ..processes.workdir import WorkDir, new_cluster_id
 from . import diagnosis
-from .channel import RankChannel
-from .launch import EngineWorld, make_ipp_cluster
+from .channel import RankChannel, without_signing_warning
+from .launch import CURVE_ARG, EngineWorld, make_ipp_cluster
 from .placements import Placement
 
 log = logging.getLogger(__name__)
@@ -121,10 +121,11 @@ class LaunchedWorld:
         self.workdir, self._pids.workdir = workdir.path, workdir
         self.ipp_cluster = make_ipp_cluster(self.placement, cluster_id, workdir.profile, self.n, controller_ip)
         self._reaper = start_reaper(workdir)
-        self.ipp_cluster.start_controller_sync()
-        self._pids.add(self.ipp_cluster.controller.pid)
-        self._channel = RankChannel(self.ipp_cluster.connect_client_sync())
-        engine_set = self.ipp_cluster.start_engines_sync(self.n)
+        with without_signing_warning(encrypted=CURVE_ARG in self.ipp_cluster.controller_args):
+            self.ipp_cluster.start_controller_sync()
+            self._pids.add(self.ipp_cluster.controller.pid)
+            self._channel = RankChannel(self.ipp_cluster.connect_client_sync())
+            engine_set = self.ipp_cluster.start_engines_sync(self.n)
         self._engines = EngineWorld(self.ipp_cluster.engines[engine_set])
         self._pids.add(self._engines.pid)
         return workdir
