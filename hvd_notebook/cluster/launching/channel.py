@@ -183,8 +183,9 @@ class RankChannel:
         """Per rank (all when None): does the controller's queue for it hold work running or waiting (this
         kernel's or another client's)? ``ControllerSilent`` after ``timeout`` s (``QUEUE_ANSWER_S``)."""
         ranks = sorted(self._engines) if ranks is None else ranks
-        queues = self._queues(self.engine_ids(ranks), QUEUE_ANSWER_S if timeout is None else timeout)
-        return {rank: is_busy(queues.get(engine)) for rank, engine in zip(ranks, self.engine_ids(ranks))}
+        engines = self.engine_ids(ranks)
+        queues = self._queues(engines, QUEUE_ANSWER_S if timeout is None else timeout)
+        return {rank: is_busy(queues.get(engine)) for rank, engine in zip(ranks, engines)}
 
     def settled_busy(self, settle_s: float = QUEUE_SETTLE_S) -> dict[int, bool]:
         """``busy()`` of every rank, asked again for up to ``settle_s`` while it shows work although this kernel
