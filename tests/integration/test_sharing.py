@@ -57,7 +57,9 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
         execute(a, "%hvd stop")
         assert_gone(pids)
         assert "No clusters on this node." in _list_all(env)
-        reply, out = execute(b, "%hvd start -n 2")  # the cap counts running clusters only
+        # the cap counts running clusters only (a longer --timeout, within the reply's 180 s: beside three test
+        # workers, two ranks' imports of TensorFlow took over the default 120 s once)
+        reply, out = execute(b, "%hvd start -n 2 --timeout 170")
         assert reply["content"]["status"] == "ok", out
         card = next((tmp_path / "node" / "register").glob("cluster-*.json"))  # (the register: node/register/)
         assert json.loads(card.read_text())["gpus"] == ["0", "1"]

@@ -180,6 +180,8 @@ def test_fit_times_each_step_and_the_rank_that_sleeps_is_the_one_waited_for(publ
     waiting, step_s = breakdown.per_rank[0]
     assert waiting == pytest.approx(sleep, rel=0.3) and breakdown.waited_s == pytest.approx(sleep, rel=0.3), \
         breakdown
-    assert breakdown.per_rank[1][0] < 0.25 * sleep and step_s >= sleep
+    # (a step lasts the slowest rank's sleep: measured on rank 0's clock, from a later start than rank 1's, so
+    # within a few per cent of it on a loaded VM)
+    assert breakdown.per_rank[1][0] < 0.25 * sleep and step_s >= 0.9 * sleep
     print(f"rank 0 waited {waiting * 1e3:.0f} ms a step for rank 1's {sleep * 1e3:.0f} ms sleep; "
           f"steps of {step_s * 1e3:.0f} ms; {breakdown.fraction:.0%} in collectives")
