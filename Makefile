@@ -19,8 +19,10 @@ LAB_ARGS ?=
 .PHONY: install demo test test-fast coverage test-horovod horovod-suite gpu-check gpu-wheels lab bench clean
 
 # also links .venv/bin/horovodrun to hvd-notebook (which then answers as `hvd-notebook run`), unless
-# a real Horovod has installed its own (docs/running-scripts.md)
+# a real Horovod has installed its own (docs/running-scripts.md); and builds the JupyterLab panel (npm, from
+# labextension/: quick and quiet when it is current; docs/jupyterlab.md)
 install: $(STAMP)
+	@bash scripts/ensure-labextension.sh $(VENV)
 
 $(STAMP): pyproject.toml setup.py Makefile
 	@bash scripts/ensure-python.sh $(VENV)

@@ -39,6 +39,7 @@ import bench_elastic  # noqa: E402
 import bench_gpu  # noqa: E402
 import bench_keras  # noqa: E402
 import bench_noise_scale  # noqa: E402
+import bench_panel  # noqa: E402
 import bench_progress  # noqa: E402
 import bench_soak  # noqa: E402
 import bench_torch  # noqa: E402
@@ -80,6 +81,11 @@ BENCHMARKS: list[Benchmark] = [
         "progress",
         "the same 2-rank fit with the live dashboard on and with --no-progress",
         bench_progress.run,
+    ),
+    Benchmark(
+        "panel",
+        "the same 2-rank fit while the JupyterLab panel reads the cluster every 1.5 s and while nothing reads it",
+        bench_panel.run,
     ),
     Benchmark(
         "elastic",

@@ -9,6 +9,7 @@ import contextlib
 import getpass
 import os
 import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -162,6 +163,97 @@ def wait_for_server(url: str, proc: subprocess.Popen, log: Path, what: str, time
                 proc.kill()
                 pytest.fail(f"{what} did not start:\n" + log.read_text()[-3000:])
             time.sleep(0.3)
+
+
+CHROMIUM = "/usr/bin/chromium"
+# JavaScript for a page of JupyterLab (``--LabApp.expose_app_in_browser``) with a notebook in focus: run cell i
+# (not awaited: the call returns at once), whether it has run and the kernel is idle again, its output's text
+RUN_CELL = """(i) => {
+  const notebook = window.jupyterapp.shell.currentWidget.content;
+  notebook.activeCellIndex = i;
+  window.jupyterapp.commands.execute('notebook:run-cell');
+}"""
+CELL_DONE = """(i) => {
+  const w = window.jupyterapp.shell.currentWidget;
+  const k = w.sessionContext.session && w.sessionContext.session.kernel;
+  const cell = w.content.widgets[i];
+  return cell.model.executionCount !== null && !!k && k.status === 'idle';
+}"""
+CELL_TEXT = "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].outputArea.node.innerText"
+KERNEL_IDLE = """() => {
+  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+  return !!k && k.status === 'idle';
+}"""
+
+
+@contextlib.contextmanager
+def jupyter_lab(tmp_path: Path, notebooks: dict[str, list[str]], env: dict[str, str] | None = None) -> Iterator[dict]:
+    """A real JupyterLab on a free localhost port, in a private directory, serving ``notebooks`` (name: its
+    cells' sources); its kernels shut down at the end, and every cluster process they started gone. Yields
+    its url, token, log, the notebooks' folder, and ``watch()``, which notes the cluster processes now
+    running (checked gone at the end)."""
+    import nbformat
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium as root (`sudo apt-get install chromium`; "
+                    "`make install` does it when run as root). Nothing else of the suite needs root.")
+    work = tmp_path / "work"  # the file browser shows this folder only, not the server's state below
+    work.mkdir()
+    for name, cells in notebooks.items():
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nbformat.write(nb, work / name)
+    # no "get notified about Jupyter news?" pop-up over the page
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
+    port, token = free_port(), secrets.token_hex(16)
+    lab_env = {**os.environ, "HVD_NOTEBOOK_GPUS": "", "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
+               "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+               "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), **(env or {})}
+    lab_env.pop("HVD_NOTEBOOK_PROGRESS", None)
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
+           "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-root")
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(cmd, env=lab_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    lab_process = psutil.Process(proc.pid)
+    seen: set[int] = set()
+
+    def cluster_processes_of_lab() -> set[int]:
+        pids = set()
+        for child in lab_process.children(recursive=True):
+            try:
+                if any(n in " ".join(child.cmdline()) for n in ("ipyparallel", "hydra_pmi_proxy", "mpiexec")):
+                    pids.add(child.pid)
+            except psutil.Error:
+                pass
+        return pids
+
+    try:
+        wait_for_server(f"{url}/api/status?token={token}", proc, tmp_path / "lab.log", "JupyterLab")
+        yield {"url": url, "token": token, "watch": lambda: seen.update(cluster_processes_of_lab()),
+               "log": tmp_path / "lab.log", "work": work}
+        seen |= cluster_processes_of_lab()
+    finally:
+        proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    if seen:
+        assert_gone(seen, timeout=30)
+
+
+def browser_page(pw, width: int = 1400, height: int = 1000):
+    """Debian's chromium, headless, driven by Playwright: (browser, a new page)."""
+    browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+    return browser, browser.new_page(viewport={"width": width, "height": height})
 
 
 def let_others_traverse(paths: Iterable[Path]) -> list[tuple[Path, int]]:

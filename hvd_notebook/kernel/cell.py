@@ -21,10 +21,11 @@ from ..cluster import ClusterError
 from ..cluster.launching.channel import ControllerSilent
 from ..cluster.launching.cluster import MPICluster
 from ..cluster.processes import stacks
+from ..cluster.processes.workdir import ActivityState
 from ..config import WARNING_PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..engine import breakpoints
-from ..messages import EventKind, RankEvent
+from ..messages import EventKind, ProgressUpdate, RankEvent
 from . import debugging, failures
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,11 @@ class RunningCell:
     """
 
     def __init__(self, cluster: MPICluster, code: str, ranks: list[int], show: set[int], timeout: float | None,
-                 mode: DashboardMode, dashboard: Dashboard | None = None) -> None:
+                 mode: DashboardMode, dashboard: Dashboard | None = None,
+                 said: Callable[[ActivityState, str], None] = lambda state, detail: None) -> None:
         self.cluster = cluster
+        self.said = said  # what the cell does now, for JupyterLab's panel (``panel.PanelLink.now``)
+        self._stalled_at: int | None = None  # the ranks' progress count when a stall was told (none since: None)
         self.ranks = ranks
         self.show = show
         self.timeout = timeout
@@ -241,6 +245,9 @@ class RunningCell:
         for req, stream in (*self.streams, *self.copies):
             stream.update(req.metadata[stream.name] or "", final)
         self._tell_events()
+        if self._stalled_at is not None and _progress_count(self.requests) > self._stalled_at:  # the stall is over
+            self._stalled_at = None
+            self.said(ActivityState.RUNNING, "")
         if self.dashboard is not None:
             self.dashboard.poll({req.rank: req.metadata["data"] for req in self.requests}, force=final)
         for req in self.requests:
@@ -267,13 +274,17 @@ class RunningCell:
                     self.commits.append(event.text)
                     continue
                 if event.kind == EventKind.BREAKPOINT:
+                    self.said(ActivityState.BREAKPOINT, event.text)
                     self._debug(req.rank, event)
+                    self.said(ActivityState.RUNNING, "")
                     continue
                 line = f"{WARNING_PREFIX}: {event.text}\n"
                 sys.stderr.write(f"[{req.rank}] {line}")
                 if board is not None:
                     board.output(req.rank, "stderr", line)
                 if event.kind == EventKind.STALL:
+                    self._stalled_at = _progress_count(self.requests)
+                    self.said(ActivityState.STALLED, event.text.removeprefix("stall: ").split(". ")[0])
                     self._locate(event.fields.get("missing") or [])
         sys.stderr.flush()
 
@@ -450,6 +461,11 @@ def _traceback_text(error: Any) -> str:
     """A rank's error's traceback as one text, for its output tab."""
     tb = getattr(error, "traceback", None) or ""
     return tb if isinstance(tb, str) else "\n".join(tb)
+
+
+def _progress_count(requests: list[RankRequest]) -> int:
+    """How many progress updates the ranks of ``requests`` have published in their cell."""
+    return sum(1 for req in requests for key in (req.metadata.get("data") or {}) if ProgressUpdate.is_key(key))
 
 
 def _publish(output: dict) -> None:

@@ -17,6 +17,7 @@ from ..dashboard import Dashboard, resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell
 from .failures import HvdError, RankDied
+from .panel import ActivityState, PanelLink
 from .recovery import ElasticCommits, RecordedCell, replay
 
 
@@ -26,6 +27,7 @@ class Host(Protocol):
     history: list[RecordedCell]  # the cells a replay runs
     options: ClusterOptions | None  # of the last start (its ``max_resets``)
     commits: ElasticCommits  # rank 0's last hvd.elastic commit
+    panel: PanelLink  # what JupyterLab's panel sees
 
     def require(self) -> MPICluster: ...
 
@@ -117,7 +119,8 @@ class CellRunner:
             raise failures.dead_before_cell(dead)
         show = set(ranks[:1] if 0 not in ranks else [0]) if output_ranks is None else set(output_ranks)
         self._set_engine_progress(mode != DashboardMode.NONE)
-        running = RunningCell(cluster, code, ranks, show, timeout, mode, runs.dashboard if runs else None)
+        running = RunningCell(cluster, code, ranks, show, timeout, mode, runs.dashboard if runs else None,
+                              said=self.session.panel.now)
         if runs is not None:
             runs.dashboard = running.dashboard
         try:
@@ -147,10 +150,13 @@ class CellRunner:
               f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",
               file=sys.stderr, flush=True)
         try:
+            self.session.panel.now(ActivityState.RESETTING, f"{first}; reset {reset} of {self._max_resets()}")
             self.session.restart_held()
+            self.session.panel.now(ActivityState.RESETTING, f"{first}; reset {reset} of {self._max_resets()}")
             self.replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
         except HvdError as exc:
             raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}", died.died) from None
+        self.session.panel.now(ActivityState.RUNNING)
         if dashboard is not None:
             dashboard.reset(died.died, commit, [r.rank for r in self.session.require().ranks])
         how = "; ".join(f"rank {r}: {how or 'ended'}" for r, how in sorted(died.died.items()))

@@ -25,6 +25,7 @@ from ..private import UnsafePathError
 from . import failures
 from .cell import RankValue
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
+from .panel import PanelLink
 from .recovery import ElasticCommits, RecordedCell
 from .runner import CellRunner
 from .tenancy import Tenancy, released_message
@@ -47,7 +48,8 @@ class Session:
         self.runner = CellRunner(self)  # runs the cells, their resets and replays
         self.commits = ElasticCommits()  # rank 0's last hvd.elastic commit: a cell resumes from it
         self.tenancy = Tenancy(self._release)  # the node's card of the cluster; stops it when its time is up
-        self.released: str | None = None  # why the node's rules stopped the cluster, for the next command
+        self.released: str | None = None  # why the cluster was stopped (the rules, the panel), for the next command
+        self.panel = PanelLink(self)  # what JupyterLab's panel sees and asks
         self.failed_ranks: list[int] = []  # the ranks that raised in the last cell that failed (%hvd debug)
         self._lock = threading.RLock()  # held by every command that uses the cluster (``in_use``)
         atexit.register(self.shutdown)
@@ -82,6 +84,7 @@ class Session:
     def _announce(self, cluster: MPICluster, restarted: bool = False) -> None:
         """The node's card of the cluster (a restart keeps the start time its lease counts from)."""
         self.tenancy.begin(cluster.workdir, cluster.n, cluster.gpus, cluster.rules, keep_start=restarted)
+        self.panel.begin(cluster)
 
     @contextmanager
     def in_use(self, wait: bool = True) -> Iterator[bool]:
@@ -177,6 +180,7 @@ class Session:
             cluster.stop()
         finally:
             self.tenancy.end()
+            self.panel.end()
         return True
 
     def shutdown(self) -> None:
@@ -186,6 +190,7 @@ class Session:
         except Exception:  # never let clean-up raise at interpreter exit
             log.exception("stopping the hvd cluster at exit failed")
         self.commits.remove()
+        self.panel.close()
 
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
@@ -222,10 +227,12 @@ class Session:
         with self.in_use():
             cluster = self.require()
             self.tenancy.cell(busy=True)
+            self.panel.cell_starts()
             try:
                 yield cluster
             finally:
                 self.tenancy.cell(busy=False)
+                self.panel.cell_ends()
                 why = self.tenancy.due()
                 if why is not None and self._release(why):
                     print(f"[hvd_notebook] {self.released}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,13 +22,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_postbuild_installs_package_and_kernel(tmp_path):
     repo = tmp_path / "repo"
-    shutil.copytree(ROOT, repo, ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", "__pycache__", ".git",
-                                                            ".pytest_cache", ".ruff_cache"))
+    shutil.copytree(ROOT, repo, ignore=_not_in_a_clone)
+    # the JupyterLab extension's npm packages as `npm ci` left them here (what postBuild's npm ci would fetch
+    # again): its build runs from the sources
+    (repo / "labextension" / "node_modules").symlink_to(ROOT / "labextension" / "node_modules")
     env_dir = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", str(env_dir)], check=True, timeout=120)
     seed_installed_packages(tmp_path / "seed", env_dir)
     env = {**os.environ, "PATH": f"{env_dir / 'bin'}:{os.environ['PATH']}", "VIRTUAL_ENV": str(env_dir),
-           "HOME": str(tmp_path / "home")}
+           "HOME": str(tmp_path / "home"), "npm_config_cache": str(Path.home() / ".npm")}  # (npm's own cache)
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(["bash", "binder/postBuild"], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=900)
@@ -42,6 +45,20 @@ def test_postbuild_installs_package_and_kernel(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.strip() == str(env_dir / "bin" / "mpiexec")
+    # the JupyterLab panel: built from its sources, found by the environment's JupyterLab, its server side enabled
+    extensions = subprocess.run([str(env_dir / "bin" / "python"), "-m", "jupyterlab.labextensions", "list"], env=env,
+                                capture_output=True, text=True, timeout=120)
+    assert re.search(r"hvd-notebook-lab v[\d.]+ .*enabled.*OK", extensions.stdout + extensions.stderr), extensions
+    servers = subprocess.run([str(env_dir / "bin" / "python"), "-m", "jupyter_server", "extension", "list"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert re.search(r"hvd_notebook\.lab .*enabled", servers.stdout + servers.stderr), servers
+
+
+def _not_in_a_clone(folder: str, names: list[str]) -> set[str]:
+    """What a fresh clone does not have: the environment, builds (the JupyterLab extension's too), caches."""
+    left = {n for n in names if n in (".venv", "build", "__pycache__", ".git", ".pytest_cache", ".ruff_cache",
+                                      "node_modules", "lib") or n.endswith(".egg-info")}
+    return left | ({"labextension"} if Path(folder).name == "lab" else set())
 
 
 LEFT_TO_POSTBUILD = ("hvd_notebook", "__editable__", "_hvd_notebook", "mpich-")  # (and .pth files)

@@ -10,20 +10,14 @@ writable). Chromium is the one thing only root can install: without it the test 
 
 from __future__ import annotations
 
-import os
 import re
-import secrets
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import nbformat
-import psutil
 import pytest
-from conftest import artifacts_dir, assert_gone, free_port, wait_for_server
-
-CHROMIUM = "/usr/bin/chromium"
+from conftest import KERNEL_IDLE, artifacts_dir, browser_page, jupyter_lab
 
 CELLS = [
     "%load_ext hvd_notebook",
@@ -63,12 +57,6 @@ while not os.path.exists(RELEASE) and time.monotonic() < deadline:
 ]
 FAILING_CELL = len(CELLS) - 3  # run-all stops there; the test runs the last two cells itself
 
-KERNEL_IDLE = """() => {
-  const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
-  const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
-  return !!k && k.status === 'idle';
-}"""
-
 SAMPLE = """() => {
   const bars = [...document.querySelectorAll('.hvd-dashboard .hvd-rank-bar .progress-bar')]
     .map(b => parseFloat(b.style.width || b.style.height || '0'));
@@ -94,17 +82,6 @@ RUN_CELL_FROM_END = """(back) => {
 }"""
 
 
-def _cluster_pids(root: psutil.Process) -> set[int]:
-    pids = set()
-    for p in root.children(recursive=True):
-        try:
-            if any(n in " ".join(p.cmdline()) for n in ("ipyparallel", "hydra_pmi_proxy", "mpiexec")):
-                pids.add(p.pid)
-        except psutil.Error:
-            pass
-    return pids
-
-
 def wait_or_explain(page, lab, condition: str, timeout_s: float, what: str) -> None:
     """Wait for the JavaScript ``condition``; where it does not come true in ``timeout_s``, fail with a
     screenshot, what the notebook shows and the end of the lab's log (what CI's log needs to tell why)."""
@@ -120,48 +97,11 @@ def wait_or_explain(page, lab, condition: str, timeout_s: float, what: str) -> N
 
 @pytest.fixture
 def lab(tmp_path):
-    """JupyterLab on a free localhost port, in a private directory, with the test notebook."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium as root (`sudo apt-get install chromium`; "
-                    "`make install` does it when run as root). Nothing else of the suite needs root.")
+    """JupyterLab with the test notebook (its waiting cell released by the file ``release``)."""
     release = tmp_path / "release"
     cells = [c.replace("RELEASE", repr(str(release))) for c in CELLS]
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    work = tmp_path / "work"  # the file browser shows this folder only, not the server's state below
-    work.mkdir()
-    nbformat.write(nb, work / "dashboard.ipynb")
-    # no "get notified about Jupyter news?" pop-up over the dashboard
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false", "checkForUpdates": false}')
-    port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "HVD_NOTEBOOK_GPUS": "", "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-           "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"), "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings")}
-    env.pop("HVD_NOTEBOOK_PROGRESS", None)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}",
-           "--LabApp.expose_app_in_browser=True", "--ServerApp.open_browser=False"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-root")
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-    url = f"http://127.0.0.1:{port}"
-    wait_for_server(f"{url}/api/status?token={token}", proc, tmp_path / "lab.log", "JupyterLab")
-    lab_process = psutil.Process(proc.pid)
-    seen: set[int] = set()
-    yield {"url": url, "token": token, "watch": lambda: seen.update(_cluster_pids(lab_process)),
-           "log": tmp_path / "lab.log", "notebook": work / "dashboard.ipynb", "release": release}
-    seen |= _cluster_pids(lab_process)
-    proc.terminate()  # shuts its kernels down; a kernel's exit stops its cluster
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-    if seen:
-        assert_gone(seen, timeout=30)
+    with jupyter_lab(tmp_path, {"dashboard.ipynb": cells}) as lab:
+        yield {**lab, "notebook": lab["work"] / "dashboard.ipynb", "release": release}
 
 
 def test_dashboard_in_jupyterlab(lab):
@@ -170,9 +110,8 @@ def test_dashboard_in_jupyterlab(lab):
     artifacts = artifacts_dir()
     samples = []
     with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"])
+        browser, page = browser_page(pw)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{lab['url']}/lab/tree/dashboard.ipynb?token={lab['token']}")
             page.wait_for_function(KERNEL_IDLE, timeout=90_000, polling=250)
             # not awaited: the command's promise resolves only when every cell has run

@@ -24,12 +24,22 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import figure, free_port, let_others_traverse, put_modes_back, wait_for_server
+from conftest import (
+    CELL_DONE,
+    CELL_TEXT,
+    RUN_CELL,
+    figure,
+    free_port,
+    let_others_traverse,
+    put_modes_back,
+    wait_for_server,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "deploy" / "jupyterhub" / "jupyterhub_config.py"
@@ -54,22 +64,6 @@ NOTEBOOKS = {
     "hvdt-alice": ["%hvd start -n 2", TRAIN, "%%hvd\nprint('still here')", "%hvd restart --replay"],
     "hvdt-bob": ["%hvd start -n 2", "%hvd start", "%hvd start --restart -n 2", "%hvd stop"],
 }
-
-RUN_CELL = """async (i) => {
-  const notebook = window.jupyterapp.shell.currentWidget.content;
-  notebook.activeCellIndex = i;
-  await window.jupyterapp.commands.execute('notebook:run-cell');
-}"""
-
-CELL_DONE = """(i) => {
-  const w = window.jupyterapp.shell.currentWidget;
-  const k = w.sessionContext.session && w.sessionContext.session.kernel;
-  const cell = w.content.widgets[i];
-  return cell.model.executionCount !== null && !!k && k.status === 'idle';
-}"""
-
-CELL_TEXT = "(i) => window.jupyterapp.shell.currentWidget.content.widgets[i].outputArea.node.innerText"
-
 
 def _remove_users() -> None:
     """The users, their processes, and the shared memory their killed ranks leave in /dev/shm (MPICH's
@@ -284,6 +278,21 @@ def test_two_users_share_a_gpu_node_through_a_real_jupyterhub(hub):
             assert "0,1" in rows[alice] and "(running)" in rows[alice], listing
             assert "  2  " in rows[bob] or rows[bob].split()[5] == "2", listing
             assert f"GPU 0: {alice}" in listing and f"GPU 2: {bob}" in listing, listing
+
+            # bob's JupyterLab panel: his cluster with its rank; alice's only as a lease line
+            seen = _api(hub, f"/user/{bob}/hvd-notebook/clusters")
+            figure(f"bob's panel, as its server extension answers:\n{json.dumps(seen, indent=1)[:1500]}")
+            assert seen["user"] == bob, seen
+            assert [(c["n"], c["ranks"][0]["device"]) for c in seen["clusters"]] == [(1, "GPU 2")], seen
+            assert [(o["user"], o["gpus"], o["ranks"]) for o in seen["others"]] == [(alice, ["0", "1"], 2)], seen
+            assert f"hvd_notebook-{alice}" not in json.dumps(seen)  # (nothing of her folders, her processes)
+            b.evaluate("() => window.jupyterapp.commands.execute('hvd-notebook:open-panel')")
+            b.wait_for_selector("#hvd-notebook-panel .hvd-other-lease", timeout=30_000)
+            assert b.inner_text("#hvd-notebook-panel .hvd-other-lease").startswith(f"{alice}: 2 ranks, GPUs 0, 1")
+            b.screenshot(path=str(ARTIFACTS / "hub-bob-panel.png"))
+            with pytest.raises(urllib.error.HTTPError) as not_his:  # alice's cluster is not his to stop
+                _api(hub, f"/user/{bob}/hvd-notebook/clusters/{rows[alice].split()[1]}/stop", "POST", {})
+            assert not_his.value.code == 404
 
             # bob's own shell: alice's cluster folder is not his to list or read, her ranks not his to signal
             rank = _processes_of(alice, "ipyparallel")[0]

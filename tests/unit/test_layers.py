@@ -342,6 +342,7 @@ MAY_IMPORT = {
     "dashboard": {"dashboard", "config", "messages"},
     "engine": {"engine", "runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages", "commands"},
+    "lab": {"lab", "cluster", "config", "private", "messages"},  # JupyterLab's panel: the server side
 }
 # a rank starts its watcher (a process: the cluster's business) from hvd.init()
 MAY_ALSO_IMPORT = {"runtime": {"cluster.processes.rankwatch"}}

@@ -132,7 +132,7 @@ def world(monkeypatch):
     script: dict[str, list] = {}
 
     class Running:
-        def __init__(self, cluster, code, ranks, show, timeout, mode, dashboard=None):
+        def __init__(self, cluster, code, ranks, show, timeout, mode, dashboard=None, said=None):
             self.code, self.dashboard, self.cluster_lost = code, dashboard, False
             self.commits = list(session.commits.events) if code == "train" else []
             log.append(f"run {code}")

@@ -58,6 +58,23 @@ def live_processes(records: Iterable[Record]) -> list[psutil.Process]:
     return [p for p in map(same_process, records) if p is not None]
 
 
+def interrupt_this_process() -> None:
+    """SIGINT to this process: the cell it runs ends as with the notebook's stop button."""
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def ask_to_end(record: Record) -> psutil.Process | None:
+    """SIGTERM to the recorded process where it still is that process of this user (a launcher such as
+    ``hvd-notebook run`` then ends its ranks and itself); the process, or None where it had ended."""
+    process = same_process(record)
+    if process is not None:
+        try:
+            process.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            return None
+    return process
+
+
 def kill_all(processes: Iterable[psutil.Process | int], grace: float, wait: float | None = None) -> None:
     """SIGTERM every process, SIGKILL those still there after ``grace`` seconds,
     then wait up to ``wait`` seconds (default ``grace``) for them to be gone."""

@@ -34,6 +34,17 @@ def registered_pids() -> list[int]:
                   if _who(folder, pid) is not None)
 
 
+def ranks_of(pids: list[int]) -> dict[int, int]:
+    """The rank that each process of ``pids`` registered as (those that registered and still run)."""
+    folder, found = stacks_dir(), {}
+    for pid in pids:
+        who = _who(folder, pid) if (folder / f"{pid}.who").exists() else None
+        match = re.match(r"rank (\d+)", who or "")
+        if match:
+            found[pid] = int(match.group(1))
+    return found
+
+
 def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]:
     """Each registered process of ``pids``: (who, its stacks); "" where it did not answer in time."""
     folder = stacks_dir()

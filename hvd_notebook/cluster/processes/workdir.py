@@ -7,17 +7,25 @@ Each running cluster has a folder ``CLUSTER_ID/`` in the user's private folder
 - ``pids``: one ``"pid create_time"`` line per process of the cluster, so that a
   PID reused by an unrelated process is never mistaken for one of ours;
 - ``profile/``: ipyparallel's profile directory (connection files, logs);
-- ``standby``: present while the cluster is another's warm standby (``standby``).
+- ``standby``: present while the cluster is another's warm standby (``standby``);
+- ``activity.json``: what the cluster does (``Activity``), written by its kernel on each change of state.
 
-The cluster writes it, the reaper and ``hvd-notebook list/clean`` read it.
+Beside the cluster directories, ``requests/`` holds the JupyterLab panel's requests to the kernels
+(``Request``) and their answers, named after the cluster (a restart gives the cluster a new directory: the
+answer to a restart outlives the old one).
+
+The cluster writes it, the reaper, ``hvd-notebook list/clean`` and the JupyterLab panel read it.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import os
+import secrets
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -28,6 +36,9 @@ OWNER_FILE = "owner"
 PID_FILE = "pids"
 PROFILE_DIR = "profile"
 STANDBY_FILE = "standby"
+ACTIVITY_FILE = "activity.json"
+REQUESTS_DIR = "requests"
+CELL_ENDS_S = 120.0  # how long a kernel asked to stop or restart waits for its interrupted cell to end
 
 CLUSTER_PREFIX = "hvd-"  # every cluster directory's name starts so
 Record = tuple[int, float]  # (pid, create_time): one process, whatever later reuses its PID
@@ -55,6 +66,62 @@ def parse_record(line: str) -> Record | None:
         return int(pid), float(created)
     except ValueError:
         return None
+
+
+class ActivityState(enum.StrEnum):
+    """What a cluster does, as its kernel last said."""
+
+    IDLE = "idle"
+    RUNNING = "running"  # a %%hvd cell runs
+    STALLED = "stalled"  # ... and a rank waits in a collective that the others have not issued
+    BREAKPOINT = "breakpoint"  # ... and a rank is stopped in the debugger
+    RESETTING = "resetting"  # ... and its world is being restarted after ranks died
+
+    @classmethod
+    def cell_states(cls) -> tuple[ActivityState, ...]:
+        """The states in which a cell runs."""
+        return (cls.RUNNING, cls.STALLED, cls.BREAKPOINT, cls.RESETTING)
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What a cluster's kernel says of it: who it is, its ranks, and what it does since when."""
+
+    kernel: int  # the kernel's pid
+    notebook: str | None  # the notebook's path as its server named it at the kernel's start
+    framework: str
+    backend: str
+    ranks: list[dict]  # {"rank", "pid", "host", "device", "here"} each
+    state: ActivityState
+    since: float  # when the state began
+    detail: str = ""  # a sentence on a stall, a breakpoint or a reset
+    actions: list[str] = field(default_factory=list)  # what the kernel answers (``Request``)
+
+    def changed(self, state: ActivityState, detail: str = "") -> Activity:
+        """This activity in ``state`` from now on."""
+        return replace(self, state=state, detail=detail, since=time.time())
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Activity:
+        return cls(kernel=int(data["kernel"]), notebook=data.get("notebook"), framework=str(data["framework"]),
+                   backend=str(data["backend"]), ranks=list(data["ranks"]), state=ActivityState(data["state"]),
+                   since=float(data["since"]), detail=str(data.get("detail", "")),
+                   actions=[str(a) for a in data.get("actions", ())])
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the panel to a cluster's kernel, in the ``requests/`` folder beside the cluster's
+    directory: ``CLUSTER.TOKEN.json`` holds its action, ``CLUSTER.TOKEN.answer`` the kernel's answer (a
+    sentence)."""
+
+    path: Path  # its CLUSTER.TOKEN.json
+    action: str
+
+    def reply(self, answer: str) -> None:
+        """Answer the request (the asking side reads and removes both files)."""
+        private.write_text(self.path.with_suffix(".answer"), answer)
+        self.path.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)
@@ -112,6 +179,42 @@ class WorkDir:
     def is_standby(self) -> bool:
         """A warm standby, not yet promoted."""
         return (self.path / STANDBY_FILE).exists()
+
+    def write_activity(self, activity: Activity) -> None:
+        """Replace the activity file at once (the panel may read it at any moment)."""
+        self._write(ACTIVITY_FILE, json.dumps(asdict(activity)))
+
+    def read_activity(self) -> Activity | None:
+        """What the cluster's kernel last said it does; None where it said nothing (a script's job, a
+        cluster starting) or the file is not one."""
+        try:
+            return Activity.from_dict(json.loads(private.read_text(self.path / ACTIVITY_FILE)))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def ask(self, action: str) -> Path:
+        """Put a request for ``action`` to the kernel; the path of the answer to wait for."""
+        folder = self.path.parent / REQUESTS_DIR
+        folder.mkdir(mode=0o700, exist_ok=True)
+        private.check_dir(folder)
+        name = f"{self.path.name}.{secrets.token_hex(8)}"
+        private.write_text(folder / f"{name}.json", json.dumps({"action": action}))
+        return folder / f"{name}.answer"
+
+    def pending_requests(self) -> list[Request]:
+        """The requests not answered yet, oldest first (an unreadable one is dropped)."""
+        folder = self.path.parent / REQUESTS_DIR
+        try:
+            paths = sorted(folder.glob(f"{self.path.name}.*.json"), key=lambda p: p.stat().st_mtime)
+        except OSError:
+            return []
+        requests = []
+        for path in paths:
+            try:
+                requests.append(Request(path, str(json.loads(private.read_text(path, max_bytes=4096))["action"])))
+            except (OSError, ValueError, KeyError, TypeError):
+                path.unlink(missing_ok=True)
+        return requests
 
     def make_private(self) -> None:
         """The profile (its connection files hold the key that signs every message): owner only."""

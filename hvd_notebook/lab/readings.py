@@ -1,0 +1,199 @@
+"""What JupyterLab's panel shows, read afresh for each request of the server extension (``handlers``):
+this user's clusters on this node, each rank's process and GPU, the node's GPUs and who leases them.
+
+Everything comes from what the package keeps already: the user's own cluster directories (owner only:
+``workdir``, with the activity their kernels write), the node's register of cards and its GPU leases
+(readable by all, and only what they say of other users: a user name, GPUs, a rank count), the OS (psutil)
+and the driver (NVML, through ``nvidia-ml-py``, where it loads)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from .. import private
+from ..cli import ClusterDir, find_clusters, own_cluster_dirs
+from ..cluster.node import leases, policy, registry
+from ..cluster.processes import stacks
+from ..cluster.processes.workdir import Activity
+
+log = logging.getLogger(__name__)
+
+KERNEL_ACTIONS = ("interrupt", "restart", "stop")  # answered by the owning kernel (``kernel.panel``)
+SERVER_ACTIONS = ("stacks",)  # answered here, for any cluster (what ``hvd-notebook stacks`` prints)
+SCRIPT_ACTIONS = ("stacks", "stop")  # a job of hvd-notebook run: its launcher ends the ranks on SIGTERM
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel of this Jupyter server, by its process id: its id and the notebook it serves."""
+
+    id: str
+    notebook: str | None
+
+
+class Nvml:
+    """This host's GPUs as the driver reports them; ``available`` False (and no GPU read) without a driver."""
+
+    def __init__(self) -> None:
+        self.available = False
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self.available = pynvml, True
+        except Exception as exc:  # (no package, no driver, no GPU: the panel shows no GPU columns)
+            log.debug("NVML is not available: %s", exc)
+
+    def devices(self) -> list[dict[str, Any]] | None:
+        """Each GPU's index, name, utilisation (%) and memory, with the memory each process holds on it
+        (``processes``: pid -> bytes); None without a driver."""
+        if not self.available:
+            return None
+        nvml, found = self._nvml, []
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            try:
+                util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+            except nvml.NVMLError:
+                util = None
+            try:
+                processes = {p.pid: p.usedGpuMemory for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+            except nvml.NVMLError:
+                processes = {}
+            name = nvml.nvmlDeviceGetName(handle)
+            found.append({"index": index, "name": name.decode() if isinstance(name, bytes) else name, "util": util,
+                          "memory_used": memory.used, "memory_total": memory.total, "processes": processes})
+        return found
+
+
+class Readings:
+    """The panel's figures. Keeps each rank's process between requests: its CPU share is measured over the
+    time since the last request (psutil's ``cpu_percent``), so the first reading of a rank has none."""
+
+    def __init__(self) -> None:
+        self._processes: dict[tuple[int, float], psutil.Process] = {}
+        self.nvml = Nvml()
+
+    def snapshot(self, kernels: dict[int, Kernel]) -> dict[str, Any]:
+        """What the panel shows now (the contract: ``docs/jupyterlab.md``); ``kernels``: this server's kernels
+        by process id."""
+        now, me = time.time(), private.user_name()
+        gpus = self.nvml.devices()
+        rules = policy.load()
+        cards = registry.read_all()
+        mine = {c.cluster: c for c in cards if c.user == me and c.kernel_alive}
+        clusters = [self._cluster(c, kernels, mine.get(c.path.name), rules, gpus) for c in self._own_clusters()]
+        held = leases.holders() if gpus is not None or rules.max_gpus_per_user is not None else {}
+        holders = {gpu: _user_of(pid) for gpu, (pid, _) in held.items()}
+        self._forget_ended()
+        return {
+            "time": now, "user": me, "clusters": clusters,
+            "gpus": None if gpus is None else [
+                {k: d[k] for k in ("index", "name", "util", "memory_used", "memory_total")}
+                | {"holder": holders.get(str(d["index"])), "mine": holders.get(str(d["index"])) == me} for d in gpus],
+            "caps": {"max_gpus_per_user": rules.max_gpus_per_user, "max_ranks_per_user": rules.max_cpu_ranks_per_user,
+                     "my_gpus": sum(len(c.gpus) for c in mine.values())},
+            "others": [{"user": c.user, "gpus": list(c.gpus), "ranks": c.ranks, "since": c.started}
+                       for c in cards if c.user != me and c.kernel_alive],
+        }
+
+    def _own_clusters(self) -> list[ClusterDir]:
+        found = [c for base in own_cluster_dirs() for c in find_clusters(base)]
+        return [c for c in found if not c.orphaned and not c.workdir.is_standby]
+
+    def _cluster(self, found: ClusterDir, kernels: dict[int, Kernel], card: registry.Card | None,
+                 rules: policy.Policy, gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
+        activity = found.workdir.read_activity()
+        kernel = kernels.get(found.kernel_pid or -1)
+        described = _describe(found, activity)
+        lease_ends = idle_release_at = None
+        if card is not None:
+            lease_ends = card.started + rules.max_lease_time if rules.max_lease_time is not None else None
+            if rules.idle_timeout is not None and not card.busy:
+                idle_release_at = card.last_cell + rules.idle_timeout
+        return {
+            "id": found.path.name, "kind": described["kind"],
+            "notebook": kernel.notebook if kernel is not None and kernel.notebook else described["notebook"],
+            "kernel_id": kernel.id if kernel is not None else None, "command": described["command"],
+            "framework": activity.framework if activity else None, "backend": activity.backend if activity else None,
+            "hosts": sorted({r["host"] for r in described["ranks"]}), "n": len(described["ranks"]),
+            "state": described["state"], "since": described["since"], "detail": described["detail"],
+            "lease_ends": lease_ends, "idle_release_at": idle_release_at, "actions": described["actions"],
+            "ranks": [self._rank(r, gpus) for r in described["ranks"]],
+        }
+
+    def _rank(self, rank: dict[str, Any], gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
+        here = rank.get("here", True)
+        process, first = self._process(rank["pid"]) if here else (None, True)
+        cpu = rss = None
+        alive = process is not None or not here  # (a rank on another host: its kernel would know)
+        if process is not None:
+            try:
+                with process.oneshot():
+                    share, rss = process.cpu_percent(), process.memory_info().rss
+                cpu = None if first else share
+            except psutil.Error:
+                alive = False
+        device, gpu = str(rank["device"]), None
+        match = re.fullmatch(r"GPU (\d+)", device)
+        if gpus is not None and match and int(match.group(1)) < len(gpus):
+            d = gpus[int(match.group(1))]
+            gpu = {k: d[k] for k in ("index", "util", "memory_used", "memory_total")} | {
+                "process_memory": d["processes"].get(rank["pid"]) if here else None}
+        return {"rank": rank["rank"], "pid": rank["pid"], "host": rank["host"], "device": device, "alive": alive,
+                "cpu_percent": cpu, "rss": rss, "gpu": gpu}
+
+    def _process(self, pid: int) -> tuple[psutil.Process | None, bool]:
+        """This user's process ``pid``, the same object as at the last reading (its CPU share counts from
+        then), and whether this is its first reading; None where it ended."""
+        try:
+            key = (pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            return None, True
+        first = key not in self._processes
+        if first:
+            self._processes[key] = psutil.Process(pid)
+        return self._processes[key], first
+
+    def _forget_ended(self) -> None:
+        for key, process in list(self._processes.items()):
+            if not process.is_running():
+                del self._processes[key]
+
+
+def _describe(found: ClusterDir, activity: Activity | None) -> dict[str, Any]:
+    """Kind, notebook, command, state and ranks of a cluster: from its kernel's activity where it wrote one;
+    a job of ``hvd-notebook run`` (or a cluster still starting) from its processes."""
+    if activity is not None:
+        return {"kind": "notebook", "notebook": activity.notebook, "command": None, "state": str(activity.state),
+                "since": activity.since, "detail": activity.detail, "ranks": activity.ranks,
+                "actions": [a for a in activity.actions if a in KERNEL_ACTIONS] + list(SERVER_ACTIONS)}
+    owner = found.workdir.owner()
+    try:
+        process = psutil.Process(owner[0]) if owner else None
+        command = " ".join(process.cmdline()) if process else ""
+        since = process.create_time() if process else time.time()
+    except psutil.Error:
+        command, since = "", time.time()
+    ranks = [{"rank": rank, "pid": pid, "host": os.uname().nodename, "device": "", "here": True}
+             for pid, rank in sorted(stacks.ranks_of(found.live_pids).items(), key=lambda item: item[1])]
+    if "ipykernel" in command:  # a kernel's cluster that has not written its activity yet
+        return {"kind": "notebook", "notebook": None, "command": None, "state": "starting", "since": since,
+                "detail": "", "ranks": ranks, "actions": []}
+    return {"kind": "script", "notebook": None, "command": command, "state": "running", "since": since, "detail": "",
+            "ranks": ranks, "actions": list(SCRIPT_ACTIONS)}
+
+
+def _user_of(pid: int) -> str | None:
+    try:
+        return private.user_name(psutil.Process(pid).uids().real)
+    except (psutil.Error, ValueError):
+        return None

@@ -1,0 +1,162 @@
+"""The clusters panel and the status-bar item in a real JupyterLab in a real browser (Debian's chromium, driven
+by Playwright), over a real 2-rank cluster: the panel lists it with its ranks; their CPU figures move while a
+cell trains; a stall in a named collective and a breakpoint show as such; another user's cluster is a lease
+line; Stop (confirmed in its dialog) leaves no process, and the notebook's next ``%%hvd`` says the cluster was
+stopped from the panel. Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png are taken from
+there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+import psutil
+from conftest import CELL_DONE, CELL_TEXT, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
+
+from hvd_notebook.cluster.node import nodedir
+
+CELLS = [
+    "%load_ext hvd_notebook\n%hvd start -n 2 --env HOROVOD_STALL_CHECK_TIME_SECONDS=1",
+    """%%hvd
+import time
+import numpy as np, keras
+rng = np.random.default_rng(hvd.rank())
+x = rng.normal(size=(16384, 32)).astype('float32'); y = (x[:, 0] > 0).astype('int64')
+model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(64, activation='relu'),
+                          keras.layers.Dense(2, activation='softmax')])
+model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss='sparse_categorical_crossentropy')
+model.fit(x, y, batch_size=32, epochs=2, verbose=0)""",
+    "%%hvd\nif hvd.rank() == 1:\n    time.sleep(6)\nhvd.allreduce(np.ones(1), name='late_gradient')",
+    "%%hvd\nhvd.breakpoint(rank=1)\nprint('went on')",
+    "%%hvd\ntime.sleep(120)",
+    "%%hvd\nprint('after the stop')",
+]
+TRAIN, STALL, BREAK, LONG, AFTER = 1, 2, 3, 4, 5
+
+CLUSTER = "() => { const c = document.querySelector('#hvd-notebook-panel .hvd-cluster'); " \
+          "return c ? {state: c.dataset.state, text: c.querySelector('.hvd-cluster-state').innerText, " \
+          "cpu: [...c.querySelectorAll('td.hvd-rank-cpu')].map(td => td.dataset.cpu), " \
+          "ranks: c.querySelectorAll('tr.hvd-rank-row').length} : null; }"
+STATE_IS = "(s) => { const c = document.querySelector('#hvd-notebook-panel .hvd-cluster'); return !!c && " \
+           "c.dataset.state === s; }"
+
+
+def _other_users_card(node) -> int:
+    """A card in the node's register of a cluster of user ``nobody`` (uid 65534), its kernel a live process
+    (this one's parent stands in); returns the uid."""
+    register = nodedir.register_dir(create=True)
+    kernel = psutil.Process(os.getppid())
+    card = register / f"cluster-65534-{kernel.pid}.json"
+    card.write_text(json.dumps({"cluster": "hvd-1-2", "workdir": "/home/nobody/secret", "kernel": kernel.pid,
+                                "kernel_started": kernel.create_time(), "ranks": 4, "gpus": ["2", "3"],
+                                "started": time.time() - 600, "last_cell": time.time(), "busy": True}))
+    os.chown(card, 65534, 65534)
+    return 65534
+
+
+def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, monkeypatch):
+    from playwright.sync_api import sync_playwright
+
+    node = tmp_path / "node"
+    monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(node))
+    other = os.geteuid() == 0 and _other_users_card(node)  # (a card of another uid: root makes it)
+    artifacts = artifacts_dir()
+    samples = []
+    with jupyter_lab(tmp_path, {"panel.ipynb": CELLS}, {"HVD_NOTEBOOK_LEASE_DIR": str(node)}) as lab, \
+            sync_playwright() as pw:
+        browser, page = browser_page(pw, 1500, 950)
+
+        def wait(condition: str, seconds: float, what: str, arg=None) -> None:
+            try:
+                page.wait_for_function(condition, arg=arg, timeout=seconds * 1000, polling=250)
+            except Exception:
+                name = re.sub(r"\W+", "-", what)
+                page.screenshot(path=str(artifacts / f"panel-missing-{name}.png"))
+                raise AssertionError(f"no {what} in {seconds:g} s; the panel shows:\n"
+                                     + page.inner_text("#hvd-notebook-panel") + "\nthe notebook:\n"
+                                     + page.inner_text(".jp-Notebook")[-3000:] + "\nlab log:\n"
+                                     + lab["log"].read_text()[-3000:]) from None
+
+        def run(i: int) -> None:
+            page.evaluate(RUN_CELL, i)
+
+        try:
+            page.goto(f"{lab['url']}/lab/tree/panel.ipynb?token={lab['token']}")
+            wait(KERNEL_IDLE, 90, "idle kernel")
+            page.evaluate("() => window.jupyterapp.commands.execute('hvd-notebook:open-panel')")
+            wait("() => !!document.querySelector('#hvd-notebook-panel .hvd-empty')", 30, "empty panel")
+            empty = page.inner_text("#hvd-notebook-panel")
+            status_before = page.locator("#hvd-notebook-status").is_visible()
+
+            run(0)
+            wait(STATE_IS, 120, "idle cluster in the panel", "idle")
+            wait(CELL_DONE, 60, "end of %hvd start", 0)
+            lab["watch"]()
+            wait("() => (document.querySelector('#hvd-notebook-status') || {}).innerText?.includes('2 ranks')", 30,
+                 "status-bar item")
+            status = page.inner_text("#hvd-notebook-status")
+
+            run(TRAIN)  # the CPU figures while it trains
+            wait(STATE_IS, 60, "running cell", "running")
+            shot = False
+            while not page.evaluate(CELL_DONE, TRAIN):
+                sample = page.evaluate(CLUSTER)
+                samples.append(sample)
+                busy = [float(c) for c in sample["cpu"] if c]
+                running_for = sum(s["state"] == "running" for s in samples)  # (a few seconds of history drawn)
+                if not shot and running_for >= 8 and len(busy) == 2 and min(busy) > 20:
+                    page.screenshot(path=str(artifacts / "jupyterlab-panel.png"))
+                    shot = True
+                time.sleep(0.5)
+            trained = page.evaluate(CELL_TEXT, TRAIN)
+
+            run(STALL)
+            wait(STATE_IS, 60, "stall", "stalled")
+            stalled = page.evaluate(CLUSTER)["text"]
+            page.screenshot(path=str(artifacts / "jupyterlab-panel-stall.png"))
+            wait(CELL_DONE, 60, "end of the stalled cell", STALL)
+
+            run(BREAK)
+            wait(STATE_IS, 60, "breakpoint", "breakpoint")
+            at_breakpoint = page.evaluate(CLUSTER)["text"]
+            stdin = page.locator(".jp-Stdin-input").last
+            stdin.wait_for(state="visible", timeout=30_000)
+            stdin.fill("c")
+            stdin.press("Enter")
+            wait(CELL_DONE, 60, "end of the breakpoint's cell", BREAK)
+            wait(STATE_IS, 30, "idle after the breakpoint", "idle")
+
+            others = page.locator("#hvd-notebook-panel .hvd-other-lease").all_inner_texts()
+            panel_text = page.inner_text("#hvd-notebook-panel")
+
+            run(LONG)  # Stop from the panel, while a cell runs
+            wait(STATE_IS, 60, "running cell", "running")
+            lab["watch"]()
+            page.click("#hvd-notebook-panel .hvd-action-stop")
+            page.click(".jp-Dialog .jp-mod-accept")
+            wait("() => !document.querySelector('#hvd-notebook-panel .hvd-cluster')", 120, "the cluster gone")
+            wait(CELL_DONE, 60, "end of the interrupted cell", LONG)
+            status_after = page.locator("#hvd-notebook-status").is_visible()
+            run(AFTER)
+            wait(CELL_DONE, 60, "the next cell", AFTER)
+            told = page.evaluate(CELL_TEXT, AFTER)
+            page.screenshot(path=str(artifacts / "jupyterlab-panel-stopped.png"))
+        finally:
+            browser.close()
+
+    assert "No cluster" in empty and not status_before, empty
+    assert re.fullmatch(r"hvd · 2 ranks · CPU · idle \d+:\d\d", status.strip()), status
+    running = [s for s in samples if s["state"] == "running"]
+    moving = {tuple(s["cpu"]) for s in running if all(s["cpu"])}
+    figure(f"the panel's CPU figures while the cell trained: {[s['cpu'] for s in running][:12]}")
+    assert len(moving) >= 3 and max(float(c) for cpu in moving for c in cpu) > 20, running
+    assert all(s["ranks"] == 2 for s in samples) and "Error" not in trained, trained
+    assert "late_gradient" in stalled and stalled.startswith("stalled"), stalled
+    assert "rank 1" in at_breakpoint and "breakpoint" in at_breakpoint, at_breakpoint
+    if other:
+        assert len(others) == 1 and re.fullmatch(r"nobody: 4 ranks, GPUs 2, 3, since \d\d:\d\d", others[0]), others
+        assert "/home/nobody/secret" not in panel_text
+    assert not status_after
+    assert "stopped from the JupyterLab panel at" in told, told
