@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from ..messages import NOISE_SCALE, RankState, RunKind
-from .reporter import RunReport, float_logs, measured_noise_scale, reporting
+from .reporter import RunReport, float_logs, measured_noise_scale, reporting, tell_batch
 
 
 class _Custom:
@@ -64,6 +64,7 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     run.step, run.steps = int(step), total
     if batch_size is not None:
         run.batch_size = int(batch_size)
+        tell_batch(run.batch_size)  # (hvd.noise_scale() in the loop takes it from now on)
         measured = measured_noise_scale(batch_size)
         if measured is not None and NOISE_SCALE not in metrics:
             metrics[NOISE_SCALE] = measured

@@ -55,6 +55,7 @@ class _State:
     runs = itertools.count()
     publish: Callable[[dict[str, Any]], None] | None = None
     noise_scale: Callable[[int | None], float | None] = staticmethod(lambda batch_size: None)
+    tell_batch: Callable[[int], None] = staticmethod(lambda batch_size: None)
     collective_seconds: Callable[[], float | None] = staticmethod(lambda: None)
 
 
@@ -80,6 +81,7 @@ def install(rank: int) -> None:
 
     _State.rank = rank
     _State.noise_scale = staticmethod(noise_scale.noise_scale)
+    _State.tell_batch = staticmethod(noise_scale.tell_batch)
     _State.collective_seconds = staticmethod(collective_time.seconds)
     _State.publish = _engine_publisher()
     if _State.publish is not None:
@@ -96,6 +98,11 @@ def publish_event(kind: str, text: str, fields: dict[str, Any]) -> None:
 def measured_noise_scale(batch_size: int | None) -> float | None:
     """The gradient noise scale this rank's distributed optimizer measured last (``hvd.noise_scale``)."""
     return _State.noise_scale(batch_size)
+
+
+def tell_batch(batch_size: int) -> None:
+    """The loop's batch per rank, as it told the dashboard: ``hvd.noise_scale()`` takes it from now on."""
+    _State.tell_batch(batch_size)
 
 
 def collective_seconds() -> float | None:

@@ -550,3 +550,27 @@ def test_a_world_of_one_rank_counts_no_collective():
     negotiator.release()
     negotiator.run(BARRIER, _Work())
     assert CLOCK.active == 0 and CLOCK.seconds() == before and negotiator.coordinator.seen == []
+
+
+def test_the_noise_scale_of_a_loop_that_does_not_tell_its_batch_says_so_once_then_takes_the_told_one(monkeypatch):
+    """A custom loop (PyTorch's DistributedOptimizer, a tape): ``hvd.noise_scale()`` says once what it needs and
+    returns None; once the loop told the dashboard its batch (``progress.report(batch_size=...)``), it uses it."""
+    import warnings
+
+    from hvd_notebook.runtime.core import noise_scale as ns
+
+    monkeypatch.setattr(ns, "_latest", None)
+    monkeypatch.setattr(ns, "_told_batch", None)
+    monkeypatch.setattr(ns, "_said_it_needs_the_batch", False)
+    assert ns.noise_scale() is None  # (no step yet: nothing to say)
+    estimator = ns.NoiseScale(decay=0.0)
+    ns.record(estimator, local_sq=3.0, global_sq=2.0, ranks=2)  # (no batch: a custom loop)
+    with pytest.warns(UserWarning, match=r"hvd.noise_scale\(batch_size=32\).*progress.report"):
+        assert ns.noise_scale() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once: not again
+        assert ns.noise_scale() is None
+        assert ns.noise_scale(batch_size=32) == pytest.approx(64.0)
+        ns.tell_batch(16)
+        assert ns.noise_scale() == pytest.approx(32.0)
+        assert ns.noise_scale(batch_size=32) == pytest.approx(64.0)  # (an explicit batch wins)

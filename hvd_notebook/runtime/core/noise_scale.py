@@ -21,6 +21,7 @@ This module is framework-free: it takes plain numbers.
 from __future__ import annotations
 
 import math
+import warnings
 
 from ... import config
 
@@ -77,6 +78,11 @@ class NoiseScale:
             raise ValueError(f"{config.NOISE_SCALE_DECAY.name}={d}: the decay is a number in [0, 1), e.g. 0.99.")
         return d
 
+    @property
+    def needs_batch(self) -> bool:
+        """Its steps did not say their batch (a custom loop): ``value`` needs it."""
+        return self.steps > 0 and self.batch is None
+
     def gradient_sq(self) -> float | None:
         """The averaged estimate of ``|G|^2``."""
         return self._signal / self._weight if self.steps else None
@@ -94,6 +100,11 @@ class NoiseScale:
 
 
 _latest: NoiseScale | None = None
+_told_batch: int | None = None  # the samples per rank and pass that the loop told (``tell_batch``)
+_said_it_needs_the_batch = False
+NEEDS_THE_BATCH = ("hvd.noise_scale() is None: the optimizer cannot tell the batch size in this loop. Pass it, "
+                   "hvd.noise_scale(batch_size=32) (the samples per rank and backward pass), or tell it to the "
+                   "dashboard once, hvd_notebook.progress.report(..., batch_size=32), and it is used from then on.")
 
 
 def latest() -> NoiseScale | None:
@@ -109,6 +120,14 @@ def record(estimator: NoiseScale, local_sq: float, global_sq: float, ranks: int,
     _latest = estimator
 
 
+def tell_batch(batch_size: int) -> None:
+    """The samples per rank and backward pass of the loop that trains, as it told them to the dashboard
+    (``hvd_notebook.progress.report(batch_size=...)``): ``noise_scale()`` takes them where the optimizer
+    cannot tell."""
+    global _told_batch
+    _told_batch = int(batch_size)
+
+
 def noise_scale(batch_size: int | None = None) -> float | None:
     """Return the gradient noise scale measured by the distributed optimizer or tape that stepped last.
 
@@ -118,12 +137,23 @@ def noise_scale(batch_size: int | None = None) -> float | None:
 
     Args:
         batch_size: the samples per rank and backward pass. Needed only where the optimizer cannot tell the batch
-            size: ``DistributedGradientTape``, PyTorch's ``DistributedOptimizer`` and ``NoiseScaleHook``. Keras's
-            ``fit`` tells it, and then this argument is ignored. Defaults to None.
+            size: ``DistributedGradientTape``, PyTorch's ``DistributedOptimizer`` and ``NoiseScaleHook``, unless
+            the loop told it to the dashboard (``hvd_notebook.progress.report(batch_size=...)``). Keras's ``fit``
+            tells it, and then this argument is ignored. Defaults to None.
 
     Returns:
         The noise scale in samples, as a float. None before a step has run on at least 2 ranks, where the batch size
-        is needed but not known, or while the averaged gradient is still lost in its noise.
+        is needed but not known (said once, with what to do), or while the averaged gradient is still lost in its
+        noise.
     """
+    global _said_it_needs_the_batch
     estimator = latest()
-    return None if estimator is None else estimator.value(batch_size)
+    if estimator is None:
+        return None
+    batch = batch_size if batch_size is not None else _told_batch
+    if estimator.needs_batch and batch is None:
+        if not _said_it_needs_the_batch:
+            _said_it_needs_the_batch = True
+            warnings.warn(NEEDS_THE_BATCH, stacklevel=2)
+        return None
+    return estimator.value(batch)
