@@ -25,6 +25,8 @@
 #   4. hvd-notebook scaling -n 1 with HVD_NOTEBOOK_REDUCE_ALONE=1: a ResNet-50 step under
 #      DistributedOptimizer (its gradients reduced in buckets, as on more ranks) vs DDP (<= 1.05x), and
 #      each one's time over the compute alone (<= 1.2x).
+#   5. benchmarks/gpu_panel_check.py: the JupyterLab panel's GPU reader (NVML through nvidia-ml-py): the
+#      node's GPUs, and a process's GPU and the memory it holds there.
 # It writes $GPU_CHECK_OUT/gpu-check.json (default build/gpu-check; on the device machine point it at $OUT)
 # holding every figure, and prints a short table. Settings: PYTHON, GPU_WHEELS, GPU_CHECK_OUT,
 # GPU_CHECK_QUICK=1 (fewer repetitions).
@@ -67,15 +69,15 @@ done
 # what the machine lacks, from the carried wheels (never from the network)
 missing=$("$PY" - <<'PY'
 import importlib.util
-print(" ".join(m for m in ("ipyparallel", "IPython", "ipykernel", "ipywidgets", "bqplot")
+print(" ".join(m for m in ("ipyparallel", "IPython", "ipykernel", "ipywidgets", "bqplot", "pynvml")
                if importlib.util.find_spec(m) is None))
 PY
 )
 PIP=("$PY" -m pip install --quiet --no-index --find-links "$WHEELS")
 if [ -n "$missing" ]; then
   [ -d "$WHEELS" ] || needs "$PY lacks $missing and there is no wheel folder at $WHEELS (make gpu-wheels)"
-  echo "== installing from $WHEELS: ipyparallel ipykernel ipython ipywidgets bqplot"
-  "${PIP[@]}" ipyparallel ipykernel ipython ipywidgets bqplot || needs "installing from $WHEELS failed"
+  echo "== installing from $WHEELS: ipyparallel ipykernel ipython ipywidgets bqplot nvidia-ml-py"
+  "${PIP[@]}" ipyparallel ipykernel ipython ipywidgets bqplot nvidia-ml-py || needs "installing from $WHEELS failed"
 fi
 # this checkout's package, for the scripts and the ranks too (`python -c` finds it from here through the
 # current directory, a script under benchmarks/ would not)
@@ -109,6 +111,8 @@ timeout 180 "$PY" benchmarks/run.py gpu $QUICK && cp build/bench/gpu.json "$OUTD
 echo "== 4. a ResNet-50 step under DistributedOptimizer vs DDP, the reduction forced on one rank"
 HVD_NOTEBOOK_REDUCE_ALONE=1 timeout 240 "$PY" -m hvd_notebook.cli scaling -n 1 --model resnet50 --batch 64 \
   --rounds 3 ${QUICK:+--steps 5} --out "$OUTDIR/scaling.json" || rc=1
+echo "== 5. the JupyterLab panel's GPU reader (NVML): the node's GPUs, a process's GPU memory"
+timeout 60 "$PY" benchmarks/gpu_panel_check.py "$OUTDIR/panel.json" || rc=1
 
 "$PY" - "$OUTDIR" "$rc" "$(($(date +%s) - START))" <<'PY'
 import json, os, subprocess, sys, time
@@ -124,7 +128,8 @@ try:
 except OSError:
     gpu = []
 report = {"date": time.strftime("%Y-%m-%d"), "gpu": gpu[0] if gpu else "", "passed": rc == 0, "seconds": seconds,
-          "cell": load("cell.json"), "allreduce": load("allreduce.json"), "scaling": load("scaling.json")}
+          "cell": load("cell.json"), "allreduce": load("allreduce.json"), "scaling": load("scaling.json"),
+          "panel": load("panel.json")}
 tests = os.path.join(out, "gpu-tests.xml")
 if os.path.exists(tests):
     root = ET.parse(tests).getroot()

@@ -20,7 +20,7 @@ for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_26_x86_64 manyl
 done
 "$PY" -m pip download --quiet --dest "$OUT" --only-binary=:all: --python-version 3.12 --implementation cp \
   "${PLATFORMS[@]}" "ipyparallel>=9,<10" "ipykernel>=6.29" "ipython>=8.20" "ipywidgets>=8.1,<9" "bqplot>=0.13" \
-  "mpich>=4.2" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
+  "nvidia-ml-py>=12" "mpich>=4.2" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
 # already in the machine's image: not carried (pip takes them from there)
 for name in numpy pandas matplotlib contourpy cycler fonttools kiwisolver pillow pyparsing python_dateutil six \
             psutil pygments packaging typing_extensions tzdata pytz; do
