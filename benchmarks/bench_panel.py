@@ -7,15 +7,12 @@ the runs themselves.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import statistics
 import subprocess
 import sys
 
-from bench_progress import SETUP, TIMED, _check
-from common import Context, Report, Row, ipython_shell
+from bench_progress import TIMED, _check, fitting_cluster
+from common import Context, Report, Row
 
 TARGET = 1.03
 PERIOD_S = 1.5  # the panel's refresh while it is open (labextension/src/model.ts)
@@ -37,37 +34,23 @@ while True:  # (until the benchmark kills it)
 
 
 def run(ctx: Context) -> Report:
-    os.environ["HVD_NOTEBOOK_GPUS"] = ""
-    from hvd_notebook.kernel.session import Session
-
     rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
-    ip = ipython_shell()
-    session = Session.get()
-    quiet = contextlib.ExitStack()
-    quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
     closed, opened, reads = [], [], []
-    try:
-        with quiet:
-            ip.run_line_magic("hvd", "start -n 2 --restart" if session.cluster else "start -n 2")
-            _check(ip.run_cell(f"%%hvd\nN = {samples}" + SETUP))
-            timed = "%%hvd --no-progress" + f"\nEPOCHS = {epochs}" + TIMED
-            for _ in range(rounds):  # alternate, so drift hits both alike
+    with fitting_cluster(samples) as (ip, session):
+        timed = "%%hvd --no-progress" + f"\nEPOCHS = {epochs}" + TIMED
+        for _ in range(rounds):  # alternate, so drift hits both alike
+            _check(ip.run_cell(timed))
+            closed.append(float(session.pull("rate")))
+            reader = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True)
+            try:
+                assert reader.stdout.readline().strip() == "ready"
                 _check(ip.run_cell(timed))
-                closed.append(float(session.pull("rate")))
-                reader = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, text=True)
-                try:
-                    assert reader.stdout.readline().strip() == "ready"
-                    _check(ip.run_cell(timed))
-                    opened.append(float(session.pull("rate")))
-                finally:
-                    reader.kill()
-                    lines = reader.communicate()[0].split("\n")
-                reads += [line.split() for line in lines if line.strip()]
-    finally:
-        with contextlib.redirect_stdout(io.StringIO()):
-            ip.run_line_magic("hvd", "stop")
+                opened.append(float(session.pull("rate")))
+            finally:
+                reader.kill()
+                lines = reader.communicate()[0].split("\n")
+            reads += [line.split() for line in lines if line.strip()]
     rate_open, rate_closed = statistics.median(opened), statistics.median(closed)
     assert reads and all(int(clusters) == 1 for _, clusters, _ in reads), reads  # (it saw the cluster each time)
     read_s = statistics.median(float(seconds) for _, _, seconds in reads)

@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import statistics
+from collections.abc import Iterator
 from typing import Any
 
 from common import Context, Report, Row, ipython_shell
@@ -47,30 +48,34 @@ def _check(result: Any) -> None:
         result.raise_error()
 
 
-def run(ctx: Context) -> Report:
+@contextlib.contextmanager
+def fitting_cluster(samples: int) -> Iterator[tuple[Any, Any]]:
+    """A 2-rank cluster of this process's session with this benchmark's model set up on ``samples`` per rank
+    (``SETUP``), all it prints swallowed; stopped at the end. Yields the IPython shell and the session."""
     os.environ["HVD_NOTEBOOK_GPUS"] = ""
     from hvd_notebook.kernel.session import Session
 
-    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
-    ip = ipython_shell()
-    session = Session.get()
-    quiet = contextlib.ExitStack()
-    quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
-    on, off = [], []
+    ip, session = ipython_shell(), Session.get()
     try:
-        with quiet:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             ip.run_line_magic("hvd", "start -n 2 --restart" if session.cluster else "start -n 2")
             _check(ip.run_cell(f"%%hvd\nN = {samples}" + SETUP))
-            timed = f"\nEPOCHS = {epochs}" + TIMED
-            for _ in range(rounds):  # alternate, so drift hits both alike
-                _check(ip.run_cell("%%hvd --no-progress" + timed))
-                off.append(float(session.pull("rate")))
-                _check(ip.run_cell("%%hvd --progress widgets" + timed))
-                on.append(float(session.pull("rate")))
+            yield ip, session
     finally:
         with contextlib.redirect_stdout(io.StringIO()):
             ip.run_line_magic("hvd", "stop")
+
+
+def run(ctx: Context) -> Report:
+    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
+    on, off = [], []
+    with fitting_cluster(samples) as (ip, session):
+        timed = f"\nEPOCHS = {epochs}" + TIMED
+        for _ in range(rounds):  # alternate, so drift hits both alike
+            _check(ip.run_cell("%%hvd --no-progress" + timed))
+            off.append(float(session.pull("rate")))
+            _check(ip.run_cell("%%hvd --progress widgets" + timed))
+            on.append(float(session.pull("rate")))
     rate_on, rate_off = statistics.median(on), statistics.median(off)
     rows = [Row("2-rank fit, time per sample: dashboard on (widgets) vs --no-progress", "us",
                 1e6 / rate_on, 1e6 / rate_off, TARGET)]

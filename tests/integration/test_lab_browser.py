@@ -11,8 +11,10 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import psutil
+import pytest
 from conftest import CELL_DONE, CELL_TEXT, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
 
 from hvd_notebook.cluster.node import nodedir
@@ -34,6 +36,7 @@ model.fit(x, y, batch_size=32, epochs=2, verbose=0)""",
     "%%hvd\nprint('after the stop')",
 ]
 TRAIN, STALL, BREAK, LONG, AFTER = 1, 2, 3, 4, 5
+BUILT = Path(__file__).resolve().parents[2] / "hvd_notebook" / "lab" / "labextension"  # (make install builds it)
 
 CLUSTER = "() => { const c = document.querySelector('#hvd-notebook-panel .hvd-cluster'); " \
           "return c ? {state: c.dataset.state, text: c.querySelector('.hvd-cluster-state').innerText, " \
@@ -58,6 +61,10 @@ def _other_users_card(node) -> int:
 
 def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, monkeypatch):
     from playwright.sync_api import sync_playwright
+
+    if not (BUILT / "package.json").exists():
+        pytest.fail(f"the JupyterLab extension is not built ({BUILT} is missing): make install builds it with npm "
+                    "(as root it installs Debian's nodejs and npm; else run `sudo apt-get install nodejs npm` first)")
 
     node = tmp_path / "node"
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(node))
