@@ -83,15 +83,23 @@ class Readings:
         self.nvml = Nvml()
 
     def snapshot(self, kernels: dict[int, Kernel]) -> dict[str, Any]:
-        """What the panel shows now (the contract: ``docs/jupyterlab.md``); ``kernels``: this server's kernels
-        by process id."""
+        """What the panel shows now (its fields: docs/jupyterlab.md, "The server's answers"); ``kernels``: this
+        server's kernels by process id."""
         now, me = time.time(), private.user_name()
         gpus = self.nvml.devices()
-        rules = policy.load()
+        try:
+            rules = policy.load()
+        except policy.PolicyError as exc:  # (the kernels refuse to start and say why; the panel goes on)
+            log.warning("hvd_notebook: the node's rules could not be read: %s", exc)
+            rules = policy.Policy()
         cards = registry.read_all()
         mine = {c.cluster: c for c in cards if c.user == me and c.kernel_alive}
         clusters = [self._cluster(c, kernels, mine.get(c.path.name), rules, gpus) for c in self._own_clusters()]
-        held = leases.holders() if gpus is not None or rules.max_gpus_per_user is not None else {}
+        try:
+            held = leases.holders() if gpus is not None else {}
+        except leases.LeaseError as exc:
+            log.warning("hvd_notebook: the GPU leases could not be read: %s", exc)
+            held = {}
         holders = {gpu: _user_of(pid) for gpu, (pid, _) in held.items()}
         self._forget_ended()
         return {

@@ -41,7 +41,10 @@ BUILT = Path(__file__).resolve().parents[2] / "hvd_notebook" / "lab" / "labexten
 CLUSTER = "() => { const c = document.querySelector('#hvd-notebook-panel .hvd-cluster'); " \
           "return c ? {state: c.dataset.state, text: c.querySelector('.hvd-cluster-state').innerText, " \
           "cpu: [...c.querySelectorAll('td.hvd-rank-cpu')].map(td => td.dataset.cpu), " \
-          "ranks: c.querySelectorAll('tr.hvd-rank-row').length} : null; }"
+          "ranks: c.querySelectorAll('tr.hvd-rank-row').length, " \
+          "gpu_cells: c.querySelectorAll('td.hvd-rank-gpu-util, td.hvd-rank-gpu-mem').length, " \
+          "node_gpus: !(document.querySelector('#hvd-notebook-panel .hvd-node-gpus') || {hidden: true}).hidden} " \
+          ": null; }"
 STATE_IS = "(s) => { const c = document.querySelector('#hvd-notebook-panel .hvd-cluster'); return !!c && " \
            "c.dataset.state === s; }"
 
@@ -160,6 +163,7 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     figure(f"the panel's CPU figures while the cell trained: {[s['cpu'] for s in running][:12]}")
     assert len(moving) >= 3 and max(float(c) for cpu in moving for c in cpu) > 20, running
     assert all(s["ranks"] == 2 for s in samples) and "Error" not in trained, trained
+    assert not any(s["gpu_cells"] or s["node_gpus"] for s in samples), samples[-1]  # (no driver: no GPU columns)
     assert "late_gradient" in stalled and stalled.startswith("stalled"), stalled
     assert "rank 1" in at_breakpoint and "breakpoint" in at_breakpoint, at_breakpoint
     if other:
