@@ -52,7 +52,7 @@ def run(ctx: Context) -> Report:
                 lines = reader.communicate()[0].split("\n")
             reads += [line.split() for line in lines if line.strip()]
     rate_open, rate_closed = statistics.median(opened), statistics.median(closed)
-    assert reads and all(int(clusters) == 1 for _, clusters, _ in reads), reads  # (it saw the cluster each time)
+    assert reads and all(int(clusters) >= 1 for _, clusters, _ in reads), reads  # (it saw the cluster each time)
     read_s = statistics.median(float(seconds) for _, _, seconds in reads)
     rows = [Row("2-rank fit, time per sample: the panel reading every 1.5 s vs nothing reading", "us",
                 1e6 / rate_open, 1e6 / rate_closed, TARGET)]

@@ -22,9 +22,12 @@ from hvd_notebook.cluster.node import nodedir
 from hvd_notebook.lab.actions import ActionError, carry_out
 from hvd_notebook.lab.readings import Readings
 
+NOTEBOOK = "experiments/panel.ipynb"  # (the user's other clusters, of tests beside this one, have other names)
+
 
 def _mine(readings: Readings) -> dict:
-    clusters = readings.snapshot({})["clusters"]
+    """The cluster of this test's kernel, as the panel reads it ({} where it has none)."""
+    clusters = [c for c in readings.snapshot({})["clusters"] if c["notebook"] == NOTEBOOK]
     assert len(clusters) <= 1, clusters
     return clusters[0] if clusters else {}
 
@@ -48,7 +51,7 @@ def _answer_stdin(kc, msg_id: str, answer: str, seconds: float) -> str:
 
 
 def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path):
-    env = {"JPY_SESSION_NAME": "experiments/panel.ipynb", "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "node")}
+    env = {"JPY_SESSION_NAME": NOTEBOOK, "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "node")}
     readings = Readings()
     with started_kernel(env) as (_, kc):
         reply, out = execute(kc, "%load_ext hvd_notebook\nfrom hvd_notebook.kernel.session import Session\n"
@@ -56,7 +59,7 @@ def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path)
         assert reply["content"]["status"] == "ok", out
         pids = cluster_pids(kc)
         first = _mine(readings)
-        assert first["kind"] == "notebook" and first["notebook"] == "experiments/panel.ipynb", first
+        assert first["kind"] == "notebook", first
         assert first["state"] == "idle" and first["n"] == 2 and first["hosts"] == [os.uname().nodename], first
         assert "tensorflow" in first["framework"] and first["backend"], first
         assert [r["rank"] for r in first["ranks"]] == [0, 1] and all(r["device"] == "CPU" for r in first["ranks"])
@@ -68,10 +71,12 @@ def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path)
         msg_id = kc.execute("%%hvd\nimport time\nend = time.time() + 6\nwhile time.time() < end:\n    pass")
         running = comes_within(lambda: _state_is(readings, "running"), 20, every=0.3)
         assert running, _mine(readings)
-        time.sleep(1.0)
-        busy = _mine(readings)
-        shares = [r["cpu_percent"] for r in busy["ranks"]]
-        assert all(s is not None and s > 20 for s in shares), busy["ranks"]
+        shares = []  # each rank's CPU share over the last 0.7 s, four times (beside other tests: a core shared)
+        for _ in range(4):
+            time.sleep(0.7)
+            shares.append([r["cpu_percent"] for r in _mine(readings)["ranks"]])
+        assert all(s is not None for row in shares for s in row), shares
+        assert all(max(row[rank] for row in shares) > 20 for rank in (0, 1)), shares
         collect(kc, msg_id)
         assert comes_within(lambda: _state_is(readings, "idle"), 10), _mine(readings)
 
