@@ -48,16 +48,14 @@ demo: install
 TEST_UNPRIVILEGED ?= yes
 # the root run on three pytest-xdist workers on the 2-core VM (most tests wait on MPI worlds, kernels and
 # browsers more than they compute: 15.5 min against 18.4 with two; TEST_WORKERS=0: one process), a module's
-# tests all on one worker (--dist loadfile: a module's shared cluster starts once), the longest modules first
-# (tests/conftest.py's SLOW_FILES, in place of xdist's order by number of tests); its tests hold with another
+# tests all on one worker (--dist loadfile: a module's shared cluster starts once); its tests hold with another
 # test running beside them (HVD_TEST_PHASE=beside, tests/conftest.py), except those marked `alone` (the hostile
 # user's attacks hit any world that starts meanwhile), run after (pytest's 5: none of them selected by
 # PYTEST_ARGS, whose own -m then still applies)
 TEST_WORKERS ?= 3
 test: install
 	@if [ "$(TEST_UNPRIVILEGED)" != no ]; then bash scripts/test-unprivileged.sh; fi
-	HVD_TEST_PHASE=beside $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) \
-		|| [ $$? = 5 ]
+	HVD_TEST_PHASE=beside $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || [ $$? = 5 ]
 	HVD_TEST_PHASE=alone $(PY) -m pytest $(PYTEST_ARGS) || [ $$? = 5 ]
 
 # the unit tier: no MPI, no engines; well under a minute
@@ -71,7 +69,7 @@ COVERAGE_DIR := $(CURDIR)/build/coverage
 coverage: install
 	rm -rf $(COVERAGE_DIR) && mkdir -p $(COVERAGE_DIR)
 	HVD_TEST_PHASE=beside COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest \
-		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS) || true
+		-n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) || true
 	HVD_TEST_PHASE=alone COVERAGE_FILE=$(COVERAGE_DIR)/.coverage $(PY) -m coverage run -m pytest $(PYTEST_ARGS) || true
 	cd $(COVERAGE_DIR) && $(CURDIR)/$(PY) -m coverage combine -q --keep . && \
 		$(CURDIR)/$(PY) -m coverage html -q -d . --rcfile=$(CURDIR)/pyproject.toml && \

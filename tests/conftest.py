@@ -38,26 +38,9 @@ os.environ.setdefault("HVD_NOTEBOOK_STANDBY", "off")
 PHASE = os.environ.get("HVD_TEST_PHASE", "")
 
 
-# The files that take longest, in seconds of one worker on the 2-core VM beside two others (CI's durations):
-# `make test` runs them first (with --no-loadscope-reorder), so that none starts last and holds the whole run
-# up. pytest-xdist's own order, by the number of tests in a file, put the one-test files (the benchmarks' run,
-# the hub, the browsers) last. Integration files not named here come next, the unit tier last.
-SLOW_FILES = {"test_lifecycle.py": 450, "test_benchmarks.py": 310, "test_notebooks.py": 250, "test_parallel.py": 210,
-              "test_sweep.py": 160, "test_jupyterhub.py": 145, "test_sharing.py": 140, "test_standby.py": 130,
-              "test_horovod_examples.py": 130, "test_reliability.py": 120, "test_multihost.py": 100,
-              "test_lab_browser.py": 50, "test_lab_panel.py": 45, "test_browser.py": 40, "test_horovodrun.py": 35,
-              "test_torch.py": 35, "test_binder.py": 30}
-
-
-def _expected_seconds(item: pytest.Item) -> int:
-    path = Path(str(item.fspath))
-    return SLOW_FILES.get(path.name, 20 if path.parent.name == "integration" else 0)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if PHASE not in ("", "beside", "alone"):
         raise pytest.UsageError(f"HVD_TEST_PHASE={PHASE!r}: give beside, alone, or leave it unset.")
-    items.sort(key=lambda item: -_expected_seconds(item))  # (stable: a file's tests keep their order)
     if not PHASE:
         return
     kept: list[pytest.Item] = []
