@@ -34,7 +34,8 @@ while True:  # (until the benchmark kills it)
 
 
 def run(ctx: Context) -> Report:
-    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
+    # (rounds of several seconds, so that each holds a few of the panel's reads)
+    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 8192, 4)
     closed, opened, reads = [], [], []
     with fitting_cluster(samples) as (ip, session):
         timed = "%%hvd --no-progress" + f"\nEPOCHS = {epochs}" + TIMED
