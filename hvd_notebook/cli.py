@@ -84,6 +84,12 @@ class ClusterDir:
         """The cluster's directory."""
         return self.workdir.path
 
+    @property
+    def started_by(self) -> str:
+        """Who started the cluster: "kernel PID", or a job of ``hvd-notebook run`` with its command."""
+        job, pid = self.workdir.job(), self.kernel_pid or "?"
+        return f"hvd-notebook run {pid} ({job})" if job is not None else f"kernel {pid}"
+
 
 def find_clusters(base: Path | None = None) -> list[ClusterDir]:
     """This user's clusters, with their kernel and the processes still theirs."""
@@ -131,7 +137,7 @@ def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
     orphans = [c for c in clusters if c.orphaned]
     if not orphans:
         kept = len(clusters)
-        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels." if kept else ""))
+        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels or jobs." if kept else ""))
         return
     for c in orphans:
         if dry_run:
@@ -139,7 +145,7 @@ def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
             continue
         pids = sorted(c.live_pids)
         killed = reap(c.workdir)
-        print(f"stopped {c.path.name} (kernel {c.kernel_pid or '?'} is gone): killed {killed} process(es)"
+        print(f"stopped {c.path.name} ({c.started_by} is gone): killed {killed} process(es)"
               + (f" {pids}" if pids else "") + f", removed {c.path}")
     for c in clusters:
         if not c.orphaned:
@@ -147,10 +153,9 @@ def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
 
 
 def _describe(c: ClusterDir) -> str:
-    owner = f"kernel {c.kernel_pid}" if c.kernel_pid else "unknown kernel"
     state = "gone" if c.orphaned else "running"
     role = ", the warm standby of its other cluster" if c.workdir.is_standby else ""
-    return f"{c.path.name}: {owner} ({state}){role}, {len(c.live_pids)} live process(es)"
+    return f"{c.path.name}: {c.started_by} ({state}){role}, {len(c.live_pids)} live process(es)"
 
 
 KERNEL_NAME = "hvd-tensorflow"

@@ -11,7 +11,7 @@ import time
 
 from ..cli import ClusterDir, find_clusters, own_cluster_dirs
 from ..cluster.processes import stacks
-from ..cluster.processes.pids import ask_to_end, same_process
+from ..cluster.processes.pids import ask_to_end
 from ..cluster.processes.workdir import CELL_ENDS_S
 from .readings import KERNEL_ACTIONS, SCRIPT_ACTIONS, SERVER_ACTIONS
 
@@ -38,7 +38,7 @@ def carry_out(cluster_id: str, action: str) -> str:
         return _stacks(found)
     activity = found.workdir.read_activity()
     if activity is None:  # a job of hvd-notebook run, or a cluster still starting
-        if action != "stop" or "ipykernel" in _command(found):
+        if action != "stop" or found.workdir.job() is None:
             raise ActionError(409, f"{cluster_id} takes no {action} from the panel now (it is still starting, or "
                                    f"is a job of hvd-notebook run, which offers {', '.join(SCRIPT_ACTIONS)}).")
         return _stop_job(found)
@@ -74,15 +74,6 @@ def _stacks(found: ClusterDir) -> str:
     if not pids:
         return "No rank of this cluster answers on this host (ranks on other hosts answer there)."
     return stacks.format_stacks(stacks.collect(pids))
-
-
-def _command(found: ClusterDir) -> str:
-    owner = found.workdir.owner()
-    process = same_process(owner) if owner else None
-    try:
-        return " ".join(process.cmdline()) if process else ""
-    except Exception:
-        return ""
 
 
 def _stop_job(found: ClusterDir) -> str:

@@ -151,6 +151,8 @@ class Readings:
             except psutil.Error:
                 alive = False
         device, gpu = str(rank["device"]), None
+        if not device and here and gpus is not None:  # a script's rank: the GPU it holds memory on, if any
+            device = next((f"GPU {d['index']}" for d in gpus if rank["pid"] in d["processes"]), "")
         match = re.fullmatch(r"GPU (\d+)", device)
         if gpus is not None and match and int(match.group(1)) < len(gpus):
             d = gpus[int(match.group(1))]
@@ -179,24 +181,19 @@ class Readings:
 
 def _describe(found: ClusterDir, activity: Activity | None) -> dict[str, Any]:
     """Kind, notebook, command, state and ranks of a cluster: from its kernel's activity where it wrote one;
-    a job of ``hvd-notebook run`` (or a cluster still starting) from its processes."""
+    a job of ``hvd-notebook run`` (or a kernel's cluster still starting) from its directory and processes."""
     if activity is not None:
         return {"kind": "notebook", "notebook": activity.notebook, "command": None, "state": str(activity.state),
                 "since": activity.since, "detail": activity.detail, "ranks": activity.ranks,
                 "actions": [a for a in activity.actions if a in KERNEL_ACTIONS] + list(SERVER_ACTIONS)}
-    owner = found.workdir.owner()
-    try:
-        process = psutil.Process(owner[0]) if owner else None
-        command = " ".join(process.cmdline()) if process else ""
-        since = process.create_time() if process else time.time()
-    except psutil.Error:
-        command, since = "", time.time()
+    owner, job = found.workdir.owner(), found.workdir.job()
+    since = owner[1] if owner else time.time()
     ranks = [{"rank": rank, "pid": pid, "host": os.uname().nodename, "device": "", "here": True}
              for pid, rank in sorted(stacks.ranks_of(found.live_pids).items(), key=lambda item: item[1])]
-    if "ipykernel" in command:  # a kernel's cluster that has not written its activity yet
+    if job is None:  # a kernel's cluster that has not written its activity yet
         return {"kind": "notebook", "notebook": None, "command": None, "state": "starting", "since": since,
                 "detail": "", "ranks": ranks, "actions": []}
-    return {"kind": "script", "notebook": None, "command": command, "state": "running", "since": since, "detail": "",
+    return {"kind": "script", "notebook": None, "command": job, "state": "running", "since": since, "detail": "",
             "ranks": ranks, "actions": list(SCRIPT_ACTIONS)}
 
 

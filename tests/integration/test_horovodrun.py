@@ -1,7 +1,8 @@
 """``hvd-notebook run`` (and the same entry point under the name ``horovodrun``) launching real
 scripts on 2 ranks: output of both ranks, the job's exit code, the rank that failed named, Horovod
-settings reaching the ranks, a timeline written, Ctrl-C stopping every rank, and
-nothing left running afterwards (bad input, which launches nothing: unit/test_cli_run.py)."""
+settings reaching the ranks, a timeline written, Ctrl-C stopping every rank, the job's reaper ending
+the ranks of a killed ``hvd-notebook run``, and nothing left running afterwards (bad input, which
+launches nothing: unit/test_cli_run.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 from conftest import assert_gone, left_running
+
+from hvd_notebook.cli import find_clusters
 
 BIN = Path(sys.executable).parent
 HVD_NOTEBOOK = BIN / "hvd-notebook"
@@ -102,8 +105,9 @@ def test_the_entry_point_answers_to_horovodrun(script, tmp_path):
     assert help_text.startswith("usage: horovodrun") and "--cycle-time-ms" in help_text
 
 
-def test_ctrl_c_stops_every_rank(script, tmp_path):
-    proc = subprocess.Popen([str(HVD_NOTEBOOK), "run", "-np", "2", "python", str(script), "sleep"], cwd=tmp_path,
+def _sleeping_job(script: Path, cwd: Path) -> tuple[subprocess.Popen, set[int]]:
+    """A job of 2 ranks that sleep, once both are ready; its processes (launcher, ranks, reaper)."""
+    proc = subprocess.Popen([str(HVD_NOTEBOOK), "run", "-np", "2", "python", str(script), "sleep"], cwd=cwd,
                             env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready = []
     deadline = time.monotonic() + 90
@@ -114,7 +118,11 @@ def test_ctrl_c_stops_every_rank(script, tmp_path):
         if line.startswith("ready "):
             ready.append(int(line.split()[2]))
     assert len(ready) == 2, proc.stderr.read() if proc.poll() is not None else "ranks did not start"
-    pids = {c.pid for c in psutil.Process(proc.pid).children(recursive=True)} | set(ready)
+    return proc, {c.pid for c in psutil.Process(proc.pid).children(recursive=True)} | set(ready)
+
+
+def test_ctrl_c_stops_every_rank(script, tmp_path):
+    proc, pids = _sleeping_job(script, tmp_path)
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -122,6 +130,19 @@ def test_ctrl_c_stops_every_rank(script, tmp_path):
     assert "stopped by SIGINT" in err
     assert time.monotonic() - started < 10
     assert_gone(pids)
+    assert not left_running(str(tmp_path))
+
+
+def test_a_killed_job_leaves_nothing_behind(script, tmp_path):
+    """``kill -9`` of ``hvd-notebook run`` (no handler runs): its reaper ends the ranks and removes the job's
+    directory, as a killed kernel's does for its cluster."""
+    proc, pids = _sleeping_job(script, tmp_path)
+    (workdir,) = [c.path for c in find_clusters() if c.kernel_pid == proc.pid]
+    assert workdir.exists() and len(pids) >= 4, pids  # launcher, 2 ranks, reaper (and gforker's own)
+    proc.kill()
+    proc.communicate(timeout=10)
+    assert_gone(pids, timeout=20)
+    assert not workdir.exists()
     assert not left_running(str(tmp_path))
 
 

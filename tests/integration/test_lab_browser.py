@@ -1,9 +1,10 @@
 """The clusters panel and the status-bar item in a real JupyterLab in a real browser (Debian's chromium, driven
 by Playwright), over a real 2-rank cluster: the panel lists it with its ranks; their CPU figures move while a
 cell trains; a stall in a named collective and a breakpoint show as such; another user's cluster is a lease
-line; Stop (confirmed in its dialog) leaves no process, and the notebook's next ``%%hvd`` says the cluster was
-stopped from the panel. (The user's other clusters, of tests running beside this one, are in the panel too: this
-notebook's is found by its name.) Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png are taken from
+line; a job of ``hvd-notebook run`` is listed by its command and stopped from its row; Stop (confirmed in its
+dialog) leaves no process, and the notebook's next ``%%hvd`` says the cluster was stopped from the panel. (The
+user's other clusters, of tests running beside this one, are in the panel too: this notebook's is found by its
+name.) Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png are taken from
 there)."""
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CELL_DONE, CELL_TEXT, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
+from conftest import CELL_DONE, CELL_TEXT, CLI, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
 
 from hvd_notebook.cluster.node import nodedir
 
@@ -50,6 +54,8 @@ CLUSTER = f"() => {{ const c = {MINE}; " \
           "node_gpus: !(document.querySelector('#hvd-notebook-panel .hvd-node-gpus') || {hidden: true}).hidden} " \
           ": null; }"
 STATE_IS = f"(s) => {{ const c = {MINE}; return !!c && c.dataset.state === s; }}"
+JOB = "[...document.querySelectorAll('#hvd-notebook-panel .hvd-cluster')]" \
+      ".find(c => (c.querySelector('.hvd-cluster-command') || {}).innerText?.includes('slow_job.py'))"
 
 
 def _other_users_card(node) -> int:
@@ -145,6 +151,24 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
             others = page.locator("#hvd-notebook-panel .hvd-other-lease").all_inner_texts()
             panel_text = page.inner_text("#hvd-notebook-panel")
 
+            # a job of hvd-notebook run beside it: listed by its command line, with its ranks; Stop ends it
+            script = tmp_path / "slow_job.py"
+            script.write_text("import time\ntime.sleep(120)\n")
+            job = subprocess.Popen(CLI + ["run", "-np", "2", sys.executable, str(script)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                wait(f"() => {JOB}?.querySelectorAll('tr.hvd-rank-row').length === 2", 90, "the job's ranks")
+                job_state = page.evaluate(f"() => {JOB}.querySelector('.hvd-cluster-state').innerText")
+                page.locator("#hvd-notebook-panel .hvd-cluster", has=page.locator(".hvd-cluster-command",
+                             has_text="slow_job.py")).locator(".hvd-action-stop").click()
+                page.click(".jp-Dialog .jp-mod-accept")
+                wait(f"() => !{JOB}", 60, "the job gone")
+                job_err = job.communicate(timeout=30)[1]
+            finally:
+                if job.poll() is None:
+                    job.kill()
+                    job.communicate()
+
             run(LONG)  # Stop from the panel, while a cell runs
             wait(STATE_IS, 60, "running cell", "running")
             lab["watch"]()
@@ -175,5 +199,7 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     if other:
         assert len(others) == 1 and re.fullmatch(r"nobody: 4 ranks, GPUs 2, 3, since \d\d:\d\d", others[0]), others
         assert "/home/nobody/secret" not in panel_text
+    assert job_state.startswith("running"), job_state
+    assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in job_err, job_err
     assert not status_after
     assert "stopped from the JupyterLab panel at" in told, told

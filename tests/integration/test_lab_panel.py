@@ -1,14 +1,16 @@
 """The JupyterLab panel's server side against a real cluster of a real kernel: what the server extension reads
 (``hvd_notebook.lab.readings``) follows the cluster through idle, a training cell whose CPU figures move, a
 stall in a named collective, a breakpoint, and its end; its buttons (``hvd_notebook.lab.actions``) act as the
-magics do, through the kernel, and the notebook's next cell says what happened; another user's cluster is a
-lease line and nothing more. (The panel itself, in a browser: test_lab_browser.py.)"""
+magics do, through the kernel, and the notebook's next cell says what happened; a job of ``hvd-notebook run``
+is listed with its ranks, and stopped; another user's cluster is a lease line and nothing more. (The panel
+itself, in a browser: test_lab_browser.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import assert_gone, cluster_pids, collect, comes_within, execute, figure, started_kernel
+from conftest import CLI, assert_gone, cluster_pids, collect, comes_within, execute, figure, started_kernel
 
 from hvd_notebook.cluster.node import nodedir
 from hvd_notebook.lab.actions import ActionError, carry_out
@@ -137,6 +139,47 @@ def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path)
         with pytest.raises(ActionError) as gone:
             carry_out(cluster, "stop")
         assert gone.value.status == 404 and "no running cluster" in str(gone.value)
+
+
+def test_a_job_of_hvd_notebook_run_is_listed_and_stopped_from_the_panel(tmp_path):
+    script = tmp_path / "slow_job.py"
+    script.write_text("import time\n\ndef training_loop():\n    time.sleep(60)\n\ntraining_loop()\n")
+    job = subprocess.Popen(CLI + ["run", "-np", "2", sys.executable, str(script)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    readings = Readings()
+
+    def listed() -> dict | None:
+        jobs = [c for c in readings.snapshot({})["clusters"] if str(script) in (c["command"] or "")]
+        return jobs[0] if jobs and jobs[0]["n"] == 2 else None
+
+    try:
+        found = comes_within(listed, 60, every=0.5)
+        assert found, (job.poll(), readings.snapshot({})["clusters"])
+        assert found["kind"] == "script" and found["state"] == "running" and found["notebook"] is None, found
+        assert found["command"] == f"{sys.executable} {script}" and found["hosts"] == [os.uname().nodename], found
+        assert [r["rank"] for r in found["ranks"]] == [0, 1] and all(r["alive"] for r in found["ranks"]), found
+        assert set(found["actions"]) == {"stacks", "stop"}
+        listing = subprocess.run(CLI + ["list"], capture_output=True, text=True, timeout=60).stdout
+        assert f"{found['id']}: hvd-notebook run {job.pid} ({sys.executable} {script}) (running)" in listing, listing
+
+        where = comes_within(lambda: (w := carry_out(found["id"], "stacks")).count("in training_loop()") == 2 and w,
+                             20, every=0.5) or carry_out(found["id"], "stacks")
+        assert "rank 0 of 2" in where and "rank 1 of 2" in where and where.count("in training_loop()") == 2, where
+        with pytest.raises(ActionError) as refused:
+            carry_out(found["id"], "interrupt")
+        assert refused.value.status == 409 and "stacks, stop" in str(refused.value)
+
+        pids = {job.pid} | {p.pid for p in psutil.Process(job.pid).children(recursive=True)}
+        said = carry_out(found["id"], "stop")
+        assert f"pid {job.pid}" in said, said
+        _, err = job.communicate(timeout=30)
+        assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in err, err
+        assert_gone(pids)
+        assert listed() is None and not any(c["id"] == found["id"] for c in readings.snapshot({})["clusters"])
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
 
 
 def test_another_users_cluster_is_a_lease_line(tmp_path, sleeper, monkeypatch):

@@ -271,13 +271,15 @@ def test_a_job_that_failed_after_a_commit_is_launched_again_up_to_the_limit(monk
         def diagnose(self, output):
             return []
 
-    folders, scripted = [], iter(ends)
+    folders, workdirs, scripted = [], [], iter(ends)
 
     def prepare(job):
         folders.append(Path(dict(job.options.env)[ELASTIC_DIR.name]))
         return Placement(), ["mpiexec", "-n", "2", "train"], {}
 
-    def launch(argv, env):
+    def launch(argv, env, workdir):
+        assert workdir.job() == "train"  # (the job's directory, for hvd-notebook list and the panel)
+        workdirs.append(workdir.path)
         (folders[0] / ELASTIC_COMMIT_SUMMARY).write_text("step=4\n")  # rank 0 commits before rank 1 fails
         return next(scripted)
 
@@ -289,7 +291,8 @@ def test_a_job_that_failed_after_a_commit_is_launched_again_up_to_the_limit(monk
     again = "the job failed (rank 1: exit code 7); launching it again from rank 0's last hvd.elastic commit (step=4)"
     assert err.count(again) == len(ends) - 1
     assert all(f"reset {n} of {max_resets}" in err for n in range(1, len(ends)))
-    assert not folders[0].exists()  # the job's commit folder goes with it
+    assert not folders[0].exists()  # the job's commit folder goes with it, and its directory
+    assert len(set(workdirs)) == 1 and not workdirs[0].exists()
 
 
 def test_reset_limit_is_horovodruns_name_for_max_resets():

@@ -153,11 +153,11 @@ def test_a_job_is_launched_once_more_only_where_mpi_init_failed_before_its_scrip
 
     launched = []
     ends = iter([(1, INIT_FAILED), (0, "")])
-    monkeypatch.setattr(runmod, "_launch", lambda argv, env: launched.append(argv) or next(ends))
+    monkeypatch.setattr(runmod, "_launch", lambda argv, env, workdir: launched.append(argv) or next(ends))
     argv = ["mpiexec", "-n", "2", "python", "-m", runmod.SCRIPT_MAIN, "train.py"]
-    assert runmod._launch_once_more_after_mpi_init(argv, {}) == (0, "")
+    assert runmod._launch_once_more_after_mpi_init(argv, {}, None) == (0, "")
     assert len(launched) == 2
     launched.clear()
     ends = iter([(1, INIT_FAILED), (0, "")])  # not under the runner: the script may have run already
-    assert runmod._launch_once_more_after_mpi_init(["mpiexec", "-n", "2", "./a.out"], {}) == (1, INIT_FAILED)
+    assert runmod._launch_once_more_after_mpi_init(["mpiexec", "-n", "2", "./a.out"], {}, None) == (1, INIT_FAILED)
     assert len(launched) == 1

@@ -91,12 +91,18 @@ def test_kill_all_ends_processes_given_by_pid_or_process(sleeper):
     other.wait()
 
 
-def test_registry_remembers_descendants_and_writes_them_for_the_reaper(tmpdir_base):
+def _parent_of_a_sleeper() -> subprocess.Popen:
+    """A process that has started a child (both sleep)."""
     parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen([sys.executable,"
                                " '-c', 'import time; time.sleep(60)']); print(1, flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE)
+    parent.stdout.readline()
+    return parent
+
+
+def test_registry_remembers_descendants_and_writes_them_for_the_reaper(tmpdir_base):
+    parent = _parent_of_a_sleeper()
     try:
-        parent.stdout.readline()
         registry = pids.PidRegistry()
         registry.workdir = WorkDir.create("c2")
         registry.add(parent.pid)
@@ -105,6 +111,19 @@ def test_registry_remembers_descendants_and_writes_them_for_the_reaper(tmpdir_ba
         assert {pid for pid, _ in registry.workdir.read_pids()} == {parent.pid, child.pid}
         assert reaper.reap(registry.workdir) == 2
         assert not registry.workdir.path.exists() and not child.is_running()
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_the_reaper_kills_what_a_listed_process_started_since_the_pid_file_was_written(tmpdir_base):
+    parent = _parent_of_a_sleeper()  # (a launcher whose ranks started after the last write)
+    try:
+        workdir = WorkDir.create("c3")
+        workdir.write_pids([(parent.pid, psutil.Process(parent.pid).create_time())])
+        (child,) = psutil.Process(parent.pid).children()
+        assert reaper.reap(workdir) == 2
+        assert not workdir.path.exists() and not child.is_running()
     finally:
         parent.kill()
         parent.wait()

@@ -2,7 +2,10 @@
 
 The ranks start as ``%hvd start`` starts engines (the same placement, launcher,
 loopback rules and rank environment), the job's exit code is the world's, a rank
-that fails is named, and a signal to the command stops every rank.
+that fails is named, and a signal to the command stops every rank. The job keeps a
+cluster directory while it runs, as a kernel's cluster does (``hvd-notebook list``
+and ``stacks``, the JupyterLab panel), with a reaper that ends its ranks should
+this process be killed.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from ...config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
 from ...config import ELASTIC_DIR, ClusterOptions
 from ..errors import ClusterError
 from ..node import shm
-from ..processes.pids import kill_all
-from ..processes.workdir import clusters_dir
+from ..processes.pids import PidRegistry, kill_all
+from ..processes.reaper import start_reaper
+from ..processes.workdir import WorkDir, clusters_dir, new_cluster_id
 from . import diagnosis
 from .launch import world_environment
 from .placements import Placement, choose_placement
@@ -39,6 +43,7 @@ from .resets import ResetsUsedUp, run_with_resets
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+TRACK_S = 1.0  # how often the job's PID file takes in the processes its launcher started since
 # what a launcher does to the other ranks once one has failed: a consequence, not a cause
 # (gforker sends SIGINT, then SIGQUIT; a Python rank under SCRIPT_MAIN ends on SIGINT with 130)
 ENDED_BY_LAUNCHER = frozenset({"signal Quit", "signal Terminated", "signal Interrupt", "exit code 130"})
@@ -227,16 +232,44 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(s, h)
 
 
+@contextmanager
+def job_directory(job: Job) -> Iterator[WorkDir]:
+    """The job's cluster directory, owned by this process, with its command line; and its reaper, which
+    ends every process the directory lists should this process be killed. Both gone at the end."""
+    workdir = WorkDir.create(new_cluster_id(), job=shlex.join(job.command))
+    reaper = start_reaper(workdir)
+    try:
+        yield workdir
+    finally:
+        reaper.kill()
+        reaper.wait()
+        workdir.remove()
+
+
 class RunningJob:
     """The launcher of one world, in a session of its own so that its process group holds
-    every rank started here: nothing is left of it when it ends or is stopped."""
+    every rank started here: nothing is left of it when it ends or is stopped. The job's
+    directory lists the launcher and its descendants, at most ``TRACK_S`` late."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], workdir: WorkDir) -> None:
         self.process = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, start_new_session=True)
         self.pump = StderrPump(self.process.stderr, sys.stderr.buffer)  # type: ignore[arg-type]
         self.pump.start()
         self.shm_watch = shm.StartWatch.for_launch(self.process.pid, argv, self._refuse)
+        self._pids = PidRegistry()
+        self._pids.workdir = workdir
+        self._pids.add(self.process.pid)
+        self._ended = threading.Event()
+        self._tracker = threading.Thread(target=self._track, daemon=True)
+        self._tracker.start()
+
+    def _track(self) -> None:
+        try:
+            while not self._ended.wait(TRACK_S):
+                self._pids.remember_descendants()
+        except OSError:
+            pass  # the job's directory is gone: the job is ending
 
     def _refuse(self, message: str) -> None:
         """A rank has another user's shared memory (``shm.StartWatch``): say so, and end the world."""
@@ -282,6 +315,8 @@ class RunningJob:
             pass  # the group is empty: nothing was left
 
     def _finish(self) -> int:
+        self._ended.set()
+        self._tracker.join()
         self._kill_group()
         self.shm_watch.stop()
         code = self.process.wait()
@@ -311,22 +346,22 @@ class _FailedAfterCommit(Exception):
         self.code, self.output = code, output
 
 
-def _launch_once_more_after_mpi_init(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+def _launch_once_more_after_mpi_init(argv: list[str], env: dict[str, str], workdir: WorkDir) -> tuple[int, str]:
     """``_launch``, started again where MPI_Init failed before the script ran: the runner initialises MPI
     before the script (``SCRIPT_MAIN``), so none of its code has run yet."""
     def init_failed(ended: tuple[int, str]) -> bool:
         code, output = ended
         return bool(code) and diagnosis.mpi_init_failed(output) and SCRIPT_MAIN in argv
 
-    return diagnosis.tries_where_mpi_init_fails(lambda: _launch(argv, env), init_failed, "the script started")
+    return diagnosis.tries_where_mpi_init_fails(lambda: _launch(argv, env, workdir), init_failed, "the script started")
 
 
-def _launch(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+def _launch(argv: list[str], env: dict[str, str], workdir: WorkDir) -> tuple[int, str]:
     """Run the launcher to its end: its exit code and output; ``Stopped`` once every rank is ended."""
     running = None
     with stop_on_signals():
         try:
-            running = RunningJob(argv, env)
+            running = RunningJob(argv, env, workdir)
             return running.wait(), running.pump.output()
         except Stopped:
             if running is not None:
@@ -338,7 +373,8 @@ def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
     A job that fails after ``hvd.elastic`` committed is launched again, up to ``options.max_resets``
     times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
-    with tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()) as elastic:
+    with (tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()) as elastic,
+          job_directory(job) as workdir):
         job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))
         placement, argv, env = prepare(job)
         if job.verbose:
@@ -348,7 +384,7 @@ def run_job(job: Job) -> int:
         commit = Path(elastic) / COMMIT_SUMMARY
 
         def attempt() -> tuple[int, str]:
-            code, output = _launch_once_more_after_mpi_init(argv, env)
+            code, output = _launch_once_more_after_mpi_init(argv, env, workdir)
             if code and commit.exists():  # (a failure that a new launch resumes from the commit)
                 raise _FailedAfterCommit(code, output)
             return code, output

@@ -37,9 +37,15 @@ def start_reaper(workdir: WorkDir) -> subprocess.Popen:
 
 
 def reap(workdir: WorkDir) -> int:
-    """Kill the cluster's processes and remove its directory; return how many were killed."""
-    procs = live_processes(workdir.read_pids())
-    kill_all(procs, grace=0.0, wait=5.0)
+    """Kill the cluster's processes, with their descendants (started since the PID file was last written),
+    and remove its directory; return how many were killed."""
+    procs = {p.pid: p for p in live_processes(workdir.read_pids())}
+    for listed in list(procs.values()):
+        try:
+            procs.update((child.pid, child) for child in listed.children(recursive=True))
+        except psutil.Error:
+            pass
+    kill_all(procs.values(), grace=0.0, wait=5.0)
     workdir.remove()
     shm.remove_orphaned()  # the killed ranks' MPICH segments in /dev/shm
     return len(procs)

@@ -3,7 +3,8 @@
 Each running cluster has a folder ``CLUSTER_ID/`` in the user's private folder
 (``private.base_dir()``: owner only, verified before every use) holding:
 
-- ``owner``: ``"pid create_time"`` of the kernel that started the cluster;
+- ``owner``: ``"pid create_time"`` of the kernel that started the cluster (or of ``hvd-notebook run``);
+- ``job``: for a job of ``hvd-notebook run``, its command line (a kernel's cluster has none);
 - ``pids``: one ``"pid create_time"`` line per process of the cluster, so that a
   PID reused by an unrelated process is never mistaken for one of ours;
 - ``profile/``: ipyparallel's profile directory (connection files, logs);
@@ -36,6 +37,7 @@ OWNER_FILE = "owner"
 PID_FILE = "pids"
 PROFILE_DIR = "profile"
 STANDBY_FILE = "standby"
+JOB_FILE = "job"
 ACTIVITY_FILE = "activity.json"
 REQUESTS_DIR = "requests"
 CELL_ENDS_S = 120.0  # how long a kernel asked to stop or restart waits for its interrupted cell to end
@@ -131,18 +133,28 @@ class WorkDir:
     path: Path
 
     @classmethod
-    def create(cls, cluster_id: str) -> WorkDir:
-        """Make the directory (owner only) and record this process as the owning kernel. It gets its name
-        with its owner recorded already: ``hvd-notebook clean`` stops a cluster whose directory names no
-        live owner, and must never find one that is only starting."""
+    def create(cls, cluster_id: str, job: str | None = None) -> WorkDir:
+        """Make the directory (owner only) and record this process as the owning kernel (or, with ``job``, its
+        command line, as the launcher of a job of ``hvd-notebook run``). It gets its name with its owner
+        recorded already: ``hvd-notebook clean`` stops a cluster whose directory names no live owner, and must
+        never find one that is only starting."""
         path = clusters_dir() / cluster_id
         making = path.with_name(f".{cluster_id}.making")  # (not a cluster's name: no one looks here)
         making.mkdir(mode=0o700)
         private.check_dir(making)
         me = psutil.Process()
         cls(making)._write(OWNER_FILE, format_record((me.pid, me.create_time())))
+        if job is not None:
+            cls(making)._write(JOB_FILE, job)
         making.rename(path)
         return cls(path)
+
+    def job(self) -> str | None:
+        """The command line of the ``hvd-notebook run`` job this directory is of; None for a kernel's cluster."""
+        try:
+            return private.read_text(self.path / JOB_FILE)
+        except OSError:
+            return None
 
     @property
     def profile(self) -> Path:
