@@ -151,8 +151,8 @@ class Readings:
             except psutil.Error:
                 alive = False
         device, gpu = str(rank["device"]), None
-        if not device and here and gpus is not None:  # a script's rank: the GPU it holds memory on, if any
-            device = next((f"GPU {d['index']}" for d in gpus if rank["pid"] in d["processes"]), "")
+        if not device and here:  # a script's rank: the GPU it holds memory on, else its CPU
+            device = next((f"GPU {d['index']}" for d in gpus or () if rank["pid"] in d["processes"]), "CPU")
         match = re.fullmatch(r"GPU (\d+)", device)
         if gpus is not None and match and int(match.group(1)) < len(gpus):
             d = gpus[int(match.group(1))]

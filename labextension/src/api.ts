@@ -251,14 +251,14 @@ export function devicesSummary(cluster: ICluster): string {
 }
 
 /** The state in words, long form for the panel. */
-export function stateWords(state: ClusterState | string): string {
-  switch (state) {
+export function stateWords(cluster: ICluster): string {
+  switch (cluster.state) {
     case 'running':
-      return 'running a cell';
+      return cluster.kind === 'script' ? 'running' : 'running a cell';
     case 'breakpoint':
       return 'at a breakpoint';
     default:
-      return state;
+      return cluster.state;
   }
 }
 
@@ -271,6 +271,14 @@ export function stateShort(state: ClusterState | string): string {
 export function baseName(path: string): string {
   const parts = path.split('/');
   return parts[parts.length - 1] || path;
+}
+
+/** A job's command line, short: each path in it by its last part (`python train.py --epochs 3`). */
+export function shortCommand(command: string): string {
+  return command
+    .split(' ')
+    .map(word => (word.includes('/') && !word.endsWith('/') ? baseName(word) : word))
+    .join(' ');
 }
 
 export function plural(n: number, one: string, many?: string): string {

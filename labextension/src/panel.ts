@@ -26,6 +26,7 @@ import {
   IRank,
   plural,
   postAction,
+  shortCommand,
   stateWords
 } from './api';
 import { ClusterModel, HISTORY_LENGTH } from './model';
@@ -180,7 +181,7 @@ class ClusterView {
 
     // state and how long it has lasted (server clock)
     const elapsed = formatDuration(reply.time - cluster.since);
-    let state = `${stateWords(cluster.state)} ${elapsed}`;
+    let state = `${stateWords(cluster)} ${elapsed}`;
     if (cluster.detail) {
       state += ` — ${cluster.detail}`;
     }
@@ -257,7 +258,7 @@ class ClusterView {
     this._titleKey = key;
     let name: HTMLElement;
     if (cluster.kind === 'script') {
-      name = el('span', 'hvd-cluster-command', cluster.command || 'a script');
+      name = el('span', 'hvd-cluster-command', shortCommand(cluster.command || 'a script'));
       name.title = cluster.command || '';
     } else if (cluster.notebook) {
       const path = cluster.notebook;

@@ -158,7 +158,9 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             try:
                 wait(f"() => {JOB}?.querySelectorAll('tr.hvd-rank-row').length === 2", 90, "the job's ranks")
-                job_state = page.evaluate(f"() => {JOB}.querySelector('.hvd-cluster-state').innerText")
+                job_state, job_title = page.evaluate(f"() => [{JOB}.querySelector('.hvd-cluster-state').innerText, "
+                                                     f"{JOB}.querySelector('.hvd-cluster-command').innerText]")
+                page.screenshot(path=str(artifacts / "jupyterlab-panel-job.png"))
                 page.locator("#hvd-notebook-panel .hvd-cluster", has=page.locator(".hvd-cluster-command",
                              has_text="slow_job.py")).locator(".hvd-action-stop").click()
                 page.click(".jp-Dialog .jp-mod-accept")
@@ -199,7 +201,8 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     if other:
         assert len(others) == 1 and re.fullmatch(r"nobody: 4 ranks, GPUs 2, 3, since \d\d:\d\d", others[0]), others
         assert "/home/nobody/secret" not in panel_text
-    assert job_state.startswith("running"), job_state
+    assert re.fullmatch(r"running \d+:\d\d", job_state.strip()), job_state  # (a script runs no cell)
+    assert job_title == f"{Path(sys.executable).name} slow_job.py", job_title
     assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in job_err, job_err
     assert not status_after
     assert "stopped from the JupyterLab panel at" in told, told

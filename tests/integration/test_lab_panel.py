@@ -157,7 +157,8 @@ def test_a_job_of_hvd_notebook_run_is_listed_and_stopped_from_the_panel(tmp_path
         assert found, (job.poll(), readings.snapshot({})["clusters"])
         assert found["kind"] == "script" and found["state"] == "running" and found["notebook"] is None, found
         assert found["command"] == f"{sys.executable} {script}" and found["hosts"] == [os.uname().nodename], found
-        assert [r["rank"] for r in found["ranks"]] == [0, 1] and all(r["alive"] for r in found["ranks"]), found
+        assert [r["rank"] for r in found["ranks"]] == [0, 1], found
+        assert all(r["alive"] and r["device"] == "CPU" and r["rss"] for r in found["ranks"]), found
         assert set(found["actions"]) == {"stacks", "stop"}
         listing = subprocess.run(CLI + ["list"], capture_output=True, text=True, timeout=60).stdout
         assert f"{found['id']}: hvd-notebook run {job.pid} ({sys.executable} {script}) (running)" in listing, listing
