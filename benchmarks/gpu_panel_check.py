@@ -1,6 +1,7 @@
 """The JupyterLab panel's GPU reader on a real GPU (step 5 of gpu_check.sh): what the server extension reads
 from NVML for the node's GPUs, and for a rank's process on one of them: its device's utilisation and memory,
-and the memory the process holds there (a child process that holds 1 GiB of the GPU through PyTorch).
+and the memory the process holds there (a child process that holds 1 GiB of the GPU through PyTorch); a rank of a
+job of ``hvd-notebook run``, which names no device, placed on that GPU by what it holds there.
 
     python benchmarks/gpu_panel_check.py OUT.json
 """
@@ -40,6 +41,7 @@ def main(out: str) -> int:
         first = readings._rank(rank, readings.nvml.devices())
         time.sleep(1.0)
         second = readings._rank(rank, readings.nvml.devices())
+        script_rank = readings._rank({**rank, "device": ""}, readings.nvml.devices())  # a job's: found by NVML
         snapshot = readings.snapshot({})
     finally:
         holder.stdin.close()
@@ -50,6 +52,7 @@ def main(out: str) -> int:
         "the node's GPUs in the snapshot": snapshot["gpus"] is not None and len(snapshot["gpus"]) == len(devices),
         "the rank's GPU read": gpu is not None and gpu["index"] == 0 and isinstance(gpu["util"], int),
         "the rank's process holds >= 1 GiB there": gpu is not None and (gpu["process_memory"] or 0) >= HELD,
+        "a script's rank placed on the GPU it holds memory on": script_rank["device"] == "GPU 0",
         "its CPU share read from the second reading": first["cpu_percent"] is None
         and second["cpu_percent"] is not None,
     }
