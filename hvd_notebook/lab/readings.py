@@ -108,7 +108,8 @@ class Readings:
                 {k: d[k] for k in ("index", "name", "util", "memory_used", "memory_total")}
                 | {"holder": holders.get(str(d["index"])), "mine": holders.get(str(d["index"])) == me} for d in gpus],
             "caps": {"max_gpus_per_user": rules.max_gpus_per_user, "max_ranks_per_user": rules.max_cpu_ranks_per_user,
-                     "my_gpus": sum(len(c.gpus) for c in mine.values())},
+                     "my_gpus": sum(len(c.gpus) for c in mine.values()),
+                     "my_cpu_ranks": sum(c.ranks for c in mine.values() if not c.gpus)},
             "others": [{"user": c.user, "gpus": list(c.gpus), "ranks": c.ranks, "since": c.started}
                        for c in cards if c.user != me and c.kernel_alive],
         }

@@ -66,6 +66,7 @@ export interface ICaps {
   max_gpus_per_user: number | null;
   max_ranks_per_user: number | null;
   my_gpus: number;
+  my_cpu_ranks: number;
 }
 
 export interface IOtherLease {

@@ -435,7 +435,7 @@ export class HvdPanel extends Widget {
     this._others.hidden = true;
     this._nodeGpus.appendChild(el('h3', 'hvd-subheading', "This node's GPUs"));
     this._nodeGpus.appendChild(this._gpuTable);
-    this._nodeGpus.appendChild(this._caps);
+    this._caps.hidden = true;
     this._others.appendChild(el('h3', 'hvd-subheading', 'Other users'));
     this._others.appendChild(this._otherList);
     this.node.append(
@@ -445,6 +445,7 @@ export class HvdPanel extends Widget {
       this._empty,
       this._clusters,
       this._nodeGpus,
+      this._caps,
       this._others
     );
     model.changed.connect(this._render, this);
@@ -601,6 +602,7 @@ export class HvdPanel extends Widget {
     this._empty.hidden = data.clusters.length > 0;
 
     this._renderGpus(data);
+    this._renderCaps(data);
     this._renderOthers(data);
   }
 
@@ -622,6 +624,10 @@ export class HvdPanel extends Widget {
       body.appendChild(row);
     }
     this._gpuTable.replaceChildren(body);
+  }
+
+  /** The node's caps and this user's share: under the GPUs where there are any, with or without a driver. */
+  private _renderCaps(data: IClustersReply): void {
     const caps = data.caps;
     const lines: string[] = [];
     if (caps && caps.max_gpus_per_user !== null && caps.max_gpus_per_user !== undefined) {
@@ -630,7 +636,9 @@ export class HvdPanel extends Widget {
       );
     }
     if (caps && caps.max_ranks_per_user !== null && caps.max_ranks_per_user !== undefined) {
-      lines.push(`at most ${plural(caps.max_ranks_per_user, 'rank')} per user`);
+      lines.push(
+        `at most ${plural(caps.max_ranks_per_user, 'CPU rank')} per user; you run ${caps.my_cpu_ranks}`
+      );
     }
     this._caps.textContent = lines.join(' · ');
     this._caps.hidden = lines.length === 0;

@@ -286,9 +286,13 @@ def test_two_users_share_a_gpu_node_through_a_real_jupyterhub(hub):
             assert [(c["n"], c["ranks"][0]["device"]) for c in seen["clusters"]] == [(1, "GPU 2")], seen
             assert [(o["user"], o["gpus"], o["ranks"]) for o in seen["others"]] == [(alice, ["0", "1"], 2)], seen
             assert f"hvd_notebook-{alice}" not in json.dumps(seen)  # (nothing of her folders, her processes)
+            assert seen["caps"] == {"max_gpus_per_user": 2, "max_ranks_per_user": None, "my_gpus": 1,
+                                    "my_cpu_ranks": 0}, seen["caps"]  # (the admin's rules, from the kernelspec)
             b.evaluate("() => window.jupyterapp.commands.execute('hvd-notebook:open-panel')")
             b.wait_for_selector("#hvd-notebook-panel .hvd-other-lease", timeout=30_000)
             assert b.inner_text("#hvd-notebook-panel .hvd-other-lease").startswith(f"{alice}: 2 ranks, GPUs 0, 1")
+            caps = b.inner_text("#hvd-notebook-panel .hvd-caps")  # (shown without a driver too)
+            assert caps == "at most 2 GPUs per user; you hold 1", caps
             b.screenshot(path=str(ARTIFACTS / "hub-bob-panel.png"))
             with pytest.raises(urllib.error.HTTPError) as not_his:  # alice's cluster is not his to stop
                 _api(hub, f"/user/{bob}/hvd-notebook/clusters/{rows[alice].split()[1]}/stop", "POST", {})

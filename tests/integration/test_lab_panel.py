@@ -52,8 +52,11 @@ def _answer_stdin(kc, msg_id: str, answer: str, seconds: float) -> str:
     raise AssertionError("the cell asked for nothing")
 
 
-def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path):
-    env = {"JPY_SESSION_NAME": NOTEBOOK, "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "node")}
+def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path, monkeypatch):
+    env = {"JPY_SESSION_NAME": NOTEBOOK, "HVD_NOTEBOOK_LEASE_DIR": str(tmp_path / "node"),
+           "HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER": "8"}
+    for name, value in env.items():  # (the server's environment: the same node and rules as the kernel's)
+        monkeypatch.setenv(name, value)
     readings = Readings()
     with started_kernel(env) as (_, kc):
         reply, out = execute(kc, "%load_ext hvd_notebook\nfrom hvd_notebook.kernel.session import Session\n"
@@ -66,7 +69,10 @@ def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path)
         assert "tensorflow" in first["framework"] and first["backend"], first
         assert [r["rank"] for r in first["ranks"]] == [0, 1] and all(r["device"] == "CPU" for r in first["ranks"])
         assert all(r["cpu_percent"] is None and r["rss"] > 10 * 2**20 for r in first["ranks"]), first["ranks"]
-        assert readings.snapshot({})["gpus"] is None  # no driver here: no GPU figures, no error
+        snapshot = readings.snapshot({})
+        assert snapshot["gpus"] is None  # no driver here: no GPU figures, no error
+        assert snapshot["caps"] == {"max_gpus_per_user": None, "max_ranks_per_user": 8, "my_gpus": 0,
+                                    "my_cpu_ranks": 2}, snapshot["caps"]  # (the rules and the kernel's card)
         assert set(first["actions"]) == {"interrupt", "restart", "stop", "stacks"}
 
         # a cell that computes: the panel says it runs, and each rank's CPU share is read
