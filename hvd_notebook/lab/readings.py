@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 KERNEL_ACTIONS = ("interrupt", "restart", "stop")  # answered by the owning kernel (``kernel.panel``)
 SERVER_ACTIONS = ("stacks",)  # answered here, for any cluster (what ``hvd-notebook stacks`` prints)
 SCRIPT_ACTIONS = ("stacks", "stop")  # a job of hvd-notebook run: its launcher ends the ranks on SIGTERM
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # how MPICH's and Open MPI's launchers say it
 
 
 @dataclass(frozen=True)
@@ -190,12 +191,31 @@ def _describe(found: ClusterDir, activity: Activity | None) -> dict[str, Any]:
     owner, job = found.workdir.owner(), found.workdir.job()
     since = owner[1] if owner else time.time()
     ranks = [{"rank": rank, "pid": pid, "host": os.uname().nodename, "device": "", "here": True}
-             for pid, rank in sorted(stacks.ranks_of(found.live_pids).items(), key=lambda item: item[1])]
+             for pid, rank in sorted(_ranks_of(found.live_pids).items(), key=lambda item: item[1])]
     if job is None:  # a kernel's cluster that has not written its activity yet
         return {"kind": "notebook", "notebook": None, "command": None, "state": "starting", "since": since,
                 "detail": "", "ranks": ranks, "actions": []}
     return {"kind": "script", "notebook": None, "command": job, "state": "running", "since": since, "detail": "",
             "ranks": ranks, "actions": list(SCRIPT_ACTIONS)}
+
+
+def _ranks_of(pids: list[int]) -> dict[int, int]:
+    """The rank of each rank among ``pids`` (this user's processes): as it registered for its stacks (a Python
+    script under ``hvd-notebook run``, an engine), else as its launcher told it (``RANK_VARIABLES``: any
+    program, before it registers too). A rank's children inherit its variable: per rank, the process that
+    registered, else the first started."""
+    ranks = stacks.ranks_of(pids)
+    told: dict[int, tuple[float, int]] = {}  # rank -> (start time, pid)
+    for pid in set(pids) - set(ranks):
+        try:
+            process = psutil.Process(pid)
+            environ, started = process.environ(), process.create_time()
+        except psutil.Error:
+            continue
+        rank = next((environ[name] for name in RANK_VARIABLES if name in environ), "")
+        if rank.isdigit() and int(rank) not in ranks.values():
+            told[int(rank)] = min(told.get(int(rank), (started, pid)), (started, pid))
+    return ranks | {pid: rank for rank, (_, pid) in told.items()}
 
 
 def _user_of(pid: int) -> str | None:

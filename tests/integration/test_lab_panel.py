@@ -189,6 +189,39 @@ def test_a_job_of_hvd_notebook_run_is_listed_and_stopped_from_the_panel(tmp_path
             job.communicate()
 
 
+def test_a_job_of_any_program_has_its_ranks_from_its_launcher(tmp_path):
+    """A job that is no Python script of this environment (here ``sleep``) registers nothing: its ranks are the
+    processes its launcher told their rank (``PMI_RANK``)."""
+    job = subprocess.Popen(CLI + ["run", "-np", "2", "sleep", "60"], cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    readings = Readings()
+
+    def listed() -> dict | None:
+        jobs = [c for c in readings.snapshot({})["clusters"] if c["command"] == "sleep 60"
+                and c["ranks"] and psutil.Process(c["ranks"][0]["pid"]).ppid() in _children(job.pid)]
+        return jobs[0] if jobs and jobs[0]["n"] == 2 else None
+
+    try:
+        found = comes_within(listed, 30, every=0.5)
+        assert found, readings.snapshot({})["clusters"]
+        assert [(r["rank"], r["device"], r["alive"]) for r in found["ranks"]] == [(0, "CPU", True), (1, "CPU", True)]
+        assert all(psutil.Process(r["pid"]).name() == "sleep" for r in found["ranks"]), found["ranks"]
+        assert "No rank of this cluster answers" in carry_out(found["id"], "stacks")  # (sleep has no Python stack)
+        carry_out(found["id"], "stop")
+        assert job.wait(30) == 128 + signal.SIGTERM
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
 def test_another_users_cluster_is_a_lease_line(tmp_path, sleeper, monkeypatch):
     """A card of another user's running cluster in the node's register: the panel names the user, its GPUs
     and ranks and since when, and nothing of its kernel or its directory."""
