@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, cast
@@ -373,10 +373,11 @@ def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
     A job that fails after ``hvd.elastic`` committed is launched again, up to ``options.max_resets``
     times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
-    with (tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()) as elastic,
-          job_directory(job) as workdir):
+    with ExitStack() as held:
+        elastic = held.enter_context(tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))
         placement, argv, env = prepare(job)
+        workdir = held.enter_context(job_directory(job))  # (once the job is known to be launchable)
         if job.verbose:
             added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
             print(f"[hvd_notebook] {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
