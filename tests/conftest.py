@@ -538,9 +538,10 @@ class Kernel:
         self.error = ""
 
     def wait_ready(self, timeout: float = 120) -> Kernel:
-        deadline = time.monotonic() + timeout
+        deadline, said = time.monotonic() + timeout, []
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
+            said.append(line)
             if line.startswith("READY"):
                 parts = line.split()  # READY workdir pid pid ... devices
                 self.workdir = Path(parts[1])
@@ -552,7 +553,10 @@ class Kernel:
                 return self
             if not line:
                 time.sleep(0.1)
-        raise AssertionError("the kernel did not start its cluster in time")
+        self.proc.kill()  # (what it wrote to stderr says where the start was)
+        _, err = self.proc.communicate(timeout=30)
+        raise AssertionError(f"the kernel did not start its cluster in {timeout:g} s; it printed:\n"
+                             + "".join(said)[-2000:] + "\nstderr:\n" + err[-4000:])
 
     def close(self) -> None:
         if self.proc.poll() is None:
