@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import tornado.web
+from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import url_path_join
 
@@ -15,12 +16,16 @@ from .actions import ActionError, carry_out
 from .readings import Kernel, Readings
 
 ROUTE = "hvd-notebook"
+AUTH_RESOURCE = "hvd_notebook"  # what a server's authorizer is asked about: read (the panel), write (its buttons)
 
 
 class ClustersHandler(APIHandler):
     """``GET``: this user's clusters, their ranks, the node's GPUs (``readings.Readings.snapshot``)."""
 
+    auth_resource = AUTH_RESOURCE
+
     @tornado.web.authenticated
+    @authorized("read")
     async def get(self) -> None:
         readings: Readings = self.settings["hvd_notebook_readings"]
         kernels = await self._kernels()
@@ -43,7 +48,10 @@ class ClustersHandler(APIHandler):
 class ActionHandler(APIHandler):
     """``POST``: a button of the panel on one of this user's clusters (``actions.carry_out``)."""
 
+    auth_resource = AUTH_RESOURCE
+
     @tornado.web.authenticated
+    @authorized("write")
     async def post(self, cluster: str, action: str) -> None:
         try:
             text = await asyncio.get_running_loop().run_in_executor(None, carry_out, cluster, action)
