@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ..config import DashboardMode
+from ..config import PREFIX, DashboardMode
 from ..messages import ProgressUpdate
 from .formatting import reset_text
 from .model import ProgressModel
@@ -129,7 +129,7 @@ class Dashboard:
         event = self.model.reset(died, commit, ranks)
         self.seen.clear()  # the new ranks count their updates from 0 again
         if self.outputs is not None:
-            self.outputs.note(f"[hvd_notebook] reset {len(self.model.events)}: {reset_text(event)}")
+            self.outputs.note(f"{PREFIX} reset {len(self.model.events)}: {reset_text(event)}")
         self._render()
 
     def finish(self) -> None:

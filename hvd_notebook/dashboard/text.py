@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..config import PREFIX
 from .formatting import fmt_logs, fmt_rate, noise_reading, reset_text, step_time_reading
 from .model import ProgressModel
 
@@ -51,25 +52,25 @@ class TextView:
                     continue
                 self.printed.add((index, epoch))
                 epochs = next(iter(run.ranks.values())).epochs or 1
-                parts = [f"[hvd_notebook] {run.kind} epoch {epoch}/{epochs}", f"{ranks} ranks"]
+                parts = [f"{PREFIX} {run.kind} epoch {epoch}/{epochs}", f"{ranks} ranks"]
                 if "samples/s" in row:
                     parts.append(f"{fmt_rate(row['samples/s'])} samples/s")
                 parts += [fmt_logs({k: v for k, v in row.items() if k not in ("epoch", "samples/s")}),
                           f"{row['time']:.1f} s"]
                 out.append(" | ".join(p for p in parts if p))
                 if run is model.curve_run:
-                    out += [f"[hvd_notebook] {reading}" for reading in (noise_reading(model), step_time_reading(model))
+                    out += [f"{PREFIX} {reading}" for reading in (noise_reading(model), step_time_reading(model))
                             if reading]
             if not run.kind.has_curves and index not in self.ended and model.run_done(run):
                 self.ended.add(index)
-                parts = [f"[hvd_notebook] {run.kind}", f"{ranks} ranks", f"{fmt_rate(model.rate(run))} {run.unit}",
+                parts = [f"{PREFIX} {run.kind}", f"{ranks} ranks", f"{fmt_rate(model.rate(run))} {run.unit}",
                          fmt_logs(run.mean_logs())]
                 out.append(" | ".join(p for p in parts if p))
         for event in model.events[self.events:]:
-            out.append(f"[hvd_notebook] reset: {reset_text(event)}")
+            out.append(f"{PREFIX} reset: {reset_text(event)}")
         self.events = len(model.events)
         for rank, message in sorted(model.failed.items()):
             if rank not in self.failures:
                 self.failures.add(rank)
-                out.append(f"[hvd_notebook] rank {rank} failed: {message}")
+                out.append(f"{PREFIX} rank {rank} failed: {message}")
         return out

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config import PREFIX
+
 AUTO_OPTION = "--auto"  # the (hidden) option of the %%hvd line put in front of each cell
 _MAGIC_LINE = f"%%hvd {AUTO_OPTION}\n"
 
@@ -58,7 +60,7 @@ class AutoCells:
 
 def ran_on(n: int) -> str:
     """The line an auto cell's output starts with."""
-    return f"[hvd_notebook] auto: runs on {n} ranks"
+    return f"{PREFIX} auto: runs on {n} ranks"
 
 
 def state(on: bool) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from IPython.core.error import StdinNotImplementedError
 
 from ..cluster.launching.channel import RankChannel
+from ..config import PREFIX
 from ..engine import debugging
 from . import failures
 from .failures import HvdError
@@ -45,14 +46,14 @@ def post_mortem(cluster: Any, rank: int, ask: Callable[[str], str] = input,
     if where is None:
         raise HvdError(f"Rank {rank} has no failed cell to debug: %hvd debug opens pdb where a %%hvd cell raised "
                        "on a rank (a rank that died has no traceback: see %hvd status).")
-    say(f"[hvd_notebook] pdb on rank {rank}, where its cell failed (up/down, p EXPR, l, where; q ends it):")
+    say(f"{PREFIX} pdb on rank {rank}, where its cell failed (up/down, p EXPR, l, where; q ends it):")
     say(where, end="")
     try:
         _drive(rank, lambda line: _call(channel, rank, debugging.step, line), ask, say)
     except StdinNotImplementedError:
         _call(channel, rank, debugging.end)
         raise HvdError(NO_INPUT.format(what="%hvd debug")) from None
-    say(f"[hvd_notebook] pdb on rank {rank} ended.")
+    say(f"{PREFIX} pdb on rank {rank} ended.")
 
 
 def at_breakpoint(cluster: Any, rank: int, stop: int, where: str, ask: Callable[[str], str] = input,
@@ -64,17 +65,17 @@ def at_breakpoint(cluster: Any, rank: int, stop: int, where: str, ask: Callable[
     first, _ = stopped.step(None)
     if stopped.stale:  # (taken already: a `next` of an earlier session stopped there)
         return False, stop
-    say(f"[hvd_notebook] rank {rank} stopped at {where}; pdb on it (p EXPR, l, where, n, s; c goes on, q ends the cell "
+    say(f"{PREFIX} rank {rank} stopped at {where}; pdb on it (p EXPR, l, where, n, s; c goes on, q ends the cell "
         "on every rank):")
     say(first, end="")
     try:
         _drive(rank, stopped.step, ask, say)
     except StdinNotImplementedError:
         stopped.step("c")
-        say(f"[hvd_notebook] rank {rank} goes on: {NO_INPUT.format(what='its debugger')}")
+        say(f"{PREFIX} rank {rank} goes on: {NO_INPUT.format(what='its debugger')}")
         return False, stopped.stop
-    say(f"[hvd_notebook] rank {rank} quit its debugger: the cell ends on every rank." if stopped.quit
-        else f"[hvd_notebook] rank {rank} goes on.")
+    say(f"{PREFIX} rank {rank} quit its debugger: the cell ends on every rank." if stopped.quit
+        else f"{PREFIX} rank {rank} goes on.")
     return stopped.quit, stopped.stop
 
 
@@ -110,7 +111,7 @@ class _Stopped:
             line = None  # (the command runs on: ask for its answer again)
             if time.monotonic() > deadline:
                 deadline = time.monotonic() + ANSWER_S
-                print(f"[hvd_notebook] rank {self.rank} is still running the command (interrupt to end the cell)",
+                print(f"{PREFIX} rank {self.rank} is still running the command (interrupt to end the cell)",
                       file=sys.stderr, flush=True)
         self.stop, self.stale, self.quit = int(reply["stop"]), bool(reply.get("stale")), bool(reply.get("quit"))
         return str(reply.get("output", "")), bool(reply.get("done"))

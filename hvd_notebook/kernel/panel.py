@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from ..cluster.launching.cluster import MPICluster
 from ..cluster.processes.pids import interrupt_this_process
 from ..cluster.processes.workdir import CELL_ENDS_S, Activity, ActivityState, WorkDir
+from ..config import PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class PanelLink:
     def cell_starts(self) -> None:
         """A cell starts: what the panel did since the last one is said first."""
         if self.notice:
-            print(f"[hvd_notebook] {self.notice}", file=sys.stderr, flush=True)
+            print(f"{PREFIX} {self.notice}", file=sys.stderr, flush=True)
             self.notice = None
         self.now(ActivityState.RUNNING)
 

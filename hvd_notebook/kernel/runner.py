@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from ..cluster.launching.cluster import MPICluster
 from ..cluster.launching.resets import ResetsUsedUp, run_with_resets
-from ..config import ClusterOptions, DashboardMode
+from ..config import PREFIX, ClusterOptions, DashboardMode
 from ..dashboard import Dashboard, resolve_mode
 from . import failures
 from .cell import RankValue, RunningCell
@@ -146,14 +146,14 @@ class CellRunner:
         assert isinstance(died, RankDied)  # (the only failure the loop resets after)
         commit, dashboard = runs.commit, runs.dashboard
         first = str(died).splitlines()[0]
-        print(f"[hvd_notebook] {first}\n[hvd_notebook] hvd.elastic: restarting the world, replaying the set-up "
+        print(f"{PREFIX} {first}\n{PREFIX} hvd.elastic: restarting the world, replaying the set-up "
               f"cells and resuming from the last commit ({commit}): reset {reset} of {self._max_resets()}.",
               file=sys.stderr, flush=True)
         try:
             self.session.panel.now(ActivityState.RESETTING, f"{first}; reset {reset} of {self._max_resets()}")
             self.session.restart_held()
             self.session.panel.now(ActivityState.RESETTING, f"{first}; reset {reset} of {self._max_resets()}")
-            self.replay(say=lambda line: print(f"[hvd_notebook] {line}", file=sys.stderr, flush=True))
+            self.replay(say=lambda line: print(f"{PREFIX} {line}", file=sys.stderr, flush=True))
         except HvdError as exc:
             raise RankDied(f"{died}\nThe hvd.elastic resume failed: {exc}", died.died) from None
         self.session.panel.now(ActivityState.RUNNING)

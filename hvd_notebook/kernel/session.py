@@ -18,7 +18,7 @@ from ..cluster.launching.channel import ControllerSilent
 from ..cluster.launching.cluster import MPICluster
 from ..cluster.launching.status import rank_status
 from ..cluster.launching.world import RankInfo
-from ..config import DashboardMode
+from ..config import PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..messages import RankStatus
 from ..private import UnsafePathError
@@ -235,7 +235,7 @@ class Session:
                 self.panel.cell_ends()
                 why = self.tenancy.due()
                 if why is not None and self._release(why):
-                    print(f"[hvd_notebook] {self.released}", file=sys.stderr, flush=True)
+                    print(f"{PREFIX} {self.released}", file=sys.stderr, flush=True)
 
     def run_measured(self, code: str, dashboard: Dashboard, timeout: float | None = None) -> None:
         """Run ``code`` once on every rank with its progress into ``dashboard`` (a point of a ``%%hvd
@@ -281,7 +281,7 @@ class Session:
                 raise ControllerSilent(failures.CONTROLLER_ENDED)
             busy = cluster.channel.settled_busy()
         except ControllerSilent as exc:  # (what each rank runs is then unknown; the rest is asked of the OS)
-            print(f"[hvd_notebook] {exc}", file=sys.stderr, flush=True)
+            print(f"{PREFIX} {exc}", file=sys.stderr, flush=True)
             busy = None
         except Exception:
             busy = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import private
-from ..config import DashboardMode
+from ..config import PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..dashboard.formatting import headline
 from ..dashboard.model import ProgressModel
@@ -213,7 +213,7 @@ def run_sweep(session: Any, code: str, grid: Grid, target: Target | None, path: 
     view.update(rows)
     todo = [p for p in points if p.key not in rows or (retry_failed and rows[p.key].get("status") != OK)]
     if len(todo) < len(points):
-        print(f"[hvd_notebook] sweep: {len(points) - len(todo)} of {len(points)} point(s) are in {path} already; "
+        print(f"{PREFIX} sweep: {len(points) - len(todo)} of {len(points)} point(s) are in {path} already; "
               f"running the other {len(todo)}.", flush=True)
     original = session.require().n
     try:
@@ -227,14 +227,14 @@ def run_sweep(session: Any, code: str, grid: Grid, target: Target | None, path: 
     except KeyboardInterrupt:
         with contextlib.suppress(HvdError):  # (an interrupt in a point's append can come after its line is in)
             rows.update((key, row) for key, row in results.finished().items() if key in keys)
-        print(f"[hvd_notebook] sweep interrupted; {len(rows)} of {len(points)} point(s) are in {path}: run the cell "
+        print(f"{PREFIX} sweep interrupted; {len(rows)} of {len(points)} point(s) are in {path}: run the cell "
               "again to go on from the first unfinished one.", file=sys.stderr, flush=True)
         raise
     finally:
         view.update(rows)
         _back_to(session, original)
     failed = [r for r in rows.values() if r.get("status") != OK]
-    print(f"[hvd_notebook] sweep: {len(rows) - len(failed)} point(s) measured, {len(failed)} failed; results in "
+    print(f"{PREFIX} sweep: {len(rows) - len(failed)} point(s) measured, {len(failed)} failed; results in "
           f"{path}.", flush=True)
     return [rows[p.key] for p in points if p.key in rows]
 
@@ -263,7 +263,7 @@ def _back_to(session: Any, n: int) -> None:
     try:
         session.fresh_world(n, keep=True)
     except HvdError as exc:
-        print(f"[hvd_notebook] sweep: the {n}-rank world of before the sweep did not start again: {exc}",
+        print(f"{PREFIX} sweep: the {n}-rank world of before the sweep did not start again: {exc}",
               file=sys.stderr)
         return
-    print(f"[hvd_notebook] sweep: back on a world of {n} rank(s), the set-up cells replayed.", flush=True)
+    print(f"{PREFIX} sweep: back on a world of {n} rank(s), the set-up cells replayed.", flush=True)

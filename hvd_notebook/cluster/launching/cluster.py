@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from ...config import ClusterOptions
+from ...config import PREFIX, ClusterOptions
 from ..errors import ClusterError
 from ..node import leases, policy, shm
 from ..node.gpus import detect_gpus, resolve_gpus
@@ -205,7 +205,7 @@ class MPICluster:
             raise ClusterError(f"{why}: {n} rank(s) could go on, fewer than the {self._min_np()} that --min-np "
                                f"asks for. Start again with what is left (%hvd start --restart -n {n}), or with "
                                f"--min-np {max(n, 1)} to let restarts go on with fewer ranks.")
-        print(f"[hvd_notebook] {why}: the new world has {n} rank(s) instead of {self.n} "
+        print(f"{PREFIX} {why}: the new world has {n} rank(s) instead of {self.n} "
               f"(--min-np {self._min_np()}).", file=sys.stderr, flush=True)
         self.options = replace(self.options, n=n)
 

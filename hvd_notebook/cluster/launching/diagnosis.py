@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TypeVar
 
+from ...config import PREFIX
 from ..node import shm
 
 T = TypeVar("T")
@@ -90,7 +91,7 @@ def tries_where_mpi_init_fails(start: Callable[[], T], init_failed: Callable[[T]
     for _ in range(MPI_INIT_TRIES - 1):
         if not init_failed(result):
             break
-        print(f"[hvd_notebook] MPI_Init failed on a rank before {before}; starting the ranks once more.",
+        print(f"{PREFIX} MPI_Init failed on a rank before {before}; starting the ranks once more.",
               file=sys.stderr, flush=True)
         result = start()
     return result

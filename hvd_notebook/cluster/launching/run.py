@@ -30,7 +30,7 @@ from typing import IO, cast
 import psutil
 
 from ...config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
-from ...config import ELASTIC_DIR, ClusterOptions
+from ...config import ELASTIC_DIR, PREFIX, ClusterOptions
 from ..errors import ClusterError
 from ..node import shm
 from ..processes.pids import PidRegistry, kill_all
@@ -155,9 +155,9 @@ def ending_message(launcher: str, code: int, reports: dict[int, str], causes: li
         return None
     if failed:
         named = ", ".join(f"rank {rank} ({how})" for rank, how in sorted(failed.items()))
-        return f"[hvd_notebook] {named} failed; every rank was stopped. Exit code {status}."
+        return f"{PREFIX} {named} failed; every rank was stopped. Exit code {status}."
     listed = "".join(f"\n  - {c}" for c in causes)
-    return f"[hvd_notebook] {launcher} exited with code {status}.{listed}"
+    return f"{PREFIX} {launcher} exited with code {status}.{listed}"
 
 
 # ------------------------------------------------------------------ the running job
@@ -273,7 +273,7 @@ class RunningJob:
 
     def _refuse(self, message: str) -> None:
         """A rank has another user's shared memory (``shm.StartWatch``): say so, and end the world."""
-        print(f"[hvd_notebook] {message}", file=sys.stderr, flush=True)
+        print(f"{PREFIX} {message}", file=sys.stderr, flush=True)
         self._kill_group()
 
     def wait(self) -> int:
@@ -380,7 +380,7 @@ def run_job(job: Job) -> int:
         workdir = held.enter_context(job_directory(job))  # (once the job is known to be launchable)
         if job.verbose:
             added = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
-            print(f"[hvd_notebook] {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
+            print(f"{PREFIX} {placement.launcher_name} ({placement.command})\n  environment: {added}\n"
                   f"  command: {shlex.join(argv)}", file=sys.stderr, flush=True)
         commit = Path(elastic) / COMMIT_SUMMARY
 
@@ -394,7 +394,7 @@ def run_job(job: Job) -> int:
             ended = cast(_FailedAfterCommit, failure)  # (the only failure ``resumable`` lets through)
             failed = failed_ranks(diagnosis.exit_reports(ended.output))
             why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {ended.code}"
-            print(f"[hvd_notebook] the job failed ({why}); launching it again from rank 0's last hvd.elastic "
+            print(f"{PREFIX} the job failed ({why}); launching it again from rank 0's last hvd.elastic "
                   f"commit ({commit.read_text().strip()}): reset {number} of {job.options.max_resets}.",
                   file=sys.stderr, flush=True)
             return why
@@ -406,7 +406,7 @@ def run_job(job: Job) -> int:
             last = cast(_FailedAfterCommit, failed.failure if isinstance(failed, ResetsUsedUp) else failed)
             code, output = last.code, last.output
         except Stopped as stop:
-            print(f"[hvd_notebook] stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
+            print(f"{PREFIX} stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
             return 128 + stop.signum
     reports = diagnosis.exit_reports(output)
     causes = placement.diagnose(output) if code and not failed_ranks(reports) else []

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from ... import private
+from ...config import PREFIX
 
 GOODBYE = b"bye\n"
 SETTLE_S = 1.0  # how long a watcher whose rank ended waits for the job's other watchers to note when they woke
@@ -85,7 +86,7 @@ def how_it_ended(pid: int) -> str:
 
 def message(rank: int, size: int, pid: int, ended: str) -> str:
     """What the watcher prints when its rank ended without a goodbye."""
-    return (f"[hvd_notebook] rank {rank} of {size} (pid {pid} on {socket.gethostname()}) ended without a word"
+    return (f"{PREFIX} rank {rank} of {size} (pid {pid} on {socket.gethostname()}) ended without a word"
             f"{ended}: os._exit, a signal (the out-of-memory killer's SIGKILL?) or a crash in native code. "
             "mpiexec now ends the other ranks.")
 

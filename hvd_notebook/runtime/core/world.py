@@ -164,7 +164,7 @@ def _name_the_rank_in_uncaught_errors(rank: int, size: int) -> None:
         return
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        print(f"[hvd_notebook] rank {rank} of {size} failed with {kind.__name__}: {value}", file=sys.stderr,
+        print(f"{config.PREFIX} rank {rank} of {size} failed with {kind.__name__}: {value}", file=sys.stderr,
               flush=True)
         previous(kind, value, tb)
 
