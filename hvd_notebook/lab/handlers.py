@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
@@ -16,20 +18,55 @@ from .actions import ActionError, carry_out
 from .readings import Kernel, Readings
 
 ROUTE = "hvd-notebook"
+SNAPSHOT_WITHIN_S = 20.0  # a reading that takes longer is answered 503 (it goes on: the next request awaits it)
+
+
+class Snapshots:
+    """The server's readings, one at a time, in a thread of their own (never in the server's shared pool, where
+    readings the browser gave up on would pile up in front of the buttons): a request that finds one under way
+    awaits that same one, for at most ``SNAPSHOT_WITHIN_S``.
+
+    Args:
+        readings: what reads the figures (``readings.Readings``).
+    """
+
+    def __init__(self, readings: Readings) -> None:
+        self.readings = readings
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hvd-notebook-panel")
+        self._running: asyncio.Future | None = None
+
+    async def latest(self, kernels: dict[int, Kernel]) -> dict[str, Any]:
+        """The reading under way, else a new one; ``TimeoutError`` after ``SNAPSHOT_WITHIN_S``.
+
+        Args:
+            kernels: this server's kernels by process id (for a new reading).
+        """
+        if self._running is None or self._running.done():
+            self._running = asyncio.get_running_loop().run_in_executor(self._pool, self.readings.snapshot, kernels)
+            self._running.add_done_callback(lambda f: f.cancelled() or f.exception())  # (read even if none waits)
+        return await asyncio.wait_for(asyncio.shield(self._running), SNAPSHOT_WITHIN_S)
+
+
 AUTH_RESOURCE = "hvd_notebook"  # what a server's authorizer is asked about: read (the panel), write (its buttons)
 
 
 class ClustersHandler(APIHandler):
-    """``GET``: this user's clusters, their ranks, the node's GPUs (``readings.Readings.snapshot``)."""
+    """``GET``: this user's clusters, their ranks, the node's GPUs (``readings.Readings.snapshot``, one at a
+    time: ``Snapshots``)."""
 
     auth_resource = AUTH_RESOURCE
 
     @tornado.web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        readings: Readings = self.settings["hvd_notebook_readings"]
-        kernels = await self._kernels()
-        snapshot = await asyncio.get_running_loop().run_in_executor(None, readings.snapshot, kernels)
+        snapshots: Snapshots = self.settings["hvd_notebook_snapshots"]
+        try:
+            snapshot = await snapshots.latest(await self._kernels())
+        except TimeoutError:
+            self.set_status(503)
+            self.finish(json.dumps({"message": f"The node's figures took over {SNAPSHOT_WITHIN_S:g} s to read (a "
+                                               "busy node): the panel asks again."}))
+            return
         self.finish(json.dumps(snapshot))
 
     async def _kernels(self) -> dict[int, Kernel]:
@@ -65,7 +102,7 @@ class ActionHandler(APIHandler):
 def setup_handlers(web_app: tornado.web.Application) -> None:
     """Add the handlers under the server's base URL."""
     base = url_path_join(web_app.settings["base_url"], ROUTE)
-    web_app.settings["hvd_notebook_readings"] = Readings()
+    web_app.settings["hvd_notebook_snapshots"] = Snapshots(Readings())
     web_app.add_handlers(".*$", [
         (url_path_join(base, "clusters"), ClustersHandler),
         (url_path_join(base, "clusters", r"([^/]+)", r"([a-z]+)"), ActionHandler),

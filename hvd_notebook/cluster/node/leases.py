@@ -5,7 +5,9 @@ The node's lease folder (``nodedir``: where it is, and whose it must be) holds a
 runs; the kernel process holds the lock, so the operating system releases it the moment the cluster stops
 or the kernel dies, however it dies. Who holds a GPU is read from the kernel's table of locks
 (``/proc/locks``: the holder's pid; that process's owner, and its card in the node's register, say who and
-which cluster), never from a file's text.
+which cluster), never from a file's text. A lock counts only on the lock file itself (its device and inode
+both match); the table, which any user can grow, is read in chunks and only the lines naming a lock file's
+inode are parsed (at most ``MAX_LOCK_LINES``).
 
 Root makes the folder at install (``hvd-notebook setup-node``: ``setup_node``). The lock files are the
 folder owner's, mode 0644: a lease opens them read-only (``flock`` needs no write access) with
@@ -34,6 +36,8 @@ from .nodedir import REGISTER, SETUP, LeaseError, check_parent, configured_dir, 
 from .nodedir import LeaseDirError as LeaseDirError  # (for the callers of leases)
 
 LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one
+MAX_LOCK_LINES = 1024  # lines of /proc/locks kept, those naming a lock file's inode: a few per GPU are real
+LOCKS_CHUNK = 1 << 20  # /proc/locks is read this many bytes at a time, never whole
 _GPU_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,63}")  # a file name's part: no '/', no '..'
 
 
@@ -144,9 +148,9 @@ def acquire(gpus: list[str], n: int | None, owner: str, at_most: int | None = No
 
 
 def _busy_message(gpus: list[str], n: int | None, wanted: int, busy: dict[str, tuple[int, int]]) -> str:
-    pids = _lock_holders()
+    pids = lock_holders(set(busy.values()))
     cards = _cards()
-    held = "; ".join(f"GPU {g} by {_describe_holder(_pid_of(pids, *key), cards)}" for g, key in busy.items())
+    held = "; ".join(f"GPU {g} by {_describe_holder(pids.get(key), cards)}" for g, key in busy.items())
     free = [g for g in gpus if g not in busy]
     asked = f"-n {n}" if n is not None else "one rank per free GPU"
     advice = (f"Start fewer ranks (-n {len(free)}), or wait" if free else "Wait") + (
@@ -156,37 +160,66 @@ def _busy_message(gpus: list[str], n: int | None, wanted: int, busy: dict[str, t
             f"({','.join(free) or 'none'}) are free. Held: {held}. {advice}")
 
 
-def _lock_holders() -> dict[tuple[int, int, int], int]:
-    """(device major, minor, inode) -> pid, of every ``flock`` held for writing on the host (/proc/locks,
-    readable by all)."""
-    try:
-        with open("/proc/locks", "rb") as f:
-            lines = f.read(1 << 24).decode(errors="replace").splitlines()
-    except OSError:
+def lock_holders(files: set[tuple[int, int]], path: str = "/proc/locks") -> dict[tuple[int, int], int]:
+    """(device, inode) -> pid, of the ``flock`` held for writing on each of ``files`` (the kernel's table of
+    locks, readable by all). Only the lines that name one of ``files`` (its device and inode, as the table
+    writes them) are parsed, at most ``MAX_LOCK_LINES``: the table, which any user can grow, is read a chunk
+    at a time and searched, not split.
+
+    Args:
+        files: the (``st_dev``, ``st_ino``) of each file asked about (the lock files').
+        path: the table (a test gives a file of its own).
+    """
+    if not files:
         return {}
+    lines = _lines_naming(path, [b" %02x:%02x:%d " % (os.major(dev), os.minor(dev), ino) for dev, ino in sorted(files)])
     found = {}
     for line in lines:
         parts = line.split()  # 1: FLOCK  ADVISORY  WRITE 4242 fe:01:1234567 0 EOF  (waiters: "1: -> FLOCK ...")
-        if len(parts) < 6 or parts[1] != "FLOCK" or parts[3] != "WRITE":
+        if len(parts) < 6 or parts[1] != b"FLOCK" or parts[3] != b"WRITE":
             continue
         try:
-            major, minor, inode = parts[5].split(":")
-            found[(int(major, 16), int(minor, 16), int(inode))] = int(parts[4])
+            major, minor, inode = parts[5].split(b":")
+            found[(os.makedev(int(major, 16), int(minor, 16)), int(inode))] = int(parts[4])
         except ValueError:
             continue
+    return {key: pid for key, pid in found.items() if key in files}
+
+
+def _lines_naming(path: str, needles: list[bytes]) -> list[bytes]:
+    """The lines of ``path`` that hold one of ``needles``, at most ``MAX_LOCK_LINES``, reading it a chunk at a
+    time (a line cut by a chunk's end is carried into the next)."""
+    kept: list[bytes] = []
+    try:
+        with open(path, "rb") as f:
+            rest = b""
+            while len(kept) < MAX_LOCK_LINES and (chunk := f.read(LOCKS_CHUNK)):
+                text, _, rest = (rest + chunk).rpartition(b"\n")
+                kept += _matching_lines(text, needles)
+            kept += _matching_lines(rest, needles)
+    except OSError:
+        return []
+    return kept[:MAX_LOCK_LINES]
+
+
+def _matching_lines(text: bytes, needles: list[bytes]) -> list[bytes]:
+    """The whole lines of ``text`` around each place a needle is found (a search in C, not a split)."""
+    found = []
+    for needle in needles:
+        at = text.find(needle)
+        while at != -1 and len(found) < MAX_LOCK_LINES:
+            start, end = text.rfind(b"\n", 0, at) + 1, text.find(b"\n", at)
+            end = len(text) if end == -1 else end
+            found.append(text[start:end])
+            at = text.find(needle, end)
     return found
 
 
-def _pid_of(pids: dict[tuple[int, int, int], int], dev: int | None, inode: int) -> int | None:
-    """The pid holding the lock on ``inode`` (of device ``dev`` where known: some file systems show
-    another device in /proc/locks than in stat, so the inode alone decides when the device is not found)."""
-    if dev is not None and (os.major(dev), os.minor(dev), inode) in pids:
-        return pids[(os.major(dev), os.minor(dev), inode)]
-    return next((pid for (_, _, ino), pid in pids.items() if ino == inode), None)
-
-
-def _cards() -> list:
-    """The register's cards (the holders' clusters), or none where it cannot be read."""
+def _cards(cards: list | None = None) -> list:
+    """The register's cards (the holders' clusters): ``cards`` where the caller read them already, else read
+    now; none where the register cannot be read."""
+    if cards is not None:
+        return cards
     try:
         return registry.read_all()
     except (OSError, LeaseError):
@@ -208,10 +241,14 @@ def _describe_holder(pid: int | None, cards: list) -> str:
     return f"{who} (kernel {pid}, {card.cluster}, since {time.strftime('%H:%M:%S', time.localtime(card.started))})"
 
 
-def holders() -> dict[str, tuple[int, str]]:
+def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
     """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, who it is). Read from the
-    kernel's table of locks (/proc/locks), so it takes no lock itself; nothing where the lease folder does
-    not exist."""
+    kernel's table of locks (/proc/locks: a lock on the lock file's own device and inode), so it takes no
+    lock itself; nothing where the lease folder does not exist.
+
+    Args:
+        cards: the node's register where the caller read it already (the panel reads it once per poll).
+    """
     opened = opened_folder(create=False)
     if opened is None:
         return {}
@@ -229,9 +266,9 @@ def holders() -> dict[str, tuple[int, str]]:
                     files[match.group(1)] = (st.st_dev, st.st_ino)
     finally:
         os.close(dir_fd)
-    pids = _lock_holders()
-    held = {gpu: pid for gpu, (dev, ino) in files.items() if (pid := _pid_of(pids, dev, ino)) is not None}
-    cards = _cards() if held else []
+    pids = lock_holders(set(files.values()))
+    held = {gpu: pids[key] for gpu, key in files.items() if key in pids}
+    cards = _cards(cards) if held else []
     return {gpu: (pid, _describe_holder(pid, cards)) for gpu, pid in held.items()}
 
 

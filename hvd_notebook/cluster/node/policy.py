@@ -11,7 +11,10 @@ user can make a rule stricter for themselves but never looser than the admin's:
   ``HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER``, ``HVD_NOTEBOOK_MAX_LEASE_TIME`` and
   ``HVD_NOTEBOOK_IDLE_TIMEOUT`` (a kernelspec's ``env``).
 
-A file holds the same four rules by their short names::
+A file is read as every file the node shares is (``private.open_regular``): a regular file, reached without
+following a link, that does not hang the reader (a FIFO), of at most ``MAX_FILE_BYTES``, and root's or this
+user's (the admin's rules, or the user's own stricter ones). A file holds the same four rules by their short
+names::
 
     max_gpus_per_user = 2
     max_cpu_ranks_per_user = 8
@@ -29,11 +32,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import config
+from ... import config, private
 from ..errors import ClusterError
 from . import registry
 
 SYSTEM_FILE = Path("/etc/hvd_notebook/policy.toml")
+MAX_FILE_BYTES = 64 * 1024  # a policy file is a few lines
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -126,9 +130,29 @@ def _parse(rule: str, value: object, where: str) -> float | int:
     return count
 
 
-def _read_file(path: Path) -> dict[str, object]:
+def _checked_text(path: Path) -> str:
+    """The text of the policy file ``path``: a regular file of root's or this user's (not a link, a FIFO or a
+    huge file), read through ``private.open_regular``; ``FileNotFoundError`` where there is none."""
     try:
-        rules = tomllib.loads(path.read_text())
+        fd = private.open_regular(path, uid=-1, max_bytes=MAX_FILE_BYTES)
+    except private.UnsafePathError as exc:
+        raise PolicyError(f"The policy file {exc}: ask the node's admin to make it a plain file of root's.") from None
+    with os.fdopen(fd, "rb") as f:
+        owner = os.fstat(f.fileno()).st_uid
+        if owner not in (0, os.geteuid()):
+            raise PolicyError(f"The policy file {path} belongs to {private.user_name(owner)} (uid {owner}), not to "
+                              "root or you, so it was not read: ask the node's admin to make it root's.")
+        return f.read(MAX_FILE_BYTES + 1).decode(errors="replace")
+
+
+def _read_file(path: Path, required: bool) -> dict[str, object]:
+    try:
+        rules = tomllib.loads(_checked_text(path))
+    except FileNotFoundError:
+        if not required:
+            return {}
+        raise PolicyError(f"The policy file {path} cannot be read (No such file or directory); ask the node's "
+                          "admin.") from None
     except OSError as exc:
         raise PolicyError(f"The policy file {path} cannot be read ({exc.strerror}); ask the node's admin.") from None
     except tomllib.TOMLDecodeError as exc:
@@ -146,9 +170,9 @@ def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FI
     environ = os.environ if environ is None else environ
     found: list[tuple[str, object, str]] = []  # (rule, value, where)
     named = config.POLICY_FILE.text(environ)
-    files = ([system_file] if system_file.exists() else []) + ([Path(named)] if named else [])  # (named: must read)
-    for path in files:
-        found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path).items()]
+    files = [(system_file, False)] + ([(Path(named), True)] if named else [])  # (named: must be read)
+    for path, required in files:
+        found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path, required).items()]
     found += [(rule, environ[env.name], f"${env.name}") for rule, env in _RULES.items() if environ.get(env.name)]
     chosen: dict[str, float | int] = {}
     sources: dict[str, str] = {}

@@ -14,8 +14,11 @@ cluster's keys and files stay in its owner-only directory). It serves:
 Every other user may put anything in that folder, so a card is read only where it is a regular file
 (opened with ``O_NOFOLLOW | O_NONBLOCK``: a link is not followed, a FIFO does not hang the reader) of
 at most ``MAX_CARD_BYTES``, owned by the uid its name claims, whose fields have their types and sane
-values; any other is a bad card, skipped with one warning (per file and process). Who owns a card is
-its file's owner (the system's word), not the text on it.
+values; any other is a bad card, skipped with one warning (per file and
+process, for at most ``MAX_WARNED`` files). Who owns a card is its file's owner (the system's word), not
+the text on it, and its kernel must run as that owner. A flood costs a reader little: at most
+``MAX_CARDS_PER_USER`` cards of each owner are read (the reader's own first), ``MAX_CARDS`` in all, and
+at most ``MAX_EXAMINED`` names are looked at.
 The kernel removes its card when the cluster stops; the reaper, when the kernel died.
 """
 
@@ -39,6 +42,10 @@ log = logging.getLogger(__name__)
 
 CARD_PREFIX = "cluster-"
 MAX_CARD_BYTES = 64 * 1024  # a card is a few hundred bytes
+MAX_CARDS_PER_USER = 16  # cards read per owner: a user runs a few clusters; a flood of cards costs others no more
+MAX_CARDS = 256  # cards read in all
+MAX_EXAMINED = 4096  # names of the register looked at (an lstat each) per reading
+MAX_WARNED = 1024  # bad files warned about per process; beyond, one last warning says so
 _CARD_NAME = re.compile(r"cluster-(\d{1,10})-(\d{1,10})\.json")
 _warned: set[str] = set()
 
@@ -58,12 +65,16 @@ class Card:
     busy: bool = False  # a %%hvd cell runs now
     user: str = ""  # filled in from the file's owner when read
     path: str = ""  # the card's own file, filled in when read
+    uid: int | None = None  # the file's owner, filled in when read (None: a card of this process's user)
 
     @property
     def kernel_alive(self) -> bool:
-        """The kernel that wrote the card still runs."""
+        """The kernel that wrote the card still runs, as the card's owner (a card naming another user's
+        process, or a reused pid, is not alive)."""
+        owner = os.geteuid() if self.uid is None else self.uid
         try:
-            return abs(psutil.Process(self.kernel).create_time() - self.kernel_started) < 1.0
+            kernel = psutil.Process(self.kernel)
+            return abs(kernel.create_time() - self.kernel_started) < 1.0 and kernel.uids().real == owner
         except psutil.Error:
             return False
 
@@ -78,7 +89,7 @@ def write(card: Card) -> None:
     """Write (or replace) this user's card, readable by all: whole, through a fresh name and a rename
     (never through a link or into a file someone else made)."""
     path = nodedir.register_dir(create=True) / card_path(card.kernel).name
-    text = json.dumps({k: v for k, v in asdict(card).items() if k not in ("user", "path")})
+    text = json.dumps({k: v for k, v in asdict(card).items() if k not in _FILLED_IN})
     private.write_text(path, text, 0o644)
 
 
@@ -118,6 +129,7 @@ def _gpu_ids(value: object) -> bool:
     return isinstance(value, list) and len(value) <= 1024 and all(isinstance(g, str) and len(g) <= 64 for g in value)
 
 
+_FILLED_IN = ("user", "path", "uid")  # a card's fields that the reader fills in, never written
 _TIME = _number(0, 2**34)  # seconds since 1970, before the year 2500: time.localtime takes it
 _FIELDS = {"cluster": (_text, "a text"), "workdir": (_text, "a text"),
            "kernel": (_number(1, 2**31 - 1, whole=True), "a pid"),
@@ -134,7 +146,7 @@ def parse_card(data: object) -> Card:
     values = {}
     for f in fields(Card):
         if f.name not in _FIELDS:
-            continue  # (user and path: filled in by the reader, never taken from the file)
+            continue  # (user, path, uid: filled in by the reader, never taken from the file)
         if f.name not in data:
             if f.default is MISSING and f.default_factory is MISSING:
                 raise BadCard(f"it has no {f.name}")
@@ -166,14 +178,18 @@ def read_card(path: Path) -> Card:
     card = parse_card(data)
     if card.kernel != kernel:
         raise BadCard(f"its kernel {card.kernel} is not the {kernel} of its name")
-    return replace(card, user=private.user_name(uid), path=str(path))
+    return replace(card, user=private.user_name(uid), path=str(path), uid=uid)
 
 
 def _skip(path: Path, why: str) -> None:
-    if str(path) in _warned:
+    """One warning per bad file, for at most ``MAX_WARNED`` files (a flood of them fills neither memory nor
+    the log); past that, one warning that says so."""
+    if str(path) in _warned or len(_warned) > MAX_WARNED:
         return
     _warned.add(str(path))
-    if path.name.startswith(CARD_PREFIX):
+    if len(_warned) > MAX_WARNED:
+        log.warning("hvd_notebook: more than %d bad files in the node's register: no more are named", MAX_WARNED)
+    elif path.name.startswith(CARD_PREFIX):
         log.warning("hvd_notebook: skipped %s in the node's register: %s (a card is a JSON file of at most %d "
                     "bytes owned by the uid in its name)", path, why, MAX_CARD_BYTES)
     else:
@@ -181,9 +197,14 @@ def _skip(path: Path, why: str) -> None:
 
 
 def read_all(strict: bool = False) -> list[Card]:
-    """Every good card on the node (of every user), oldest first; each bad one is skipped with one warning.
-    None where there is no register yet, or where its folder is not to be trusted (with a warning; with
-    ``strict``, ``nodedir.LeaseDirError`` then, for readers that must not go on without it)."""
+    """The good cards on the node (of every user; at most ``MAX_CARDS_PER_USER`` per owner, the reader's
+    own first, ``MAX_CARDS`` in all), oldest first; each bad one is skipped with one warning. None where
+    there is no register yet, or where its folder is not to be trusted (with a warning; with ``strict``,
+    ``nodedir.LeaseDirError`` then, for readers that must not go on without it).
+
+    Args:
+        strict: raise rather than warn where the register's folder is not to be trusted.
+    """
     try:
         folder = nodedir.register_dir(create=False)
     except nodedir.LeaseDirError as exc:
@@ -191,21 +212,47 @@ def read_all(strict: bool = False) -> list[Card]:
             raise
         _skip(nodedir.configured_dir(), str(exc))
         return []
+    cards: list[Card] = []
+    examined = 0
+    for names in _names_by_uid(folder):
+        read, examined = _read_some(folder, names, examined)
+        cards += read[:MAX_CARDS - len(cards)]
+        if len(cards) >= MAX_CARDS or examined >= MAX_EXAMINED:
+            break
+    return sorted(cards, key=lambda c: c.started)
+
+
+def _names_by_uid(folder: Path) -> list[list[str]]:
+    """The card names in ``folder`` grouped by the uid they claim: the reader's own group first, then by
+    uid; each group by kernel pid."""
+    groups: dict[int, list[tuple[int, str]]] = {}
     try:
-        names = sorted(os.listdir(folder))
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                match = _CARD_NAME.fullmatch(entry.name)  # (not a card being written: .cluster-...)
+                if match:
+                    groups.setdefault(int(match.group(1)), []).append((int(match.group(2)), entry.name))
     except FileNotFoundError:
         return []
-    cards = []
+    me = os.geteuid()
+    return [[name for _, name in sorted(groups[uid])] for uid in sorted(groups, key=lambda u: (u != me, u))]
+
+
+def _read_some(folder: Path, names: list[str], examined: int) -> tuple[list[Card], int]:
+    """The good cards among ``names`` (one uid's), at most ``MAX_CARDS_PER_USER``, looking at no more than
+    ``MAX_EXAMINED`` names in all; with the count of names looked at so far."""
+    cards: list[Card] = []
     for name in names:
-        if not name.startswith(CARD_PREFIX):
-            continue  # (a card being written: .cluster-...)
+        if len(cards) >= MAX_CARDS_PER_USER or examined >= MAX_EXAMINED:
+            break
+        examined += 1
         try:
             cards.append(read_card(folder / name))
         except FileNotFoundError:
             continue  # (removed by its owner since the listing)
         except BadCard as exc:
             _skip(folder / name, str(exc))
-    return sorted(cards, key=lambda c: c.started)
+    return cards, examined
 
 
 def held_by(user: str, besides: int | None = None) -> list[Card]:
