@@ -38,23 +38,22 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from . import private, scaling
+from . import scaling
 from .cluster.errors import ClusterError
+from .cluster.finding import clean_own, find_clusters, own_cluster_dirs
 from .cluster.launching.run import Job, run_job
-from .cluster.node import leases, registry, shm
+from .cluster.node import leases, registry
 from .cluster.node.gpus import detect_gpus
 from .cluster.node.privileges import as_user
 from .cluster.processes import stacks
-from .cluster.processes.pids import is_alive, live_processes
-from .cluster.processes.reaper import reap
-from .cluster.processes.workdir import WorkDir, clusters_dir, find_workdirs, remove_leftovers
+from .cluster.processes.workdir import clusters_dir
 from .commands import CLI, add_commands
 from .config import (
     CYCLE_TIME,
     FUSION_THRESHOLD,
+    KERNEL_NAME,
     STALL_CHECK_DISABLE,
     STALL_CHECK_TIME,
     STALL_SHUTDOWN_TIME,
@@ -68,37 +67,6 @@ from .config import (
 )
 from .dashboard.formatting import text_table
 from .engine import scaling_worker
-
-
-@dataclass
-class ClusterDir:
-    """A cluster directory as ``list`` and ``clean`` see it."""
-
-    workdir: WorkDir
-    kernel_pid: int | None
-    orphaned: bool  # the kernel that started the cluster is gone
-    live_pids: list[int]
-
-    @property
-    def path(self) -> Path:
-        """The cluster's directory."""
-        return self.workdir.path
-
-    @property
-    def started_by(self) -> str:
-        """Who started the cluster: "kernel PID", or a job of ``hvd-notebook run`` with its command."""
-        job, pid = self.workdir.job(), self.kernel_pid or "?"
-        return f"hvd-notebook run {pid} ({job})" if job is not None else f"kernel {pid}"
-
-
-def find_clusters(base: Path | None = None) -> list[ClusterDir]:
-    """This user's clusters, with their kernel and the processes still theirs."""
-    found = []
-    for workdir in find_workdirs(base):
-        owner = workdir.owner()
-        found.append(ClusterDir(workdir, owner[0] if owner else None, owner is None or not is_alive(owner),
-                                [p.pid for p in live_processes(workdir.read_pids())]))
-    return found
 
 
 def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float) -> str:
@@ -119,46 +87,6 @@ def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], no
 def _ago(seconds: float) -> str:
     minutes = int(max(0.0, seconds) // 60)
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
-
-
-def own_cluster_dirs() -> list[Path]:
-    """Where this user's cluster directories may be: each place ``private.base_dir`` may have chosen,
-    and the folders that this user's cards name where they are such a place too (a server started with
-    another TMPDIR); only private folders of this user's (``private.check_dir``)."""
-    candidates = private.candidate_bases()
-    names = {p.name for p in candidates}
-    found = set(candidates) | {Path(c.workdir).parent for c in registry.read_all()
-                               if c.user == private.user_name() and c.workdir}
-    return [path for path in sorted(found) if path.name in names and private.is_private_dir(path)]
-
-
-def clean(clusters: list[ClusterDir], dry_run: bool) -> None:
-    """Stop the orphaned ones of ``clusters``, saying what was stopped and what was left alone."""
-    orphans = [c for c in clusters if c.orphaned]
-    if not orphans:
-        kept = len(clusters)
-        print("No orphaned clusters." + (f" {kept} cluster(s) belong to running kernels or jobs." if kept else ""))
-        return
-    for c in orphans:
-        if dry_run:
-            print(f"would stop {_describe(c)}")
-            continue
-        pids = sorted(c.live_pids)
-        killed = reap(c.workdir)
-        print(f"stopped {c.path.name} ({c.started_by} is gone): killed {killed} process(es)"
-              + (f" {pids}" if pids else "") + f", removed {c.path}")
-    for c in clusters:
-        if not c.orphaned:
-            print(f"left alone: {_describe(c)}")
-
-
-def _describe(c: ClusterDir) -> str:
-    state = "gone" if c.orphaned else "running"
-    role = ", the warm standby of its other cluster" if c.workdir.is_standby else ""
-    return f"{c.path.name}: {c.started_by} ({state}){role}, {len(c.live_pids)} live process(es)"
-
-
-KERNEL_NAME = "hvd-tensorflow"
 
 
 def kernel_source() -> Path:
@@ -415,7 +343,7 @@ def list_command(args: argparse.Namespace) -> int:
     if not clusters:
         print(f"No clusters in {clusters_dir()}.")
     for c in clusters:
-        print(_describe(c))
+        print(c.describe())
     return 0
 
 
@@ -445,24 +373,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "scaling": lambda args: scaling_command(args),
     "run": lambda args: run_command(args, [], "hvd-notebook run"),
 }  # the handler of each hvd-notebook command (``commands.COMMANDS``), by name
-
-
-def clean_own(dry_run: bool, bases: list[Path]) -> int:
-    """``clean``: this user's orphaned clusters in ``bases`` stopped, and what killed ranks and kernels
-    left (stack files, elastic commits, cards, shared-memory segments) removed."""
-    stacks.registered_pids()  # (drops the stack files of ranks that were killed)
-    for base in bases:
-        remove_leftovers(base)  # (the hvd.elastic commits and half-made folders of killed kernels and jobs)
-    clean([c for base in bases for c in find_clusters(base)], dry_run)
-    if dry_run:
-        return 0
-    for card in registry.read_all():
-        if card.user == private.user_name() and not card.kernel_alive:
-            registry.remove(path=card.path)
-    removed = shm.remove_orphaned()
-    if removed:
-        print(f"removed {len(removed)} shared-memory segment(s) that killed ranks left in {removed[0].parent}")
-    return 0
 
 
 if __name__ == "__main__":

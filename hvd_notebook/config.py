@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 PREFIX = "[hvd_notebook]"  # the start of every line hvd_notebook itself prints (a tool's usage errors: its name)
 WARNING_PREFIX = f"{PREFIX} WARNING"  # rank-side warnings; the kernel shows them from every rank
+KERNEL_NAME = "hvd-tensorflow"  # the kernelspec the package ships (kernels/) and install-kernel installs
 START_TIMEOUT_S = 120.0  # %hvd start --timeout: how long the engines may take to connect and set up
 HOST_CHECK_TIMEOUT_S = 30.0  # hvd-notebook run --start-timeout (horovodrun's default): the checks of the hosts
 DEFAULT_RANKS_WITHOUT_GPU = 2

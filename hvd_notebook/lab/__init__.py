@@ -45,10 +45,8 @@ def node_settings_from_kernelspec(specs: Any) -> list[str]:
     Args:
         specs: the server's ``KernelSpecManager``.
     """
-    from ..cli import KERNEL_NAME
-
     try:
-        env = specs.get_kernel_spec(KERNEL_NAME).env or {}
+        env = specs.get_kernel_spec(config.KERNEL_NAME).env or {}
     except Exception:  # (no hvd_notebook kernelspec: the server's environment is all there is)
         return []
     taken = [s.name for s in NODE_SETTINGS if s.name in env and s.name not in os.environ]

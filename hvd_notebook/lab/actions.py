@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import time
 
-from ..cli import ClusterDir, find_clusters, own_cluster_dirs
+from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
 from ..cluster.processes import stacks
 from ..cluster.processes.pids import ask_to_end
 from ..cluster.processes.workdir import CELL_ENDS_S

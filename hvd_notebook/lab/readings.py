@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 
 from .. import private
-from ..cli import ClusterDir, find_clusters, own_cluster_dirs
+from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
 from ..cluster.node import leases, policy, registry
 from ..cluster.processes import stacks
 from ..cluster.processes.workdir import Activity

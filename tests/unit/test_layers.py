@@ -348,11 +348,15 @@ MAY_IMPORT = {
 MAY_ALSO_IMPORT = {"runtime": {"cluster.processes.rankwatch"}}
 
 
+FRONT_ENDS = ("cli", "scaling", "progress", "__main__")  # with the package's __init__: what a user calls
+
+
 def layer_of(name: str) -> str | None:
-    """``runtime`` for hvd_notebook.runtime.core.basics; None for the package's top-level entry points
-    (``__init__``, ``cli`` and the commands behind it, ``progress``), which may import any layer."""
+    """``runtime`` for hvd_notebook.runtime.core.basics; None for the package's front ends (``__init__``, ``cli``
+    and the commands behind it, ``progress``), which may import any layer and which no layer may import: domain
+    code in a front end would be out of every rule's reach."""
     parts = name.split(".")[1:]
-    if not parts or parts[0] in ("cli", "scaling", "progress", "__main__"):
+    if not parts or parts[0] in FRONT_ENDS:
         return None
     return parts[0]
 
@@ -381,9 +385,11 @@ def direction_violations(package_dir: Path) -> list[str]:
                 continue
             for target in sorted(named_modules(module, node, set(modules)) & set(modules)):
                 within = target.partition(".")[2]
-                if layer_of(target) in allowed or layer_of(target) is None or within in MAY_ALSO_IMPORT.get(layer, ()):
-                    continue
-                found.append((module.name, node.lineno, f"{_where(module, node)}: {layer} imports {target}"))
+                if layer_of(target) is None:
+                    found.append((module.name, node.lineno, f"{_where(module, node)}: {layer} imports {target}, a "
+                                  "front end (move what it needs into a layer)"))
+                elif layer_of(target) not in allowed and within not in MAY_ALSO_IMPORT.get(layer, ()):
+                    found.append((module.name, node.lineno, f"{_where(module, node)}: {layer} imports {target}"))
     return _in_order(found)
 
 
@@ -592,6 +598,19 @@ def test_an_import_against_the_flow_is_found(tmp_path):
     assert direction_violations(pkg) == [
         "pkg.engine.bad (line 1): engine imports pkg.dashboard.view",
         "pkg.runtime.bad (line 2): runtime imports pkg.kernel.session",
+    ]
+
+
+def test_an_import_of_a_front_end_is_found(tmp_path):
+    # a front end may import any layer, so no layer may import one: that is no way around the rules
+    pkg = write_package(tmp_path, {
+        "cli.py": "from .cluster.finding import find\n", "cluster/finding.py": "", "scaling.py": "",
+        "lab/readings.py": "from ..cli import find\n",
+        "kernel/magics.py": "def f():\n    from .. import scaling\n",
+    })
+    assert direction_violations(pkg) == [
+        "pkg.kernel.magics (line 2): kernel imports pkg.scaling, a front end (move what it needs into a layer)",
+        "pkg.lab.readings (line 1): lab imports pkg.cli, a front end (move what it needs into a layer)",
     ]
 
 
