@@ -1,4 +1,4 @@
-# Sourced by the scripts that install from the npm registry (ensure-proxy.sh, ensure-labextension.sh).
+# Sourced by the scripts that install from the npm registry (ensure-proxy.sh, build-labextension.sh).
 # ensure_npm FOR WHAT: npm on PATH, with Node.js and npm from Debian where they are missing and we are root;
 # else says what to run (FOR: what needs it, WHAT: what goes without it) and returns 1.
 ensure_npm() {
