@@ -2,15 +2,19 @@
 this user's clusters on this node, each rank's process and GPU, the node's GPUs and who leases them.
 
 Everything comes from what the package keeps already: the user's own cluster directories (owner only:
-``workdir``, with the activity their kernels write), the node's register of cards and its GPU leases
-(readable by all, and only what they say of other users: a user name, GPUs, a rank count), the OS (psutil)
-and the driver (NVML, through ``nvidia-ml-py``, where it loads)."""
+``workdir``, with the activity their kernels write), the node's register of cards (read once per reading,
+at most ``registry.MAX_CARDS_PER_USER`` per user) and its GPU leases (readable by all), the OS (psutil)
+and the driver (NVML, through ``nvidia-ml-py``, where it loads). Of another user the panel says one line:
+their name, their clusters' rank count as their cards say it, and the GPUs that a lease lock of theirs holds
+(never the GPUs a card claims). A rank's process is read only where it is the process the cluster recorded
+(its pid and start time) and runs as this user."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +25,7 @@ from .. import private
 from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
 from ..cluster.node import leases, policy, registry
 from ..cluster.processes import stacks
+from ..cluster.processes.pids import same_process
 from ..cluster.processes.workdir import Activity
 
 log = logging.getLogger(__name__)
@@ -77,31 +82,31 @@ class Nvml:
 
 class Readings:
     """The panel's figures. Keeps each rank's process between requests: its CPU share is measured over the
-    time since the last request (psutil's ``cpu_percent``), so the first reading of a rank has none."""
+    time since the last request (psutil's ``cpu_percent``), so the first reading of a rank has none. One
+    reading at a time (a lock): concurrent requests share the processes kept."""
 
     def __init__(self) -> None:
         self._processes: dict[tuple[int, float], psutil.Process] = {}
+        self._lock = threading.Lock()
         self.nvml = Nvml()
 
     def snapshot(self, kernels: dict[int, Kernel]) -> dict[str, Any]:
-        """What the panel shows now (its fields: docs/jupyterlab.md, "The server's answers"); ``kernels``: this
-        server's kernels by process id."""
+        """What the panel shows now (its fields: docs/jupyterlab.md, "The server's answers").
+
+        Args:
+            kernels: this server's kernels by process id.
+        """
+        with self._lock:
+            return self._read(kernels)
+
+    def _read(self, kernels: dict[int, Kernel]) -> dict[str, Any]:
         now, me = time.time(), private.user_name()
         gpus = self.nvml.devices()
-        try:
-            rules = policy.load()
-        except policy.PolicyError as exc:  # (the kernels refuse to start and say why; the panel goes on)
-            log.warning("hvd_notebook: the node's rules could not be read: %s", exc)
-            rules = policy.Policy()
-        cards = registry.read_all()
+        rules = _rules()
+        cards = registry.read_all()  # (once per reading: the clusters, the leases and the others use it)
         mine = {c.cluster: c for c in cards if c.user == me and c.kernel_alive}
-        clusters = [self._cluster(c, kernels, mine.get(c.path.name), rules, gpus) for c in self._own_clusters()]
-        try:
-            held = leases.holders() if gpus is not None else {}
-        except leases.LeaseError as exc:
-            log.warning("hvd_notebook: the GPU leases could not be read: %s", exc)
-            held = {}
-        holders = {gpu: _user_of(pid) for gpu, (pid, _) in held.items()}
+        clusters = [self._cluster(c, kernels, mine.get(c.path.name), rules, gpus) for c in self._own_clusters(cards)]
+        holders = _holders(cards)
         self._forget_ended()
         return {
             "time": now, "user": me, "clusters": clusters,
@@ -111,12 +116,11 @@ class Readings:
             "caps": {"max_gpus_per_user": rules.max_gpus_per_user, "max_ranks_per_user": rules.max_cpu_ranks_per_user,
                      "my_gpus": sum(len(c.gpus) for c in mine.values()),
                      "my_cpu_ranks": sum(c.ranks for c in mine.values() if not c.gpus)},
-            "others": [{"user": c.user, "gpus": list(c.gpus), "ranks": c.ranks, "since": c.started}
-                       for c in cards if c.user != me and c.kernel_alive],
+            "others": _others(cards, holders, me),
         }
 
-    def _own_clusters(self) -> list[ClusterDir]:
-        found = [c for base in own_cluster_dirs() for c in find_clusters(base)]
+    def _own_clusters(self, cards: list[registry.Card]) -> list[ClusterDir]:
+        found = [c for base in own_cluster_dirs(cards) for c in find_clusters(base)]
         return [c for c in found if not c.orphaned and not c.workdir.is_standby]
 
     def _cluster(self, found: ClusterDir, kernels: dict[int, Kernel], card: registry.Card | None,
@@ -124,6 +128,7 @@ class Readings:
         activity = found.workdir.read_activity()
         kernel = kernels.get(found.kernel_pid or -1)
         described = _describe(found, activity)
+        recorded = dict(found.workdir.read_pids())  # pid -> start time: a rank's process is that one, or none
         lease_ends = idle_release_at = None
         if card is not None:
             lease_ends = card.started + rules.max_lease_time if rules.max_lease_time is not None else None
@@ -137,12 +142,12 @@ class Readings:
             "hosts": sorted({r["host"] for r in described["ranks"]}), "n": len(described["ranks"]),
             "state": described["state"], "since": described["since"], "detail": described["detail"],
             "lease_ends": lease_ends, "idle_release_at": idle_release_at, "actions": described["actions"],
-            "ranks": [self._rank(r, gpus) for r in described["ranks"]],
+            "ranks": [self._rank(r, gpus, recorded.get(r["pid"])) for r in described["ranks"]],
         }
 
-    def _rank(self, rank: dict[str, Any], gpus: list[dict[str, Any]] | None) -> dict[str, Any]:
+    def _rank(self, rank: dict[str, Any], gpus: list[dict[str, Any]] | None, started: float | None) -> dict[str, Any]:
         here = rank.get("here", True)
-        process, first = self._process(rank["pid"]) if here else (None, True)
+        process, first = self._process(rank["pid"], started) if here else (None, True)
         cpu = rss = None
         alive = process is not None or not here  # (a rank on another host: its kernel would know)
         if process is not None:
@@ -163,17 +168,18 @@ class Readings:
         return {"rank": rank["rank"], "pid": rank["pid"], "host": rank["host"], "device": device, "alive": alive,
                 "cpu_percent": cpu, "rss": rss, "gpu": gpu}
 
-    def _process(self, pid: int) -> tuple[psutil.Process | None, bool]:
-        """This user's process ``pid``, the same object as at the last reading (its CPU share counts from
-        then), and whether this is its first reading; None where it ended."""
-        try:
-            key = (pid, psutil.Process(pid).create_time())
-        except psutil.Error:
-            return None, True
-        first = key not in self._processes
-        if first:
-            self._processes[key] = psutil.Process(pid)
-        return self._processes[key], first
+    def _process(self, pid: int, started: float | None) -> tuple[psutil.Process | None, bool]:
+        """The process the cluster recorded as ``pid`` started at ``started``, where it still runs as this user
+        (``same_process``: a reused pid is no one's rank), the same object as at the last reading (its CPU share
+        counts from then), and whether this is its first reading; None where it ended or was never recorded."""
+        key = (pid, started)
+        kept = self._processes.get(key) if started is not None else None
+        if kept is not None and kept.is_running():
+            return kept, False
+        process = same_process(key) if started is not None else None
+        if process is not None:
+            self._processes[key] = process
+        return process, True
 
     def _forget_ended(self) -> None:
         for key, process in list(self._processes.items()):
@@ -216,6 +222,40 @@ def _ranks_of(pids: list[int]) -> dict[int, int]:
         if rank.isdigit() and int(rank) not in ranks.values():
             told[int(rank)] = min(told.get(int(rank), (started, pid)), (started, pid))
     return ranks | {pid: rank for rank, (_, pid) in told.items()}
+
+
+def _rules() -> policy.Policy:
+    try:
+        return policy.load()
+    except policy.PolicyError as exc:  # (the kernels refuse to start and say why; the panel goes on)
+        log.warning("hvd_notebook: the node's rules could not be read: %s", exc)
+        return policy.Policy()
+
+
+def _holders(cards: list[registry.Card]) -> dict[str, str | None]:
+    """GPU id -> the user whose process holds its lease lock now (``leases.holders``: the lock file's own
+    device and inode in the kernel's table of locks)."""
+    try:
+        held = leases.holders(cards)
+    except leases.LeaseError as exc:
+        log.warning("hvd_notebook: the GPU leases could not be read: %s", exc)
+        return {}
+    return {gpu: _user_of(pid) for gpu, (pid, _) in held.items()}
+
+
+def _others(cards: list[registry.Card], holders: dict[str, str | None], me: str) -> list[dict[str, Any]]:
+    """One line per other user with a running cluster, whatever they planted: their clusters' ranks (as their
+    cards say), the GPUs a lease lock of theirs holds, since their first cluster started."""
+    lines: dict[str, dict[str, Any]] = {}
+    for card in cards:
+        if card.user != me and card.kernel_alive:
+            line = lines.setdefault(card.user, {"user": card.user, "gpus": [], "ranks": 0, "since": card.started})
+            line["ranks"] += card.ranks
+            line["since"] = min(line["since"], card.started)
+    for gpu in sorted(holders, key=lambda g: (len(g), g)):
+        if holders[gpu] in lines:
+            lines[holders[gpu]]["gpus"].append(gpu)
+    return sorted(lines.values(), key=lambda line: line["user"])
 
 
 def _user_of(pid: int) -> str | None:
