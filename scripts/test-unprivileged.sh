@@ -23,16 +23,18 @@ SAY="test-unprivileged:"
 
 # The part that needs no root, chosen to fit ~3 minutes on 2 cores: the unit tier; start, restart and stop,
 # and a kernel killed with its cluster reaped; `hvd-notebook list/clean` of an orphaned cluster beside a live
-# one; loopback-only sockets, 0600/0700 files and encryption. Left out: what needs root (netns, Slurm, the
-# hub, useradd), what writes into the clone (benchmarks), the node-sharing rules on real kernels
-# (test_sharing.py: the root run has them, and test_hostile.py runs clusters as two unprivileged users), and
-# the long remainder (cells, parallel, notebooks, browser), which the root run covers with the same code.
+# one; loopback-only sockets, 0600/0700 files and encryption; the panel's HTTP routes (test_lab_http.py).
+# Left out: what needs root (netns, Slurm, the hub, useradd), what writes into the clone (benchmarks), the
+# node-sharing rules on real kernels (test_sharing.py: the root run has them, and test_hostile.py runs clusters
+# as two unprivileged users), and the long remainder (cells, parallel, notebooks, browser), which the root run
+# covers with the same code.
 TESTS=(
   tests/unit
   "tests/integration/test_lifecycle.py::test_start_table_status_restart_stop"
   "tests/integration/test_lifecycle.py::test_kernel_shutdown_stops_the_cluster"
   "tests/integration/test_reliability.py::test_clean_stops_orphaned_clusters_and_leaves_live_ones"
   "tests/integration/test_reliability.py::test_only_loopback_private_files_and_encrypted_messages"
+  tests/integration/test_lab_http.py
 )
 DEMO=yes
 if [ $# -gt 0 ]; then TESTS=("$@"); DEMO=no; fi
