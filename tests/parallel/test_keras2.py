@@ -105,8 +105,26 @@ def test_fit_reports_the_noise_scale_and_averages_metrics(hvd, keras):
     model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="sparse_categorical_crossentropy")
     history = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[
         hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()])
-    assert "noise_scale" in history.history
+    last = history.history["noise_scale"][-1]
+    assert np.isfinite(last) and last > 0, history.history["noise_scale"]
+    assert last == pytest.approx(model.optimizer.noise_scale())  # the optimizer's own figure, put in the logs
     same_on_every_rank(hvd, [history.history["loss"]])  # averaged over the ranks' different data
+
+
+def test_fit_measures_the_known_noise_scale(hvd, keras, monkeypatch):
+    # test_noise_scale.py's least squares at learning rate 0, whose noise scale is known, through Keras 2's fit
+    from test_noise_scale import B_SIMPLE, BATCH, DELTA, W_STAR, D, batches
+
+    monkeypatch.setenv("HVD_NOTEBOOK_NOISE_SCALE_DECAY", "0.998")  # a long average: the estimate's noise a few %
+    x, y = batches(hvd.rank())
+    model = keras.Sequential([keras.Input((D,)), keras.layers.Dense(1, use_bias=False)])
+    model.layers[0].kernel.assign((W_STAR + DELTA).astype(np.float32)[:, None])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    figure = history.history["noise_scale"][-1]
+    assert figure == pytest.approx(B_SIMPLE, rel=0.10), (figure, B_SIMPLE)
+    assert figure == pytest.approx(hvd.noise_scale())
+    same_on_every_rank(hvd, [np.float64(figure)], rtol=1e-3)
 
 
 def test_warmup_and_schedule_set_the_learning_rate(hvd, keras):
