@@ -13,7 +13,22 @@ if [ -f "$env_dir/.complete" ]; then
 fi
 rm -rf "$env_dir"
 mkdir -p "$(dirname "$env_dir")"
-bash "$repo/scripts/ensure-python.sh" "$env_dir"
+# TensorFlow 2.15 has wheels for Python 3.9 to 3.11 only: take such a Python explicitly, not the newest one
+base=""
+for cand in python3.11 python3.10 python3.9 python3; do
+  if command -v "$cand" >/dev/null 2>&1 &&
+     "$cand" -c 'import sys; sys.exit(not (3, 9) <= sys.version_info[:2] <= (3, 11))' 2>/dev/null; then
+    base=$cand; break
+  fi
+done
+if [ -z "$base" ]; then
+  echo "make test-horovod needs Python 3.9, 3.10 or 3.11 (TensorFlow 2.15, the newest Horovod 0.28.1 builds" \
+       "against, has no wheel for a newer one): install python3.11 (e.g. 'pyenv install 3.11', or your" \
+       "distribution's python3.11 and python3.11-venv) and put it on PATH; then run make test-horovod again." >&2
+  exit 1
+fi
+"$base" -m venv "$env_dir" || { echo "'$base -m venv' failed: install its venv module (e.g." \
+  "'sudo apt-get install python3.11-venv'), then run make test-horovod again." >&2; exit 1; }
 py="$env_dir/bin/python"
 "$py" -m pip install --quiet --upgrade pip
 "$py" -m pip install --quiet "tensorflow-cpu==2.15.1" "mpich" "mpi4py" "ipyparallel>=9" "ipykernel" \

@@ -97,7 +97,7 @@ _OWN_ARGUMENTS = {"start": _start_arguments, "restart": _restart_arguments, "aut
 def _build_line_parser() -> _Parser:
     parser = _Parser(
         prog="%hvd",
-        description="Run data-parallel TensorFlow on MPI ranks from this notebook.",
+        description="Run data-parallel TensorFlow or PyTorch on MPI ranks from this notebook.",
         epilog="A cell that starts with %%hvd runs on every rank; see `%hvd cell --help`.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
