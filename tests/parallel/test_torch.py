@@ -172,6 +172,33 @@ def test_join_serves_the_other_ranks(thvd):
     assert last == 0
 
 
+@pytest.mark.parametrize("collective", ["allgather", "broadcast"])
+def test_join_returns_the_last_rank_after_a_refused_collective(thvd, collective):
+    # Horovod's test_horovod_join_allgather/_broadcast: each rank in turn joins first; the others' call against
+    # it raises, then they join; join() returns one of them (the first to join never), alike on every rank
+    r, n = thvd.rank(), thvd.size()
+    for first in range(n):
+        if r != first:
+            root = min(k for k in range(n) if k != first)
+            with pytest.raises(RuntimeError, match="After hvd.join"):
+                if collective == "allgather":
+                    thvd.allgather(torch.ones(3))
+                else:
+                    thvd.broadcast(torch.ones(3), root_rank=root, name=f"after.join.{first}")
+        last = thvd.join()
+        assert last != first
+        assert thvd.allgather_object(last) == [last] * n
+
+
+def test_join_returns_the_rank_that_joined_last_in_time(thvd):
+    # no collective between the joins: the last to arrive is the one that joined last, not the highest rank
+    r, n = thvd.rank(), thvd.size()
+    for late in range(n):
+        if r == late:
+            time.sleep(0.5)  # (work without collectives)
+        assert thvd.join() == late
+
+
 def _one_fusion_attempt(thvd, path: str, attempt: int) -> list[str]:  # (attempt: a suffix for the names)
     """A 64 MiB "gate" allreduce, then six small calls, each from its own worker thread; rank 0's labels of
     the MPI calls that moved the six."""

@@ -371,6 +371,7 @@ class Coordinator:
         stuck = time.monotonic() - self.changed >= _UNMATCHED_GRACE_S
         gathered = self.negotiator.comm.allgather(([r.entry() for r in snapshot], stuck))
         lists = [entries for entries, _ in gathered]
+        self.negotiator.saw_lists(lists)
         decision = decide(lists, [s for _, s in gathered])
         if not decision.verdicts and not decision.all_joined and not self.warned:
             self.warned = self.negotiator.stall.report_unmatched(lists, time.monotonic() - self.changed)

@@ -53,7 +53,7 @@ def decide(lists: list[list[Entry]], stuck: list[bool]) -> Decision:
     """The verdicts for one round, from every rank's waiting requests (index = rank).
     ``stuck[r]``: rank r's requests have not changed for a while; where every active
     rank is stuck in exactly one request and no name matches, those requests fail."""
-    joined = [len(entries) == 1 and entries[0].signature.kind == JOIN.kind for entries in lists]
+    joined = [waits_in_join(entries) for entries in lists]
     if all(joined):
         return Decision([], all_joined=True)
     active = [r for r, j in enumerate(joined) if not j]
@@ -66,6 +66,15 @@ def decide(lists: list[list[Entry]], stuck: list[bool]) -> Decision:
         signatures = [lists[r][0].signature if not joined[r] else JOIN for r in range(len(lists))]
         return Decision([Verdict(firsts, error=_unmatched(signatures))])
     return Decision(verdicts)
+
+
+def waits_in_join(entries: list[Entry]) -> bool:
+    """Whether a rank's waiting requests are the ``JOIN`` alone (it has joined).
+
+    Args:
+        entries: one rank's waiting requests, as gathered in a round.
+    """
+    return len(entries) == 1 and entries[0].signature.kind == JOIN.kind
 
 
 def _matched_by_name(lists: list[list[Entry]], active: list[int]) -> list[tuple[int | None, ...]]:

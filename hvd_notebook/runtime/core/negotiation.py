@@ -43,7 +43,7 @@ from .collective_time import enter as _enter_collective
 from .collective_time import leave as _leave_collective
 from .coordinator import Coordinator, Work
 from .exceptions import HorovodInternalError, MismatchError, RefusedError, StallError
-from .matching import Entry
+from .matching import Entry, waits_in_join
 from .shared_memory import SharedMemoryBoard
 from .signatures import Signature, describe_mismatch
 from .timeline import Timeline
@@ -94,6 +94,7 @@ class Negotiator:
         self._buf = np.zeros(2, dtype=np.int64)
         self._abandoned: list[tuple[Any, np.ndarray]] = []
         self.broken = ""  # why collectives are refused after one was abandoned
+        self.joined_before: set[int] = set()  # ranks a round saw joined while others were not (``join``)
         # (not freed at shutdown: freeing is collective and would hang beside a broken rank; MPI_Finalize frees it)
         self.board = SharedMemoryBoard.for_comm(comm, MPI)
         self.coordinator = Coordinator(self)
@@ -189,14 +190,25 @@ class Negotiator:
                 raise ValueError(message if exc.refused_here else str(exc)) from None
         raise ValueError(message)
 
-    def join(self, serve: Callable[[Signature], None]) -> None:
-        """Wait until every rank has joined, serving the others' allreduces with zeros (``serve``)."""
+    def join(self, serve: Callable[[Signature], None]) -> list[int]:
+        """Wait until every rank has joined, serving the others' allreduces with zeros (``serve``); return the
+        ranks that joined last: those no earlier round saw joined (the same on every rank)."""
         if self.size > 1:
             _enter_collective()
             try:
                 self.coordinator.join(serve)
             finally:
                 _leave_collective()
+        last = [r for r in range(self.size) if r not in self.joined_before]
+        self.joined_before = set()
+        return last
+
+    def saw_lists(self, lists: list[list[Entry]]) -> None:
+        """Note the ranks a round that gathered every rank's requests (``lists``) found joined while others were
+        not: they joined before whoever joins later (Horovod's ``join`` returns the last)."""
+        joined = [r for r, entries in enumerate(lists) if waits_in_join(entries)]
+        if len(joined) < self.size:
+            self.joined_before.update(joined)
 
     def exchange(self, h: int, sig: Signature, name: str, data: np.ndarray | None = None) -> bool:
         """One agreement round: post ``h`` (with ``data`` on the board) and wait for every

@@ -96,7 +96,7 @@ def join() -> int:
     go on. Only allreduces can be served so.
 
     Returns:
-        The rank that joined last, as an int. Where several ranks joined last together, the highest of them.
+        The rank that joined last, as an int (the same on every rank), as in Horovod.
 
     Raises:
         ValueError: the runtime is not initialised.

@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -108,20 +109,19 @@ class World(Backends):
 
     # ------------------------------------------------------------------ join
     def join(self) -> int:
-        """Take part, with zeros, in the other ranks' allreduces until every rank
-        has joined; return the rank that joined last."""
-        served = 0
+        """Take part, with zeros, in the other ranks' allreduces until every rank has joined; return the rank
+        that joined last, as Horovod does: of the ranks no round saw joined before the last one, the one that
+        waited least (they all stop waiting together, so it arrived last)."""
 
         def serve(sig: Signature) -> None:
-            nonlocal served
             call = AllreduceCall.of(sig)
             (self.nccl if call.via == "NCCL" else self.mpi).allreduce_zeros(call)
-            served += 1
 
-        self.negotiator.join(serve)
-        ends = self.comm.allgather((self.rank if served == 0 else -1, rules.next_auto_number()))
+        start = time.monotonic()
+        last = self.negotiator.join(serve)
+        ends = self.comm.allgather((time.monotonic() - start, rules.next_auto_number()))
         rules.continue_auto_names_from(max(number for _, number in ends))
-        return max(last for last, _ in ends)
+        return min(last, key=lambda r: (ends[r][0], -r))
 
 
 _lock = threading.Lock()

@@ -1320,7 +1320,7 @@ def join(device: int = -1) -> int:
             are. Defaults to -1.
 
     Returns:
-        The rank that joined last, as an int. Where several ranks joined last together, the highest of them.
+        The rank that joined last, as an int (the same on every rank), as in Horovod.
 
     Raises:
         ValueError: the runtime is not initialised.
