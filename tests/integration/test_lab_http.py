@@ -49,7 +49,8 @@ def _jupyter_server(tmp: Path, name: str, env: dict[str, str], *args: str) -> It
     server_env = {**env, "HOME": str(home), "JUPYTER_CONFIG_DIR": str(home / "config"),
                   "JUPYTER_DATA_DIR": str(home / "data"), "JUPYTER_RUNTIME_DIR": str(home / "rt")}
     cmd = [sys.executable, "-m", "jupyter", "server", "--no-browser", f"--port={port}", "--ServerApp.ip=127.0.0.1",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={home}", *args]
+           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={home}",
+           "--ServerApp.port_retries=0", *args]  # (a port taken meanwhile: a failed start, not another port)
     if os.geteuid() == 0:
         cmd.append("--allow-root")
     log_path = home / "server.log"
