@@ -11,10 +11,10 @@ its warm standby's, ``standby``); ``channel.RankChannel`` carries every message 
 rules), ``registry`` (the world-readable register of clusters), ``privileges`` (root acting as a user), ``shm``
 and ``shmguard`` (the ranks' shared memory, and the guard against names planted by another user).
 
-``processes``: process hygiene: ``pids`` (the PID registry, liveness and killing), ``workdir`` (a cluster
-directory's format), ``reaper`` (the watchdog that stops a cluster whose kernel died), ``rankwatch`` (the watcher
-that names a rank of a plain ``mpiexec`` run ending without a word) and ``stacks`` (every rank's stack on
-demand).
+``processes``: process hygiene: ``pids`` (the PID registry, recorded processes and killing), ``workdir`` (a
+cluster directory's format), ``reaper`` (the watchdog that stops a cluster whose kernel died) and ``stacks``
+(every rank's stack on demand). ``finding``, above ``node`` and ``processes``: this user's clusters found, and
+the orphaned ones stopped (``hvd-notebook list`` and ``clean``, the panel).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from ..config import ClusterOptions
 from .errors import ClusterError
 
-# Nothing else is imported here: a rank starts its watcher (``processes.rankwatch``) without the rest of the
-# layer. ``MPICluster`` is in ``launching.cluster``, ``RankInfo`` in ``launching.world``, ``find_mpiexec`` in
-# ``launching.placements``, ``rank_environment`` in ``launching.launch``.
+# Nothing else is imported here (a reaper or a panel loads only what it uses). ``MPICluster`` is in
+# ``launching.cluster``, ``RankInfo`` in ``launching.world``, ``find_mpiexec`` in ``launching.placements``,
+# ``rank_environment`` in ``launching.launch``.
 __all__ = ["ClusterError", "ClusterOptions"]

@@ -1,4 +1,4 @@
-"""The rank watcher's choice and claim (``cluster.processes.rankwatch``): only the watcher of a job that found its
+"""The rank watcher's choice and claim (``hvd_notebook.rankwatch``): only the watcher of a job that found its
 rank ended first reports it, and no other user can take the claim first to silence the reports."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from hvd_notebook.cluster.processes import rankwatch
+from hvd_notebook import rankwatch
 
 RANKWATCH = rankwatch.__name__  # (run as python -m, as hvd.init() starts it)
 

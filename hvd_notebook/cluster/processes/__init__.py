@@ -1,3 +1,1 @@
-"""Process hygiene: PIDs, cluster directories, the reaper, the rank watcher, stacks (see ``hvd_notebook.cluster``).
-
-Nothing is imported here: a rank starts its watcher (``rankwatch``) without the rest of the layer."""
+"""Process hygiene: PIDs, cluster directories, the reaper, stacks (see ``hvd_notebook.cluster``)."""

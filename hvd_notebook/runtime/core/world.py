@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ... import config
-from ...cluster.processes.rankwatch import RankWatch
+from ...rankwatch import RankWatch
 from . import nccl_backend, rules
 from .mpi_backend import MpiBackend
 from .negotiation import Negotiator
@@ -176,7 +176,7 @@ _watch: RankWatch | None = None
 
 
 def _watch_this_rank(world: World) -> None:
-    """Under a plain mpiexec, a watcher names this rank if it ends without a word (``cluster.processes.rankwatch``)."""
+    """Under a plain mpiexec, a watcher names this rank if it ends without a word (``hvd_notebook.rankwatch``)."""
     global _watch
     if _watch is None and world.size > 1 and config.RANK_WATCH.flag():
         job = world.comm.bcast(f"{socket.gethostname()}-{os.getpid()}", root=0)  # one name for the job's watchers

@@ -18,7 +18,8 @@ reports, as they could bind an abstract socket's name. Ranks
 started by ``%hvd start`` or ``hvd-notebook run`` need none: their launcher
 reports how each rank ended.
 
-Run as ``python -m hvd_notebook.cluster.processes.rankwatch JOB RANK SIZE PID``, the pipe on stdin.
+Run as ``python -m hvd_notebook.rankwatch JOB RANK SIZE PID``, the pipe on stdin. It sits below the layers, beside
+``config`` and ``private`` (all it imports): the runtime starts it, and the runtime imports no layer above it.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-from ... import private
-from ...config import PREFIX
+from . import private
+from .config import PREFIX
 
 GOODBYE = b"bye\n"
 SETTLE_S = 1.0  # how long a watcher whose rank ended waits for the job's other watchers to note when they woke
