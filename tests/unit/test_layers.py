@@ -336,15 +336,16 @@ MAY_IMPORT = {
     "commands": set(),  # the commands of %hvd and hvd-notebook, declared once for both front ends
     "messages": set(),  # what crosses layers (progress, rank events, a bootstrap's report, status rows), typed
     "private": set(),  # the user's private folder and the checked reads and writes: used by every layer
+    "liveness": set(),  # the one check of whether a process is alive: the node, processes, engines and panel ask
     "keras_flavour": set(),  # which Keras (3, or 2's tf_keras) the process trains with: one choice for all
     "keras_patches": {"keras_flavour"},  # every global change to Keras, with undo; imported by the layers that patch
     "rankwatch": {"config", "private"},  # the watcher hvd.init() starts beside a rank of a plain mpiexec run
     "runtime": {"runtime", "config", "private", "rankwatch", "keras_flavour", "keras_patches", "messages"},
-    "cluster": {"cluster", "engine", "config", "private", "messages"},  # engine: the bootstrap it runs
+    "cluster": {"cluster", "engine", "config", "private", "liveness", "messages"},  # engine: the bootstrap it runs
     "dashboard": {"dashboard", "config", "messages"},
-    "engine": {"engine", "runtime", "config", "private", "keras_flavour", "keras_patches", "messages"},
+    "engine": {"engine", "runtime", "config", "private", "liveness", "keras_flavour", "keras_patches", "messages"},
     "kernel": {"kernel", "cluster", "engine", "dashboard", "config", "private", "messages", "commands"},
-    "lab": {"lab", "cluster", "config", "private", "messages"},  # JupyterLab's panel: the server side
+    "lab": {"lab", "cluster", "config", "private", "liveness", "messages"},  # JupyterLab's panel: the server side
 }
 
 
@@ -405,6 +406,54 @@ def test_no_import_cycle():
 def test_no_import_cycle_through_lazy_or_type_checking_imports():
     violations = cycle_violations(PACKAGE, nodes=all_nodes)
     assert not violations, _report(violations)
+
+
+def unit_of(name: str, split: set[str]) -> str:
+    """The part of the package a module belongs to: its sub-package in a layer cut into sub-packages (``split``:
+    cluster.node, runtime.core), a module directly in such a layer on its own (cluster.finding), else its layer or
+    top-level module (kernel, config)."""
+    parts = name.split(".")[1:]
+    return ".".join(parts[:2] if parts and parts[0] in split else parts[:1])
+
+
+def unit_cycle_violations(package_dir: Path) -> list[str]:
+    """Import cycles between the package's parts (``unit_of``), through imports at any level: two sub-packages
+    that import each other are one concern, or hide one that belongs below both."""
+    modules = read_package(package_dir)
+    split = {m.name.split(".")[1] for m in modules.values() if m.is_package and m.name.count(".") == 2}
+    graph: dict[str, dict[str, int]] = {}
+    where: dict[tuple[str, str], str] = {}
+    for source, targets in import_graph(modules, all_nodes).items():
+        a = unit_of(source, split)
+        graph.setdefault(a, {})
+        for target, line in sorted(targets.items(), key=lambda t: (-len(t[0]), t[0])):  # (the module, not its package)
+            b = unit_of(target, split)
+            if a != b and b not in graph[a]:
+                graph[a][b] = line
+                where[a, b] = f"{source} (line {line}) imports {target}"
+            graph.setdefault(b, {})
+    return ["import cycle between parts:\n    " + "\n    ".join(where[a, b] for a, b in zip(c, c[1:]))
+            for c in find_cycles(graph)]
+
+
+def test_no_import_cycle_between_sub_packages():
+    violations = unit_cycle_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_a_cycle_between_sub_packages_is_found(tmp_path):
+    # no module imports itself back, but cluster.node and cluster.processes import each other
+    pkg = write_package(tmp_path, {
+        "cluster/node/shm.py": "from ..processes.pids import alive\n",
+        "cluster/processes/pids.py": "",
+        "cluster/processes/reaper.py": "def f():\n    from ..node import shm\n",
+        "cluster/finding.py": "from .node import shm\nfrom .processes import reaper\n",
+        "kernel/a.py": "from ..cluster import finding\n",
+    })
+    assert cycle_violations(pkg, nodes=all_nodes) == []
+    (violation,) = unit_cycle_violations(pkg)
+    assert "pkg.cluster.node.shm (line 1) imports pkg.cluster.processes.pids" in violation
+    assert "pkg.cluster.processes.reaper (line 2) imports pkg.cluster.node.shm" in violation
 
 
 def test_only_the_runtime_imports_mpi4py_and_cupy():

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import psutil
 
+from ...liveness import pid_alive
 from ...private import describe, user_name
 from ..errors import ClusterError
-from ..processes.pids import pid_alive
 from . import shmguard
 
 SHM_DIR = Path(shmguard.SHM_DIR)

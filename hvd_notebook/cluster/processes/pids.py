@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from ...liveness import alive as alive  # (the one liveness check; pids.alive for the callers of pids)
+from ...liveness import pid_alive as pid_alive
 from .workdir import Record, WorkDir
 
 
@@ -28,23 +30,6 @@ def same_process(record: Record) -> psutil.Process | None:
         return proc if abs(proc.create_time() - created) < 0.01 and proc.uids().real == os.getuid() else None
     except psutil.Error:
         return None
-
-
-def alive(proc: psutil.Process) -> bool:
-    """Is ``proc`` still the process it was, and running: not ended, nor a zombie (ended, its parent not
-    having collected it yet)? The one liveness check of the package."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    """Is ``pid`` a live process here (``alive``)?"""
-    try:
-        return alive(psutil.Process(pid))
-    except psutil.Error:
-        return False
 
 
 def is_alive(record: Record) -> bool:
