@@ -31,7 +31,7 @@ import psutil
 
 from ... import config
 from ...private import OPEN_FLAGS, describe, user_name
-from . import registry
+from . import hubenv, registry
 from .nodedir import REGISTER, SETUP, LeaseError, check_parent, configured_dir, make_dir, open_dir, opened_folder
 from .nodedir import LeaseDirError as LeaseDirError  # (for the callers of leases)
 
@@ -350,7 +350,12 @@ def _own_register(path: Path, dir_fd: int) -> list[str]:
 
 def setup_node_command(gpus: str | None) -> int:
     """``hvd-notebook setup-node [--gpus 0,1]``: as root, make the node's lease folder for ``gpus`` (else
-    the GPUs found: ``HVD_NOTEBOOK_GPUS``, else nvidia-smi's), saying what was done; the exit status."""
+    the GPUs found: ``HVD_NOTEBOOK_GPUS``, else nvidia-smi's), saying what was done; the exit status. First
+    refuses a hub environment (this Python's) that users other than root could change (``hubenv``).
+
+    Args:
+        gpus: the GPUs' ids, comma-separated; None: the GPUs found.
+    """
     from .gpus import detect_gpus
 
     if os.geteuid() != 0:
@@ -358,6 +363,10 @@ def setup_node_command(gpus: str | None) -> int:
               f"decides who gets the GPUs: run `{SETUP}`. On a machine with one user nothing is needed: the "
               "first %hvd start makes it, yours.", file=sys.stderr)
         return 2
+    refused = hubenv.refusal(Path(sys.prefix))  # (this Python's environment is the hub's: docs/jupyterhub.md)
+    if refused:
+        print(f"hvd-notebook setup-node: {refused}", file=sys.stderr)
+        return 1
     ids = [g.strip() for g in gpus.split(",") if g.strip()] if gpus is not None else detect_gpus()
     try:
         said = setup_node(ids)
