@@ -440,26 +440,42 @@ def started_kernel(env: dict[str, str] | None = None) -> Iterator[tuple[Any, Any
     """A real ipykernel started by jupyter_client, as JupyterLab starts it, with ``env`` added to its
     environment (no GPUs by default): (manager, client); its channels closed and the kernel shut down at
     the end, if the test has not."""
-    from jupyter_client.manager import start_new_kernel
-
     # ipykernel's own spec runs this interpreter (sys.executable). jupyter_client picks five free TCP
     # ports and the kernel binds them later: another process of the suite may take one between the two,
-    # and the kernel dies at start ("Address already in use"). That is the fixture's race, not what a test
-    # tests: a second start, with new ports; a kernel that cannot start dies twice and fails the test.
-    for attempt in (1, 2):
-        try:
-            km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60,
-                                      env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
-            break
-        except RuntimeError as exc:
-            if attempt == 2 or "Kernel died before replying" not in str(exc):
-                raise
+    # and the kernel dies at start, printing zmq's "Address already in use". That is the fixture's race, not
+    # what a test tests: a second start, with new ports. A kernel that dies otherwise fails the test at once,
+    # with what it printed.
+    km, kc, output = _start_kernel(env)
     try:
         yield km, kc
     finally:
         kc.stop_channels()
         if km.is_alive():
             km.shutdown_kernel(now=False)  # (a shutdown request, as JupyterLab sends: atexit runs; killed after a wait)
+        output.close()
+
+
+PORT_TAKEN = "Address already in use"  # what zmq says where the kernel cannot bind a port jupyter_client chose
+
+
+def _start_kernel(env: dict[str, str] | None) -> tuple[Any, Any, Any]:
+    """(manager, client, the file its output goes to) of a started kernel; started once more only where the
+    first start died of a taken port."""
+    from jupyter_client.manager import start_new_kernel
+
+    for attempt in (1, 2):
+        output = tempfile.TemporaryFile()
+        try:
+            km, kc = start_new_kernel(kernel_name="python3", startup_timeout=60, stdout=output, stderr=output,
+                                      env={**os.environ, "HVD_NOTEBOOK_GPUS": "", **(env or {})})
+            return km, kc, output
+        except RuntimeError as exc:
+            output.seek(0)
+            said = output.read().decode(errors="replace")
+            output.close()
+            if attempt == 2 or PORT_TAKEN not in said:
+                raise RuntimeError(f"{exc}; the kernel printed:\n{said[-4000:]}") from None
+    raise AssertionError("unreachable")
 
 
 def execute(kc, code: str, wait: bool = True) -> tuple[Any, str]:
