@@ -85,7 +85,8 @@ gpu-wheels: install
 	bash scripts/gpu-wheels.sh
 
 # The horovod backend against a real Horovod 0.28.1 (built once, ~15 min, cached
-# outside the repository); not part of `make test`.
+# outside the repository), on TensorFlow 2.15: it needs a python3.11 (or 3.10, 3.9) on PATH,
+# as TensorFlow 2.15 has no wheel for a newer Python; not part of `make test`.
 HOROVOD_ENV ?= $(HOME)/.cache/hvd_notebook/horovod-tf2.15
 test-horovod:
 	HVD_HOROVOD_ENV=$(HOROVOD_ENV) bash scripts/horovod-env.sh

@@ -1,18 +1,22 @@
 """The documentation stays navigable and complete: every relative link in README.md, docs/ and
-benchmarks/README.md reaches a file (and a heading, where it names one), README.md stays short, and
-docs/configuration.md lists every setting that hvd_notebook.config declares.
+benchmarks/README.md reaches a file (and a heading, where it names one), every code fence closes, README.md
+stays short, docs/configuration.md lists every setting that hvd_notebook.config declares, and every command,
+subcommand and option of `%hvd`, `%%hvd` and `hvd-notebook` is named on a page that names its command.
 
-The link checker also runs on small synthetic pages, so that it is shown able to fail."""
+The checkers also run on small synthetic pages, so that they are shown able to fail."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from hvd_notebook import cli
 from hvd_notebook.config import ENV_SETTINGS, ClusterOptions
+from hvd_notebook.kernel import magics
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", ROOT / "benchmarks" / "README.md", *(ROOT / "docs").glob("*.md")])
@@ -22,6 +26,7 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+_FENCE_LINE = re.compile(r"^\s*(```|~~~)(.*)$")
 
 
 def _prose(text: str) -> str:
@@ -63,7 +68,65 @@ def broken_links(page: Path) -> list[str]:
     return broken
 
 
-# ------------------------------------------------------------------ the checker itself
+def unclosed_fences(text: str) -> list[int]:
+    """Line numbers of code fences that never close. A closing fence is the opening one's marker alone on its
+    line: "``` more text" inside a block does not close it, and the rest of the page renders as code."""
+    opened = None
+    for number, line in enumerate(text.splitlines(), 1):
+        match = _FENCE_LINE.match(line)
+        if match is None:
+            continue
+        if opened is None:
+            opened = (number, match.group(1))
+        elif match.group(1) == opened[1] and not match.group(2).strip():
+            opened = None
+    return [] if opened is None else [opened[0]]
+
+
+def code_text(text: str) -> str:
+    """What a page shows as code: its fenced blocks and its code spans."""
+    blocks = [m.group(0) for m in _FENCE.finditer(text)]
+    return "\n".join([*blocks, *_CODE_SPAN.findall(_FENCE.sub("", text))])
+
+
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [spelling for action in parser._actions if action.help != argparse.SUPPRESS
+            and not isinstance(action, (argparse._HelpAction, argparse._SubParsersAction))
+            for spelling in action.option_strings]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def command_surface() -> list[tuple[list[str], list[str]]]:
+    """Every command of the two front ends, built from their own parsers (so from ``commands.COMMANDS``): the
+    ways a page names it (``hvd-notebook run`` or ``horovodrun``), and its options."""
+    surface = []
+    for name, parser in _subcommands(cli.build_parser()).items():
+        surface.append(([f"hvd-notebook {name}", *(["horovodrun"] if name == "run" else [])], _options(parser)))
+    for name, parser in _subcommands(magics._build_line_parser()).items():
+        if name != "cell":  # (``%hvd cell`` is the help of %%hvd's options, checked as %%hvd below)
+            surface.append(([f"%hvd {name}"], _options(parser)))
+    surface.append((["%%hvd"], _options(magics._build_cell_parser())))
+    surface.append((["%%hvd sweep"], _options(magics._build_sweep_parser())))
+    return surface
+
+
+def undocumented(surface: list[tuple[list[str], list[str]]], pages: dict[str, str]) -> list[str]:
+    """The commands no page names in code, and the options that no page naming their command shows in code."""
+    missing = []
+    for names, options in surface:
+        naming = [code for code in pages.values() if any(re.search(rf"{re.escape(n)}(?![\w-])", code) for n in names)]
+        if not naming:
+            missing.append(names[0])
+            continue
+        missing += [f"{names[0]} {option}" for option in options
+                    if not any(re.search(rf"(?<![\w%-]){re.escape(option)}(?![\w-])", code) for code in naming)]
+    return missing
+
+
+# ------------------------------------------------------------------ the checkers themselves
 def test_slugs_follow_github():
     assert slug("The device check: `gpu_check.sh`") == "the-device-check-gpu_checksh"
     assert slug("`%hvd start` options") == "hvd-start-options"
@@ -89,10 +152,36 @@ def test_link_checker_finds_missing_files_and_anchors(tmp_path):
     assert any(b.startswith("img/none.png") for b in found)
 
 
+def test_fence_checker_finds_a_fence_that_never_closes():
+    assert unclosed_fences("```python\nx = 1\n```\ntext\n~~~\ny\n~~~\n") == []
+    assert unclosed_fences("intro\n```python\nx = 1\n``` Outside a cluster\nmore\n") == [2]
+    assert unclosed_fences("```\na\n```\n```bash\nb\n") == [4]
+
+
+def test_command_checker_finds_a_missing_command_and_option():
+    surface = [(["hvd-notebook list"], ["--all"]), (["%hvd debug"], ["--rank"]), (["%hvd pull"], ["--rank"])]
+    pages = {"a.md": code_text("Run `hvd-notebook list --all`.\n```\n%hvd debug\n```\nThen `--rank 1`.\n"),
+             "b.md": code_text("`%hvd pull x` and, in prose, --rank.\n`%hvd pulled`\n")}
+    assert undocumented(surface, pages) == ["%hvd pull --rank"]
+    assert undocumented([(["hvd-notebook scaling"], ["-n"])], pages) == ["hvd-notebook scaling"]
+
+
 # ------------------------------------------------------------------ the real pages
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_code_fence_closes(page):
+    assert unclosed_fences(page.read_text()) == [], f"{page.name}: the code fence opened on this line never closes"
+
+
+def test_every_command_and_option_is_documented():
+    pages = {str(p.relative_to(ROOT)): code_text(p.read_text()) for p in PAGES}
+    missing = undocumented(command_surface(), pages)
+    assert missing == [], (f"no page shows these in code (`...`), on a page that names their command: {missing}; "
+                           "document them (docs/magics.md, docs/installing.md, docs/running-scripts.md ...)")
 
 
 def test_docs_pages_exist():
