@@ -21,10 +21,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from .. import keras_flavour, private
 from ..config import Framework, choices, parse_choice
+from ..liveness import pid_alive
 
 
 def installed(module: str) -> bool:
@@ -268,7 +267,7 @@ def remove_stale_stores(folder: Path) -> None:
     """Remove the rendezvous files of ``folder`` whose rank 0 has ended (killed ranks close no store)."""
     for entry in os.scandir(folder):
         pid = entry.name[len(STORE_PREFIX):].split("-", 1)[0]
-        if entry.name.startswith(STORE_PREFIX) and pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if entry.name.startswith(STORE_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
             _unlink(entry.path)
 
 

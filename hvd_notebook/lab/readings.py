@@ -27,6 +27,7 @@ from ..cluster.node import leases, policy, registry
 from ..cluster.processes import stacks
 from ..cluster.processes.pids import same_process
 from ..cluster.processes.workdir import Activity
+from ..liveness import alive
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class Readings:
         counts from then), and whether this is its first reading; None where it ended or was never recorded."""
         key = (pid, started)
         kept = self._processes.get(key) if started is not None else None
-        if kept is not None and kept.is_running():
+        if kept is not None and alive(kept):
             return kept, False
         process = same_process(key) if started is not None else None
         if process is not None:
@@ -183,7 +184,7 @@ class Readings:
 
     def _forget_ended(self) -> None:
         for key, process in list(self._processes.items()):
-            if not process.is_running():
+            if not alive(process):
                 del self._processes[key]
 
 

@@ -680,6 +680,71 @@ def test_an_import_of_a_front_end_is_found(tmp_path):
     ]
 
 
+# ------------------------------------------------------------------ one liveness check
+LIVENESS_MODULE = "hvd_notebook.liveness"  # the one check: a zombie is not alive
+LIVENESS_CALLS = frozenset({"pid_exists", "is_running"})  # psutil's, which call a zombie alive
+EXISTS_CALLS = frozenset({"exists", "lexists", "isdir", "is_dir"})
+
+
+def _proc_of_a_pid(node: ast.AST) -> bool:
+    """``f"/proc/{pid}"`` and nothing after it: a process's folder, whose existence says the PID exists."""
+    return (isinstance(node, ast.JoinedStr) and len(node.values) == 2 and isinstance(node.values[0], ast.Constant)
+            and node.values[0].value == "/proc/" and isinstance(node.values[1], ast.FormattedValue))
+
+
+def liveness_violations(package_dir: Path, home: str = LIVENESS_MODULE) -> list[str]:
+    """Questions of liveness asked outside module ``home``: ``os.kill(pid, 0)``, psutil's ``pid_exists`` and
+    ``is_running``, a test that ``/proc/PID`` exists."""
+    found = []
+    for module in _outside(read_package(package_dir), home):
+        aliases = _aliases(module.tree)
+        for node in ast.walk(module.tree):
+            if not isinstance(node, ast.Call):
+                continue
+            name, what = _call_name(node.func), None
+            if name in LIVENESS_CALLS:
+                what = f"{name}()"
+            elif (_dotted(node.func, aliases) == "os.kill" and len(node.args) == 2
+                  and isinstance(node.args[1], ast.Constant) and node.args[1].value == 0):
+                what = "os.kill(pid, 0)"
+            elif name in EXISTS_CALLS and any(_proc_of_a_pid(n) for n in ast.walk(node)):
+                what = f"/proc/PID {name}()"
+            if what:
+                found.append((module.name, node.lineno, f"{_where(module, node)} asks {what}: use liveness.alive"))
+    return _in_order(found)
+
+
+def test_one_liveness_check():
+    violations = liveness_violations(PACKAGE)
+    assert not violations, _report(violations)
+
+
+def test_a_liveness_check_of_its_own_is_found(tmp_path):
+    pkg = write_package(tmp_path, {
+        "liveness.py": "import psutil\ndef alive(p):\n    return p.is_running()\n",
+        "engine/stores.py": textwrap.dedent("""\
+            import os
+            import psutil
+            from pathlib import Path
+            psutil.pid_exists(pid)
+            os.kill(pid, 0)
+            proc.is_running()
+            Path(f"/proc/{pid}").exists()
+            os.path.isdir(f"/proc/{pid}")
+            os.kill(pid, 9)
+            open(f"/proc/{pid}/stat")
+            Path(f"/proc/{pid}/fd").exists()
+        """),
+    })
+    assert liveness_violations(pkg, "pkg.liveness") == [
+        "pkg.engine.stores (line 4) asks pid_exists(): use liveness.alive",
+        "pkg.engine.stores (line 5) asks os.kill(pid, 0): use liveness.alive",
+        "pkg.engine.stores (line 6) asks is_running(): use liveness.alive",
+        "pkg.engine.stores (line 7) asks /proc/PID exists(): use liveness.alive",
+        "pkg.engine.stores (line 8) asks /proc/PID isdir(): use liveness.alive",
+    ]
+
+
 # ------------------------------------------------------------------ size
 MAX_CLASS_LINES = 250  # a class longer than this holds more than one concern: split it
 

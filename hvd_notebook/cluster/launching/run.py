@@ -33,7 +33,7 @@ from ...config import ELASTIC_COMMIT_SUMMARY as COMMIT_SUMMARY
 from ...config import ELASTIC_DIR, PREFIX, ClusterOptions
 from ..errors import ClusterError
 from ..node import shm
-from ..processes.pids import PidRegistry, kill_all
+from ..processes.pids import PidRegistry, alive, kill_all
 from ..processes.reaper import start_reaper
 from ..processes.workdir import WorkDir, clusters_dir, new_cluster_id
 from . import diagnosis
@@ -294,7 +294,7 @@ class RunningJob:
         self.process.send_signal(signal.SIGTERM)
         if not self._exited_within(STOP_GRACE_S):
             self._kill_group()
-        kill_all([r for r in ranks if r.is_running()], grace=0.5)  # any that left the launcher's group
+        kill_all([r for r in ranks if alive(r)], grace=0.5)  # any that left the launcher's group
         return self._finish()
 
     def _exited_within(self, timeout: float) -> bool:

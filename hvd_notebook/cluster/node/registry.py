@@ -36,6 +36,7 @@ from pathlib import Path
 import psutil
 
 from ... import private
+from ...liveness import alive
 from . import nodedir
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class Card:
         owner = os.geteuid() if self.uid is None else self.uid
         try:
             kernel = psutil.Process(self.kernel)
-            return abs(kernel.create_time() - self.kernel_started) < 1.0 and kernel.uids().real == owner
+            return (abs(kernel.create_time() - self.kernel_started) < 1.0 and kernel.uids().real == owner
+                    and alive(kernel))
         except psutil.Error:
             return False
 

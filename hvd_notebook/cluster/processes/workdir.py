@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from ... import private
+from ...liveness import pid_alive
 
 OWNER_FILE = "owner"
 PID_FILE = "pids"
@@ -263,7 +264,7 @@ def remove_leftovers(base: Path | None = None) -> list[Path]:
     base = base or clusters_dir()
     for path in (base / name for name in _private_subdirs(base, "elastic-")):
         pid = path.name.split("-")[1]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             removed.append(path)
     for path in (base / name for name in _private_subdirs(base, f".{CLUSTER_PREFIX}")):
         if path.name.endswith(".making") and time.time() - path.stat().st_mtime > 60:
