@@ -13,8 +13,9 @@ from hvd_notebook import cli
 from hvd_notebook.cluster.errors import ClusterError
 from hvd_notebook.cluster.launching import diagnosis
 from hvd_notebook.cluster.launching import run as runmod
-from hvd_notebook.cluster.launching.placements import host_list
+from hvd_notebook.cluster.launching.placements import host_list, is_report_line
 from hvd_notebook.cluster.launching.placements.host_list import HostList
+from hvd_notebook.cluster.launching.placements.one_host import OneHost
 from hvd_notebook.config import ClusterOptions
 
 
@@ -188,8 +189,9 @@ def test_open_mpi_is_told_which_variables_reach_other_hosts(monkeypatch):
 def test_exit_reports_read_mpi_abort_and_gforker_lines():
     output = ("[0]0:Return code = 0, signaled with Quit\n[0]1:Return code = 3\n"
               "Abort(5) on node 2 (rank 2 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 5) - process 2\n")
-    assert diagnosis.exit_reports(output) == {0: "signal Quit", 1: "exit code 3", 2: "MPI_Abort with code 5"}
-    assert diagnosis.is_exit_info("[0]1:Return code = 3\n") and not diagnosis.is_exit_info("rank 1: hello\n")
+    assert OneHost(ClusterOptions()).exit_reports(output) == {0: "signal Quit", 1: "exit code 3",
+                                                             2: "MPI_Abort with code 5"}
+    assert is_report_line("[0]1:Return code = 3\n") and not is_report_line("rank 1: hello\n")
 
 
 def test_the_rank_that_failed_is_named_not_those_the_launcher_stopped():
@@ -227,7 +229,7 @@ def test_the_stderr_pump_shows_output_at_once_and_keeps_back_exit_lines():
     os.close(write_end)
     pump.join(timeout=10)
     assert sink.getvalue() == b"epoch 1 10%\repoch 1 50%\r done\nTraceback: x\n[not an exit line]\n"
-    assert diagnosis.exit_reports(pump.output()) == {1: "exit code 3", 0: "signal Quit"}
+    assert OneHost(ClusterOptions()).exit_reports(pump.output()) == {1: "exit code 3", 0: "signal Quit"}
 
 
 def test_the_stderr_pump_remembers_a_message_that_came_in_many_small_pieces():
@@ -270,6 +272,9 @@ def test_a_job_that_failed_after_a_commit_is_launched_again_up_to_the_limit(monk
 
         def diagnose(self, output):
             return []
+
+        def exit_reports(self, output):  # (gforker's -exitinfo lines)
+            return OneHost(ClusterOptions()).exit_reports(output)
 
     folders, workdirs, scripted = [], [], iter(ends)
 

@@ -47,22 +47,14 @@ def test_telling_line_prefers_a_missing_file_then_an_error_then_the_last_line():
     assert diagnosis.telling_line("") == "it printed nothing"
 
 
-def test_gforker_exitinfo_becomes_exit_reports():
-    output = ("[0]0:Return code = 0\n"
-              "[0]1:Return code = 0, signaled with Kill\n"
-              "[0]2:Return code = 7\n"
-              "[0]3:Return code = -1, signaled with Segmentation_fault\n"
-              "some engine output\n")
-    assert diagnosis.exit_reports(output) == {0: "exit code 0", 1: "signal Kill", 2: "exit code 7",
-                                              3: "signal Segmentation_fault"}
-
-
-def test_srun_task_errors_become_exit_reports():
-    output = ("srun: error: node1: task 1: Exited with exit code 7\n"
-              "srun: error: node2: task 3: Killed\n"
-              "srun: Terminating StepId=12.0\n")
-    assert diagnosis.exit_reports(output) == {1: "exit code 7", 3: "Killed"}
-    assert diagnosis.exit_reports("") == {}
+def test_exit_reports_add_mpi_abort_to_what_the_placement_read():
+    """Each launcher's own report is read by its placement (test_cluster_placement.py); MPICH's MPI_Abort line,
+    printed whatever the launcher, is read here, after the launcher's word on the same rank."""
+    output = ("Abort(5) on node 2 (rank 2 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 5) - process 2\n"
+              "Abort(6) on node 1 (rank 1 in comm 0): application called MPI_Abort(MPI_COMM_WORLD, 6) - process 1\n")
+    assert diagnosis.exit_reports(output, {0: "exit code 0", 1: "exit code 6"}) == {
+        0: "exit code 0", 1: "exit code 6", 2: "MPI_Abort with code 5"}
+    assert diagnosis.exit_reports("", {}) == {}
 
 
 def test_mpi_init_failure_is_recognised():

@@ -4,6 +4,7 @@ Slurm allocation; how n is settled, which launcher and arguments, which GPUs."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from hvd_notebook.cluster import ClusterError
 from hvd_notebook.cluster.launching.placements import STANDBY_BYTES_PER_RANK, choose_placement, host_list
 from hvd_notebook.cluster.launching.placements.host_list import HostList
 from hvd_notebook.cluster.launching.placements.one_host import OneHost
+from hvd_notebook.cluster.launching.placements.pbs import PbsJob, read_node_file
 from hvd_notebook.cluster.launching.placements.slurm import SlurmAllocation
 from hvd_notebook.config import ClusterOptions
 
@@ -27,7 +29,8 @@ def _executable(folder: Path, name: str) -> Path:
 
 @pytest.fixture
 def no_slurm(monkeypatch):
-    for key in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+    for key in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_JOB_NODELIST", "SLURM_NODELIST",
+                "PBS_JOBID", "PBS_NODEFILE"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -170,3 +173,79 @@ def test_standby_choice_and_its_auto_rule(no_slurm, slurm, monkeypatch):
     assert standby.wanted(Standby.AUTO, one_host, 1) == (free >= 2 * STANDBY_BYTES_PER_RANK)
     assert not standby.wanted(Standby.AUTO, one_host, free // STANDBY_BYTES_PER_RANK)  # no room twice over
     assert standby.wanted(Standby.ON, one_host, 10**6) and not standby.wanted(Standby.OFF, one_host, 1)
+
+
+# ------------------------------------------------------------------ how each rank ended, in its launcher's words
+def test_one_host_reads_gforker_exitinfo(no_slurm):
+    output = ("[0]0:Return code = 0\n"
+              "[0]1:Return code = 0, signaled with Kill\n"
+              "[0]2:Return code = 7\n"
+              "[0]3:Return code = -1, signaled with Segmentation_fault\n"
+              "some engine output\n")
+    assert OneHost(ClusterOptions()).exit_reports(output) == {0: "exit code 0", 1: "signal Kill", 2: "exit code 7",
+                                                             3: "signal Segmentation_fault"}
+    assert OneHost.report_line("[0]1:Return code = 3\n") and not OneHost.report_line("rank 1: hello\n")
+
+
+def test_slurm_reads_srun_task_errors(slurm):
+    output = ("srun: error: node1: task 1: Exited with exit code 7\n"
+              "srun: error: node2: task 3: Killed\n"
+              "srun: Terminating StepId=12.0\n")
+    assert SlurmAllocation(ClusterOptions()).exit_reports(output) == {1: "exit code 7", 3: "Killed"}
+    assert SlurmAllocation(ClusterOptions()).exit_reports("") == {}
+
+
+def test_hosts_list_reads_hydras_exit_codes_by_where_it_placed_each_rank(no_slurm):
+    """hydra places each host's slots in turn, round and round (-n 5 on a:1,b:2: a has ranks 0 and 3), and
+    lists each host's wait statuses in that order (1280: exit code 5; 9: SIGKILL)."""
+    chosen = HostList(ClusterOptions(hosts="a:1,b:2"))
+    assert chosen.ranks_by_host(5) == {"a": [0, 3], "b": [1, 2, 4]}
+    output = "rank output\n[mpiexec@node0] Exit codes: [a] 0,1280\n[b] 0,9,0\nmore output\n"
+    assert chosen.exit_reports(output) == {0: "exit code 0", 3: "exit code 5", 1: "exit code 0", 2: "signal Kill",
+                                           4: "exit code 0"}
+    assert chosen.exit_reports("[mpiexec@node0] some other line\n") == {}
+
+
+# ------------------------------------------------------------------ a PBS or Torque job
+@pytest.fixture
+def pbs_job(no_slurm, monkeypatch, tmp_path):
+    """A PBS job whose node file lists two slots on node1 and one on node2, as PBS writes it."""
+    node_file = tmp_path / "nodes"
+    node_file.write_text("node1\nnode1\nnode2\n")
+    monkeypatch.setenv("PBS_JOBID", "12.server")
+    monkeypatch.setenv("PBS_NODEFILE", str(node_file))
+    return node_file
+
+
+def test_a_pbs_job_places_ranks_on_its_node_files_slots(pbs_job, monkeypatch):
+    chosen = choose_placement(ClusterOptions())
+    assert type(chosen) is PbsJob and chosen.ranks([]) == 3 and PbsJob(ClusterOptions(n=2)).ranks([]) == 2
+    monkeypatch.setattr(host_list, "is_open_mpi", lambda command: False)
+    assert chosen.launcher_args() == ["-hosts", "node1:2,node2:1", "-print-all-exitcodes"]
+    assert type(choose_placement(ClusterOptions(hosts="localhost:2"))) is HostList  # hosts given win
+    monkeypatch.delenv("PBS_JOBID")
+    assert type(choose_placement(ClusterOptions())) is OneHost  # a node file alone is no PBS job
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "lists no host: ask qsub for nodes"),
+    ("\n  \n", "lists no host"),
+    ("node1\nnode1 slots=2\n", "line 2: 'node1 slots=2' is not a host name (PBS writes one host name a line"),
+])
+def test_a_bad_node_file_says_what_to_do(pbs_job, text, message):
+    pbs_job.write_text(text)
+    with pytest.raises(ClusterError, match=re.escape(message)):
+        choose_placement(ClusterOptions())
+
+
+def test_a_missing_node_file_says_what_to_do(pbs_job):
+    pbs_job.unlink()
+    with pytest.raises(ClusterError, match=r"PBS_NODEFILE=.*: cannot read it \(No such file or directory\)\. Start "
+                                           r"the notebook inside the PBS job"):
+        choose_placement(ClusterOptions())
+
+
+def test_node_files_keep_first_seen_order_and_count_each_line_as_a_slot(tmp_path):
+    node_file = tmp_path / "nodes"
+    node_file.write_text("b\na\nb\n10.0.0.3\n")
+    assert [(h.name, h.slots) for h in read_node_file(str(node_file))] == [("b", 2), ("a", 1), ("10.0.0.3", 1)]

@@ -26,7 +26,9 @@ import pytest
 from hvd_notebook.cluster.errors import ClusterError
 from hvd_notebook.cluster.launching import diagnosis
 from hvd_notebook.cluster.launching.placements import GFORKER
+from hvd_notebook.cluster.launching.placements.one_host import OneHost
 from hvd_notebook.cluster.node import shm, shmguard
+from hvd_notebook.config import ClusterOptions
 
 BIN = Path(sys.executable).parent
 GFORKER_PATH = BIN / GFORKER
@@ -309,11 +311,11 @@ def test_a_start_without_room_in_dev_shm_is_refused():
 
 def test_a_rank_killed_by_sigbus_is_told_of_dev_shm():
     output = "[0]0:Return code = 0, signaled with Quit\n[0]1:Return code = 0, signaled with Bus error\n"
-    reports = diagnosis.exit_reports(output)
+    reports = OneHost(ClusterOptions()).exit_reports(output)
     assert reports[0] == "signal Quit"
     assert reports[1].startswith("signal Bus; a full /dev/shm is a likely cause (") and "MiB free of" in reports[1]
     assert diagnosis.signal_name(reports[1]) == "Bus" and diagnosis.signal_name("exit code 3") is None
-    assert any("SIGBUS" in cause and "/dev/shm" in cause for cause in diagnosis.diagnose_launch(output))
+    assert any("SIGBUS" in cause and "/dev/shm" in cause for cause in OneHost(ClusterOptions()).diagnose(output))
 
 
 @needs_gforker
@@ -321,8 +323,9 @@ def test_a_rank_killed_by_sigbus_is_told_of_dev_shm():
                     reason="mounts a small /dev/shm in a mount namespace of its own: needs root")
 def test_ranks_on_a_full_dev_shm_die_of_sigbus_and_are_told_why():
     py, rank = shlex.quote(sys.executable), shlex.quote("from mpi4py import MPI; MPI.COMM_WORLD.Barrier()")
-    tell = shlex.quote("import sys; from hvd_notebook.cluster.launching import diagnosis; "
-                       "print(diagnosis.exit_reports(sys.argv[1]))")
+    tell = shlex.quote("import sys; from hvd_notebook.cluster.launching.placements.one_host import OneHost; "
+                       "from hvd_notebook.config import ClusterOptions; "
+                       "print(OneHost(ClusterOptions()).exit_reports(sys.argv[1]))")
     script = (f"mount -t tmpfs -o size=1M tmpfs /dev/shm || exit 3\n"  # (in this namespace only)
               f"out=$({shlex.quote(str(GFORKER_PATH))} -exitinfo -n 2 {py} -c {rank} 2>&1)\n"
               f'{py} -c {tell} "$out"\n')

@@ -2,14 +2,16 @@
 
 Everything here reads text that ``mpiexec`` (MPICH's hydra or gforker, Open
 MPI) or ``srun`` printed, and writes the sentences the notebook user sees (a rank
-killed by SIGBUS also gets ``/dev/shm``'s free space, read then).
+killed by SIGBUS also gets ``/dev/shm``'s free space, read then). How each rank
+ended is in each launcher's own words: its placement reads them
+(``Placement.rank_exits``); what MPICH itself prints (MPI_Abort) is read here.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from ...config import PREFIX
@@ -33,17 +35,19 @@ _FAILURES = [
     (r"srun: error: (.+)", "srun: {0}"),
 ]
 
-# gforker's -exitinfo: "[0]1:Return code = 0, signaled with Kill" (world rank after the colon)
-_GFORKER_EXIT = re.compile(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?")
-# srun: "srun: error: node1: task 1: Exited with exit code 7" or "...: task 1: Killed"
-_SRUN_EXIT = re.compile(r"srun: error: \S+: task (\d+): (?:Exited with exit code (\d+)|(\w[\w ]*))")
 # MPICH on a rank that calls MPI_Abort: "Abort(3) on node 1 (rank 1 in comm 0): ..." (node: the world rank)
 _MPI_ABORT = re.compile(r"Abort\((-?\d+)\) on node (\d+) \(rank \d+ in comm \d+\)")
 
 
-def diagnose_launch(output: str) -> list[str]:
+def diagnose_launch(output: str, exits: Mapping[int, str] | None = None) -> list[str]:
     """Sentences naming the host and the cause, read from what ``mpiexec`` or
-    ``srun`` printed when a launch failed (empty when nothing is recognised)."""
+    ``srun`` printed when a launch failed (empty when nothing is recognised).
+
+    Args:
+        output: what the launcher printed.
+        exits: how each rank ended, as its placement read it (``Placement.rank_exits``): a rank
+            killed by SIGBUS adds a sentence on ``/dev/shm``.
+    """
     found: list[str] = []
     refused = shm.refused_by_guard(output)
     if refused:
@@ -53,7 +57,7 @@ def diagnose_launch(output: str) -> list[str]:
             text = message.format(*(g.strip().rstrip(".") for g in m.groups()))
             if text not in found:
                 found.append(text)
-    if any(how == "signal Bus" for how in _raw_exit_reports(output).values()):
+    if any(_is_sigbus(how) for how in (exits or {}).values()):
         found.append(f"a rank died of SIGBUS: {shm.space_note()}")
     return found
 
@@ -103,42 +107,32 @@ def tail(text: str, lines: int = 20) -> str:
     return "\n".join("    " + line for line in kept) or "    (mpiexec printed nothing)"
 
 
-def exit_reports(output: str) -> dict[int, str]:
-    """How each rank ended, where the launcher said so (gforker's ``-exitinfo``,
-    srun's task errors, MPICH's MPI_Abort line): rank -> "exit code 7", "signal Kill" or
-    "MPI_Abort with code 3". A rank killed by SIGBUS gets the likely cause, a full ``/dev/shm``,
-    and its free space now: "signal Bus; a full /dev/shm is a likely cause (0.4 MiB free of 64.0 MiB)"."""
-    reports = _raw_exit_reports(output)
-    if "signal Bus" in reports.values():
+def exit_reports(output: str, exits: Mapping[int, str]) -> dict[int, str]:
+    """How each rank ended: rank -> "exit code 7", "signal Kill" or "MPI_Abort with code 3". A rank
+    killed by SIGBUS gets the likely cause, a full ``/dev/shm``, and its free space now:
+    "signal Bus; a full /dev/shm is a likely cause (0.4 MiB free of 64.0 MiB)".
+
+    Args:
+        output: what the launcher and the ranks printed (MPICH's MPI_Abort lines are read from it).
+        exits: how each rank ended in the launcher's words, as its placement read them
+            (``Placement.rank_exits``); they come first.
+    """
+    reports = dict(exits)
+    for m in _MPI_ABORT.finditer(output):
+        reports.setdefault(int(m.group(2)), f"MPI_Abort with code {m.group(1)}")
+    if any(map(_is_sigbus, reports.values())):
         note = shm.space_note()
-        reports = {rank: f"{how}; {note}" if how == "signal Bus" else how for rank, how in reports.items()}
+        reports = {rank: f"{how}; {note}" if _is_sigbus(how) else how for rank, how in reports.items()}
     return reports
+
+
+def _is_sigbus(how: str) -> bool:
+    return how == "signal Bus"
 
 
 def signal_name(how: str) -> str | None:
     """The signal's name in an ``exit_reports`` entry ("signal Bus; a full ..." -> "Bus"); None for an exit."""
     return how.removeprefix("signal ").split(";")[0] if how.startswith("signal ") else None
-
-
-def _raw_exit_reports(output: str) -> dict[int, str]:
-    reports: dict[int, str] = {}
-    for line in output.splitlines():
-        m = _GFORKER_EXIT.match(line)
-        if m:
-            rank, code, sig = int(m.group(1)), int(m.group(2)), m.group(3)
-            reports[rank] = f"signal {sig}" if sig else f"exit code {code}"
-        m = _SRUN_EXIT.search(line)
-        if m:
-            reports.setdefault(int(m.group(1)), f"exit code {m.group(2)}" if m.group(2) else m.group(3).strip())
-        m = _MPI_ABORT.search(line)
-        if m:
-            reports.setdefault(int(m.group(2)), f"MPI_Abort with code {m.group(1)}")
-    return reports
-
-
-def is_exit_info(line: str) -> bool:
-    """Is ``line`` one of gforker's ``-exitinfo`` lines (read for ``exit_reports``, not for users)?"""
-    return _GFORKER_EXIT.match(line) is not None
 
 
 def launcher_exited(launcher: str, code: object, n: int, connected: int, causes: list[str], command: str,

@@ -38,7 +38,7 @@ from ..processes.reaper import start_reaper
 from ..processes.workdir import WorkDir, clusters_dir, new_cluster_id
 from . import diagnosis
 from .launch import world_environment
-from .placements import Placement, choose_placement
+from .placements import Placement, choose_placement, is_report_line
 from .resets import ResetsUsedUp, run_with_resets
 
 STOP_GRACE_S = 3.0  # the launcher ends its ranks (on other hosts too) before those here are killed
@@ -165,12 +165,13 @@ TAIL_CHARS = 64 * 1024  # how much of the launcher's output ``diagnosis`` reads 
 
 
 class StderrPump(threading.Thread):
-    """Copies the launcher's stderr to ours as it comes (a partial line too: progress bars),
-    keeping back gforker's exit lines, and remembers what ``diagnosis`` reads afterwards."""
+    """Copies the launcher's stderr (or stdout) to ours as it comes (a partial line too: progress bars),
+    keeping back its reports for ``Placement.rank_exits`` where ``hold_back`` (gforker's exit lines), and
+    remembers what ``diagnosis`` and the placement read afterwards."""
 
-    def __init__(self, stream: IO[bytes], sink: IO[bytes]) -> None:
+    def __init__(self, stream: IO[bytes], sink: IO[bytes], hold_back: bool = True) -> None:
         super().__init__(daemon=True)
-        self._stream, self._sink = stream, sink
+        self._stream, self._sink, self._hold_back = stream, sink, hold_back
         self._exit_lines: list[str] = []
         self._tail: deque[str] = deque()  # what was shown, in pieces as they came (a line may come in many)
         self._tail_chars = 0
@@ -181,7 +182,7 @@ class StderrPump(threading.Thread):
             *lines, pending = (pending + chunk).split(b"\n")
             shown = b"".join(self._keep(line + b"\n", line_start or i > 0) for i, line in enumerate(lines))
             line_start = line_start or bool(lines)
-            if pending and not (line_start and pending.startswith(b"[")):  # cannot be an exit line: show it now
+            if pending and not (self._hold_back and line_start and pending.startswith(b"[")):  # no report: show it
                 shown += self._keep(pending, False)
                 pending, line_start = b"", False
             self._write(shown)
@@ -190,7 +191,7 @@ class StderrPump(threading.Thread):
     def _keep(self, piece: bytes, line_start: bool) -> bytes:
         """Remember ``piece``; what of it to show (nothing for an exit line)."""
         text = piece.decode(errors="replace")
-        if line_start and diagnosis.is_exit_info(text):
+        if self._hold_back and line_start and is_report_line(text):
             self._exit_lines.append(text)
             return b""
         self._tail.append(text)
@@ -253,9 +254,12 @@ class RunningJob:
 
     def __init__(self, argv: list[str], env: dict[str, str], workdir: WorkDir) -> None:
         self.process = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
-                                        stderr=subprocess.PIPE, start_new_session=True)
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         self.pump = StderrPump(self.process.stderr, sys.stderr.buffer)  # type: ignore[arg-type]
         self.pump.start()
+        # (shown as it comes: hydra says how each rank ended on its stdout, ``Placement.rank_exits`` reads it)
+        self.stdout_pump = StderrPump(self.process.stdout, sys.stdout.buffer, hold_back=False)  # type: ignore[arg-type]
+        self.stdout_pump.start()
         self.shm_watch = shm.StartWatch.for_launch(self.process.pid, argv, self._refuse)
         self._pids = PidRegistry()
         self._pids.workdir = workdir
@@ -321,6 +325,7 @@ class RunningJob:
         self.shm_watch.stop()
         code = self.process.wait()
         self.pump.join(timeout=5)
+        self.stdout_pump.join(timeout=5)
         self.shm_watch.remove_world()
         shm.remove_orphaned()  # (what ranks ended without MPI_Finalize left in /dev/shm)
         return code
@@ -362,7 +367,7 @@ def _launch(argv: list[str], env: dict[str, str], workdir: WorkDir) -> tuple[int
     with stop_on_signals():
         try:
             running = RunningJob(argv, env, workdir)
-            return running.wait(), running.pump.output()
+            return running.wait(), running.pump.output() + running.stdout_pump.output()
         except Stopped:
             if running is not None:
                 running.stop()
@@ -392,7 +397,7 @@ def run_job(job: Job) -> int:
 
         def reset(failure: BaseException, number: int) -> str:
             ended = cast(_FailedAfterCommit, failure)  # (the only failure ``resumable`` lets through)
-            failed = failed_ranks(diagnosis.exit_reports(ended.output))
+            failed = failed_ranks(placement.exit_reports(ended.output))
             why = "; ".join(f"rank {rank}: {how}" for rank, how in sorted(failed.items())) or f"exit code {ended.code}"
             print(f"{PREFIX} the job failed ({why}); launching it again from rank 0's last hvd.elastic "
                   f"commit ({commit.read_text().strip()}): reset {number} of {job.options.max_resets}.",
@@ -408,7 +413,7 @@ def run_job(job: Job) -> int:
         except Stopped as stop:
             print(f"{PREFIX} stopped by {stop}; every rank was ended.", file=sys.stderr, flush=True)
             return 128 + stop.signum
-    reports = diagnosis.exit_reports(output)
+    reports = placement.exit_reports(output)
     causes = placement.diagnose(output) if code and not failed_ranks(reports) else []
     message = ending_message(placement.launcher_name, code, reports, causes)
     if message:

@@ -226,7 +226,7 @@ class LaunchedWorld:
 
     def exit_reports(self) -> dict[int, str]:
         """How each rank ended, where the launcher said so: rank -> "exit code 7" or "signal Kill"."""
-        return diagnosis.exit_reports(self._engines.output() if self._engines is not None else "")
+        return self.placement.exit_reports(self._engines.output() if self._engines is not None else "")
 
     # ------------------------------------------------------------------ end
     def end(self, timeout: float = 2.0) -> None:

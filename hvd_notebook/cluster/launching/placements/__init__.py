@@ -20,6 +20,7 @@ from .base import (
     choose_placement,
     find_mpiexec,
     is_open_mpi,
+    is_report_line,
     launcher_names,
     register,
     registered,
@@ -27,7 +28,7 @@ from .base import (
 )
 
 __all__ = ["AUTO", "GFORKER", "STANDBY_BYTES_PER_RANK", "Placement", "choose_placement", "find_mpiexec",
-           "is_open_mpi", "launcher_names", "register", "registered", "unregister"]
+           "is_open_mpi", "is_report_line", "launcher_names", "register", "registered", "unregister"]
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any, ClassVar, TypeVar
 
 from ....config import ClusterOptions
 from ...errors import ClusterError
-from ...node import leases, shm
+from ...node import leases
 from ...node.policy import Policy
-from ..diagnosis import diagnose_launch
+from ..diagnosis import diagnose_launch, exit_reports
 
 # host memory a warm standby rank holds (TensorFlow and Keras imported: ~0.75 GiB RSS measured here), rounded up
 STANDBY_BYTES_PER_RANK = 1 << 30
@@ -61,6 +61,11 @@ def registered() -> list[type[Placement]]:
 def launcher_names() -> list[str]:
     """What ``--launcher`` accepts: ``auto``, then each registered placement's launcher once."""
     return [AUTO, *dict.fromkeys(cls.launcher_name for cls in registered())]
+
+
+def is_report_line(line: str) -> bool:
+    """Is ``line`` one a registered placement's launcher wrote for ``rank_exits`` alone (kept from the user)?"""
+    return any(cls.report_line(line) for cls in registered())
 
 
 def choose_placement(options: ClusterOptions) -> Placement:
@@ -134,7 +139,37 @@ def at_least_one(n: int) -> int:
 
 
 class Placement:
-    """Ranks started by ``mpiexec``; each subclass places them somewhere and registers itself."""
+    """Ranks started by a launcher (``mpiexec`` unless a placement says otherwise); each subclass places them
+    somewhere and registers itself. A new placement is one module of this package with one such class.
+
+    The hooks fall into five groups, in this order below; a subclass overrides what its launcher does
+    differently (``selected``, ``ranks`` and ``controller_ip`` always):
+
+    - **choice**: ``name``, ``launcher_name``, ``precedence`` and ``selected``: whether the options ask for it.
+    - **shape**: how many ranks (``ranks``), where the controller listens (``controller_ip``), which GPUs the
+      ranks pin (``take_gpus``), whether this host has room for them (``check_room``).
+    - **launch**: the launcher's command line (``launcher_prefix``, ``placement_args``, ``forwarded_variables``;
+      put together by ``command_line`` and ``launcher_args``, which are not hooks), the ranks' environment
+      (``rank_env``), how ipyparallel starts the engines (``engine_launcher``, ``configure_engines``), and the
+      checks before a launch (``preflight``).
+    - **failures and recovery**: how each rank ended, as the launcher reported it (``rank_exits``, and
+      ``report_line`` for its lines kept from the user; read through ``exit_reports``, not a hook), why a
+      launch failed (``diagnose``), and the placement on what still works after a failure
+      (``without_failures``).
+    - **standby**: whether a warm standby can be kept (``standby_refusal``) and is kept by default
+      (``standby_by_default``).
+
+    Args:
+        options: what ``%hvd start`` (or ``hvd-notebook run``) was asked for.
+
+    The hooks share these parameters, described here once:
+
+    - ``launcher``: the ``--launcher`` asked for (``auto`` or a ``launcher_name``).
+    - ``n``: the number of ranks; ``host_gpus``: the GPU ids this host has for the cluster.
+    - ``output``: what the launcher and the ranks printed (the launcher's log; the job's stderr).
+    - ``environ``: the environment the ranks would inherit; ``names``: environment variables' names.
+    - ``timeout``: seconds a check may take; ``cfg``: ipyparallel's configuration for the cluster.
+    """
 
     name: ClassVar[str] = ""  # the registry's key
     launcher_name: ClassVar[str] = "mpiexec"  # what ``--launcher`` selects it by, and what messages call it
@@ -144,13 +179,14 @@ class Placement:
         self.options = options
         self.command = find_mpiexec(options.mpiexec)  # the launcher's executable
 
+    # ------------------------------------------------------------------ choice
     @classmethod
     def selected(cls, options: ClusterOptions, launcher: str) -> bool:
         """Whether ``options`` (with ``--launcher launcher``) ask for this placement; a ClusterError where they
         ask for it in a way it cannot take."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ the world's shape
+    # ------------------------------------------------------------------ shape
     def ranks(self, host_gpus: list[str]) -> int | None:
         """The number of ranks; None where ``take_gpus`` settles it at start."""
         raise NotImplementedError
@@ -161,43 +197,42 @@ class Placement:
 
     def take_gpus(self, host_gpus: list[str], n: int | None, owner: str,
                   rules: Policy | None = None) -> tuple[list[str], leases.Lease | None]:
-        """The GPU ids the ranks pin by local rank, and the lease that holds them. Elsewhere than this host: the
-        same ids on each host (leases, and the node's fair-sharing ``rules``, cover this host only; there the
-        scheduler shares the nodes)."""
+        """The GPU ids the ranks pin by local rank, and the lease that holds them (for ``owner``). Elsewhere
+        than this host: the same ids on each host (leases, and the node's fair-sharing ``rules``, cover this
+        host only; there the scheduler shares the nodes)."""
         return list(host_gpus), None
 
     def check_room(self, n: int) -> None:
         """A ClusterError where this host cannot hold the shared memory of the ranks placed on it."""
 
-    # ------------------------------------------------------------------ the launch
+    # ------------------------------------------------------------------ launch
     @property
     def gforker(self) -> bool:
         """Is the launcher MPICH's gforker (whose worlds' shared-memory names follow from its pid)?"""
         return self.command.endswith(GFORKER)
 
     def launcher_prefix(self) -> list[str]:
-        """What goes before the launcher on its command line: for gforker, ``shmguard``, which refuses a world
-        whose shared-memory names another user holds, then becomes the launcher."""
-        return shm.guard_command() if self.gforker else []
+        """What goes before the launcher on its command line (a wrapper that then becomes the launcher)."""
+        return []
+
+    def placement_args(self) -> list[str]:
+        """The launcher's options that put the ranks in place (before the user's ``--mpi-args``)."""
+        return []
+
+    def forwarded_variables(self, names: list[str]) -> list[str]:
+        """Launcher options that pass the variables ``names`` to every rank (most launchers pass the whole
+        environment: none)."""
+        return []
 
     def launcher_args(self) -> list[str]:
         """The launcher's own options: what puts the ranks in place, then the user's."""
-        exitinfo = ["-exitinfo"] if self.gforker else []  # gforker reports each rank's exit code or signal
-        return [*exitinfo, *self._placement_args(), *self.options.mpi_args]
-
-    def _placement_args(self) -> list[str]:
-        return []
+        return [*self.placement_args(), *self.options.mpi_args]
 
     def command_line(self, n: int, variables: list[str], command: list[str]) -> list[str]:
         """The launcher's whole command line for ``n`` ranks running ``command``, with the environment
         ``variables`` (names) forwarded to every rank; what ``launch`` hands to ipyparallel in parts."""
         return [*self.launcher_prefix(), self.command, "-n", str(n), *self.launcher_args(),
                 *self.forwarded_variables(variables), *command]
-
-    def forwarded_variables(self, names: list[str]) -> list[str]:
-        """Launcher options that pass the variables ``names`` to every rank (most launchers pass the whole
-        environment: none)."""
-        return []
 
     def rank_env(self, environ: dict[str, str]) -> dict[str, str]:
         """Defaults for every rank's environment, under what ``environ`` already sets."""
@@ -215,16 +250,32 @@ class Placement:
         """Checks before a launch (``hvd-notebook run``), within ``timeout`` seconds; a ClusterError saying
         what to fix."""
 
-    # ------------------------------------------------------------------ failures and restarts
+    # ------------------------------------------------------------------ failures and recovery
+    def rank_exits(self, output: str) -> dict[int, str]:
+        """How each rank ended, where this placement's launcher said so in ``output``: rank -> "exit code 7",
+        "signal Kill" (a signal's name as the launcher writes it)."""
+        return {}
+
+    @classmethod
+    def report_line(cls, line: str) -> bool:
+        """Is ``line`` one the launcher wrote for ``rank_exits`` alone, kept from the user's terminal?"""
+        return False
+
+    def exit_reports(self, output: str) -> dict[int, str]:
+        """How each rank ended: ``rank_exits``, with what MPICH printed for ranks that called MPI_Abort and
+        the likely cause of a SIGBUS (``diagnosis.exit_reports``)."""
+        return exit_reports(output, self.rank_exits(output))
+
     def diagnose(self, output: str) -> list[str]:
         """Sentences saying why a launch that printed ``output`` failed."""
-        return diagnose_launch(output)
+        return diagnose_launch(output, self.rank_exits(output))
 
     def without_failures(self) -> tuple[Placement, int, str] | None:
         """After a start failed: the placement on what still works, how many ranks it holds and why the rest
         was left out; None where nothing can be left out (the failure then stands)."""
         return None
 
+    # ------------------------------------------------------------------ standby
     def standby_refusal(self) -> str | None:
         """Why this placement cannot keep a warm standby (``--standby on`` is then an error); None where it can."""
         return None

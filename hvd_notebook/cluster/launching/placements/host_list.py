@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,11 @@ from .. import keycopy
 from ..diagnosis import diagnose_launch, names_a_host, telling_line
 from .base import AUTO, Placement, at_least_one, is_open_mpi, register
 
+# hydra's -print-all-exitcodes, on its stdout once every rank ended: "[mpiexec@node0] Exit codes: [node1] 0,1792",
+# then one "[node2] 0,0" line for each other host (each rank's wait status, in the order of its ranks there)
+HYDRA_EXIT_CODES = re.compile(r"^\[mpiexec@[^\]]*\] Exit codes: (.*(?:\n\[[^\]\s]+\] [-\d,]+)*)", re.MULTILINE)
+HYDRA_HOST_CODES = re.compile(r"\[([^\]\s]+)\] (-?\d+(?:,-?\d+)*)")
+
 
 @register
 class HostList(Placement):
@@ -30,7 +36,12 @@ class HostList(Placement):
 
     def __init__(self, options: ClusterOptions) -> None:
         super().__init__(options)
-        self.hosts = hostlib.parse_hosts(options.hosts) if options.hosts else hostlib.read_hostfile(options.hostfile)
+        self.hosts = self.hosts_given(options)
+
+    @classmethod
+    def hosts_given(cls, options: ClusterOptions) -> list[hostlib.Host]:
+        """The hosts and their slots, from ``-H`` or ``--hostfile``."""
+        return hostlib.parse_hosts(options.hosts) if options.hosts else hostlib.read_hostfile(options.hostfile)
 
     @classmethod
     def selected(cls, options: ClusterOptions, launcher: str) -> bool:
@@ -66,7 +77,7 @@ class HostList(Placement):
     def _hosts_option(self) -> str:
         return "--host" if is_open_mpi(self.command) else "-hosts"
 
-    def _placement_args(self) -> list[str]:
+    def placement_args(self) -> list[str]:
         return [self._hosts_option(), ",".join(f"{h.name}:{h.slots}" for h in self.hosts)]
 
     def forwarded_variables(self, names: list[str]) -> list[str]:
@@ -99,8 +110,32 @@ class HostList(Placement):
             listed = "".join(f"\n  - {f}" for f in failed)
             raise ClusterError(f"not every host can start a rank:{listed}\nFix those hosts, or raise --start-timeout.")
 
+    def rank_exits(self, output: str) -> dict[int, str]:
+        """hydra's ``-print-all-exitcodes`` report (asked for in ``--mpi-args``, or by a placement built on
+        this one), each host's wait statuses matched to the ranks hydra placed there."""
+        found = HYDRA_EXIT_CODES.findall(output)
+        if not found:
+            return {}
+        placed = self.ranks_by_host(sum(len(codes.split(",")) for _, codes in HYDRA_HOST_CODES.findall(found[-1])))
+        reports = {}
+        for host, codes in HYDRA_HOST_CODES.findall(found[-1]):
+            for rank, status in zip(placed.get(host, []), map(int, codes.split(",")), strict=False):
+                reports[rank] = wait_status(status)
+        return reports
+
+    def ranks_by_host(self, n: int) -> dict[str, list[int]]:
+        """Which of ``n`` ranks hydra places on each host: each host's slots in turn, round and round."""
+        placed: dict[str, list[int]] = {h.name: [] for h in self.hosts}
+        rank = 0
+        while rank < n and self.slots:
+            for h in self.hosts:
+                taken = min(h.slots, n - rank)
+                placed[h.name] += range(rank, rank + taken)
+                rank += taken
+        return placed
+
     def diagnose(self, output: str) -> list[str]:
-        found = diagnose_launch(output)
+        found = diagnose_launch(output, self.rank_exits(output))
         return found if names_a_host(found) else found + list(self.host_failures().values())
 
     def without_failures(self) -> tuple[Placement, int, str] | None:
@@ -136,3 +171,14 @@ class HostList(Placement):
                 failed[name] = (f"host {name} cannot start a rank of this environment: "
                                 + (diagnose_launch(out) or [telling_line(out)])[0])
         return failed
+
+
+def wait_status(status: int) -> str:
+    """A rank's wait status as ``exit_reports`` says it: "exit code 7", or "signal Kill" for a signal."""
+    if status & 0x7F == 0:
+        return f"exit code {status >> 8}"
+    number = status & 0x7F
+    try:
+        return f"signal {signal.Signals(number).name.removeprefix('SIG').capitalize()}"
+    except ValueError:
+        return f"signal {number}"

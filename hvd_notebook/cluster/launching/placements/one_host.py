@@ -5,6 +5,7 @@ memory allows."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import psutil
@@ -19,6 +20,8 @@ from .base import AUTO, GFORKER, STANDBY_BYTES_PER_RANK, Placement, at_least_one
 # opens a TCP listener on the host's network interface. Not UCX's "sm" alias: it includes the SysV transport,
 # whose segments are mode 0660 (readable by the user's group). The user's own --env or environment wins.
 LOOPBACK_ENV = {"UCX_TLS": "self,posix,cma"}
+# gforker's -exitinfo: "[0]1:Return code = 0, signaled with Kill" (world rank after the colon)
+GFORKER_EXIT = re.compile(r"\s*\[\d+\](\d+):Return code = (-?\d+)(?:, signaled with (\w+))?")
 
 
 @register
@@ -61,6 +64,14 @@ class OneHost(Placement):
     def check_room(self, n: int) -> None:
         shm.check_space(n)
 
+    def launcher_prefix(self) -> list[str]:
+        """For gforker, ``shmguard``, which refuses a world whose shared-memory names another user holds, then
+        becomes the launcher."""
+        return shm.guard_command() if self.gforker else []
+
+    def placement_args(self) -> list[str]:
+        return ["-exitinfo"] if self.gforker else []  # gforker reports each rank's exit code or signal
+
     def rank_env(self, environ: dict[str, str]) -> dict[str, str]:
         return {k: v for k, v in LOOPBACK_ENV.items() if k not in environ}
 
@@ -73,6 +84,17 @@ class OneHost(Placement):
             return [], None
         lease = leases.acquire(host_gpus, n, owner, at_most=room)
         return lease.gpus, lease
+
+    def rank_exits(self, output: str) -> dict[int, str]:
+        """gforker's ``-exitinfo`` lines: "exit code 7", or "signal Kill" for a rank a signal ended."""
+        reports = {}
+        for m in filter(None, map(GFORKER_EXIT.match, output.splitlines())):
+            reports[int(m.group(1))] = f"signal {m.group(3)}" if m.group(3) else f"exit code {m.group(2)}"
+        return reports
+
+    @classmethod
+    def report_line(cls, line: str) -> bool:
+        return GFORKER_EXIT.match(line) is not None
 
     def standby_by_default(self, n: int) -> bool:
         """Where this host's free memory holds the standby's ranks twice over."""

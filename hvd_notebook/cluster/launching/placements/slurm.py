@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 
 from .... import config
@@ -9,6 +10,9 @@ from ....config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
 from ...errors import ClusterError
 from .. import hosts as hostlib
 from .base import AUTO, Placement, at_least_one, register
+
+# "srun: error: node1: task 1: Exited with exit code 7" or "srun: error: node1: task 1: Killed"
+SRUN_EXIT = re.compile(r"srun: error: \S+: task (\d+): (?:Exited with exit code (\d+)|(\w[\w ]*))")
 
 
 @register
@@ -47,9 +51,16 @@ class SlurmAllocation(Placement):
     def controller_ip(self) -> str:
         return hostlib.controller_address(hostlib.slurm_nodes(), self.options.ip)
 
-    def _placement_args(self) -> list[str]:
+    def placement_args(self) -> list[str]:
         # MPICH's wheel speaks PMI-2 with Slurm; the ranks inherit the kernel's environment
         return [f"--mpi={config.SRUN_MPI.text()}", "--kill-on-bad-exit=1"]
+
+    def rank_exits(self, output: str) -> dict[int, str]:
+        """srun's task errors: "exit code 7", or srun's word for a signal ("Killed")."""
+        reports: dict[int, str] = {}
+        for m in SRUN_EXIT.finditer(output):
+            reports.setdefault(int(m.group(1)), f"exit code {m.group(2)}" if m.group(2) else m.group(3).strip())
+        return reports
 
     def standby_refusal(self) -> str | None:
         return ("--standby on: the cluster's ranks take the Slurm allocation's tasks, and a second job step "
