@@ -4,10 +4,15 @@ rank ended first reports it, and no other user can take the claim first to silen
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import pytest
 
 from hvd_notebook import rankwatch
 
@@ -78,17 +83,54 @@ def test_the_claim_lives_in_the_private_folder(monkeypatch, tmp_path):
     assert held.parent == base / "rankwatch" and (base / "rankwatch").stat().st_mode & 0o777 == 0o700
 
 
-def test_a_name_bound_first_by_someone_else_does_not_silence_the_report():
-    """The old claim, an abstract socket named after the job, could be bound first by any local user."""
-    job = f"{socket.gethostname()}-{os.getpid()}-test"
-    squatter = socket.socket(socket.AF_UNIX)
-    squatter.bind(f"\0hvd_notebook-rank-ended-{job}")
+OTHER_UID = 65534  # nobody: "someone else", a real second uid
+
+
+def as_other_user(act) -> None:
+    """``act()`` in a forked child process that has become ``OTHER_UID`` (real and effective)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setgroups([])
+            os.setgid(OTHER_UID)
+            os.setuid(OTHER_UID)
+            act()
+            code = 0
+        finally:
+            os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0, f"acting as uid {OTHER_UID} failed"
+
+
+def plant(path: Path) -> None:
+    """Make ``path``'s folders open to everyone, and ``path`` an empty file in them."""
+    os.umask(0)
+    path.parent.mkdir(0o777, parents=True)
+    path.touch()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second user (uid 65534) needs root")
+def test_a_claim_planted_by_someone_else_does_not_silence_the_report(tmp_path):
+    """Another user makes this user's base folder in a shared /tmp first (``hvd_notebook-USER``, open to all)
+    and plants the job's claim in its ``rankwatch`` folder: the watcher must not use that folder (it is not
+    the user's own), so it reports from its fallback folder instead of finding the claim taken."""
+    shared_tmp = Path(tempfile.mkdtemp(prefix="hvd-rankwatch-"))  # (a /tmp of its own: world-writable, sticky)
     try:
-        watcher = subprocess.Popen([sys.executable, "-m", RANKWATCH, job, "1", "2", "999999"],
+        shared_tmp.chmod(0o1777)
+        job = f"{socket.gethostname()}-{os.getpid()}-planted"
+        planted = shared_tmp / f"hvd_notebook-{rankwatch.private.user_name()}" / "rankwatch" / f"ended-{job}"
+        as_other_user(lambda: plant(planted))
+        assert planted.stat().st_uid == OTHER_UID
+        home = tmp_path / "home"
+        home.mkdir()
+        env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
+        watcher = subprocess.Popen([sys.executable, "-m", RANKWATCH, job, "1", "2", "999999"], cwd=tmp_path,
+                                   env={**env, "TMPDIR": str(shared_tmp), "HOME": str(home)},
                                    stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         watcher.stdin.close()  # the rank's end of the pipe closes without a goodbye
         said = watcher.stderr.read()
-        assert watcher.wait(timeout=rankwatch.CLAIM_HOLD_S + 30) == 0
+        assert watcher.wait(timeout=rankwatch.SETTLE_S + rankwatch.CLAIM_HOLD_S + 30) == 0
+        assert "[hvd_notebook] rank 1 of 2 (pid 999999" in said and "ended without a word" in said, said
+        assert planted.exists()  # left as it was: the watcher used its own folder
     finally:
-        squatter.close()
-    assert "[hvd_notebook] rank 1 of 2 (pid 999999" in said and "ended without a word" in said, said
+        shutil.rmtree(shared_tmp)
