@@ -10,8 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import figure
-from test_multihost import NETNS, _ns_pids, two_hosts  # noqa: F401  (two_hosts: the fixture, shared)
+from test_multihost import HOSTS, NETNS, _ns_pids, two_hosts  # noqa: F401  (two_hosts: the fixture, shared)
 
 BIN = Path(sys.executable).parent
 VIA_NETNS = ["--mpi-args", f"-launcher ssh -launcher-exec {NETNS / 'nsexec'} -iface hvdbr0"]
@@ -26,9 +27,10 @@ def _run_in_pbs_job(node_file: Path, *args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_a_pbs_job_runs_ranks_on_its_nodes_and_names_the_rank_that_failed(two_hosts, tmp_path):
+@pytest.mark.usefixtures("two_hosts")
+def test_a_pbs_job_runs_ranks_on_its_nodes_and_names_the_rank_that_failed(tmp_path):
     node_file = tmp_path / "nodes"
-    node_file.write_text("".join(f"{host}\n" for host in two_hosts))  # one slot on each namespace host
+    node_file.write_text("".join(f"{host}\n" for host in HOSTS))  # one slot on each namespace host
     done = _run_in_pbs_job(node_file, "-np", "2", *VIA_NETNS, "sh", "-c", RANKS)
     out = done.stdout + done.stderr
     assert "rank 0 on hvdh1" in done.stdout and "rank 1 on hvdh2" in done.stdout, out
@@ -38,9 +40,10 @@ def test_a_pbs_job_runs_ranks_on_its_nodes_and_names_the_rank_that_failed(two_ho
     figure("pbs: hvd-notebook run under a node file of 2 namespace hosts, rank 1 named from hydra's report")
 
 
-def test_a_pbs_job_with_two_slots_on_a_node_runs_a_real_mpi_world(two_hosts, tmp_path):
+@pytest.mark.usefixtures("two_hosts")
+def test_a_pbs_job_with_two_slots_on_a_node_runs_a_real_mpi_world(tmp_path):
     node_file = tmp_path / "nodes"
-    node_file.write_text(f"{two_hosts[0]}\n{two_hosts[1]}\n{two_hosts[1]}\n")  # hvdh2 has two slots
+    node_file.write_text(f"{HOSTS[0]}\n{HOSTS[1]}\n{HOSTS[1]}\n")  # hvdh2 has two slots
     script = tmp_path / "where.py"
     script.write_text("import socket\nfrom mpi4py import MPI\nw = MPI.COMM_WORLD\n"
                       "total = w.allreduce(w.rank + 1)\n"
