@@ -185,7 +185,7 @@ def test_an_op_nccl_cannot_reduce_is_refused_with_horovods_error(nccl, tf):
     x = gpu_tensor(tf, contribution((3,), nccl.rank()), "float32")
     with pytest.raises(NotImplementedError, match="op=hvd.Adasum is not supported"):
         nccl.allreduce(x, op=nccl.Adasum)
-    with pytest.raises(ValueError, match="is not one of hvd.Average, hvd.Sum"):
+    with pytest.raises(ValueError, match="op=42 is not supported; give op=hvd.Average, hvd.Sum"):
         nccl.allreduce(x, op=42)
     assert not problems(nccl.allreduce(x, op=nccl.Sum), reduced("Sum", (3,), nccl.size()), "float32", "after")
 

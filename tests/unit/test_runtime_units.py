@@ -107,9 +107,26 @@ def test_ops_have_horovods_values_and_names():
     assert all(ops.op_named(name) == op for op, name in ops.OP_NAMES.items())
     with pytest.raises(NotImplementedError, match="Adasum"):
         ops.check_op(ops.Adasum)
-    with pytest.raises(ValueError, match="not one of"):
+    with pytest.raises(ValueError, match="op=42 is not supported"):
         ops.check_op(42)
     ops.check_op(ops.Max)
+
+
+def test_one_op_check_lists_what_the_call_accepts():
+    assert ops.op_refusal(ops.Sum) is None and ops.op_refusal(ops.Product) is None
+    assert ops.op_refusal(ops.Adasum) == ("op=hvd.Adasum is not supported by hvd_notebook's built-in runtime; give "
+                                         "op=hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product.")
+    assert ops.op_refusal(ops.Min, (ops.Average, ops.Sum), "hvd.DistributedOptimizer") == (
+        "hvd.DistributedOptimizer: op=hvd.Min is not supported here; give op=hvd.Average or hvd.Sum.")
+    assert ops.op_refusal("Sum", what="hvd.allreduce") == ("hvd.allreduce: op='Sum' is not supported; give "
+                                                           "op=hvd.Average, hvd.Sum, hvd.Min, hvd.Max or hvd.Product.")
+    assert ops.op_refusal([1]) is not None  # (unhashable: named, not a TypeError)
+    with pytest.raises(NotImplementedError, match="Adasum is not supported"):  # Horovod's types
+        ops.check_op(ops.Adasum, (ops.Average, ops.Sum))
+    with pytest.raises(ValueError, match="give op=hvd.Average or hvd.Sum"):
+        ops.check_op(ops.Max, (ops.Average, ops.Sum))
+    with pytest.raises(ValueError, match="Adasum"):
+        ops.check_op(ops.Adasum, (ops.Average, ops.Sum), error=ValueError)
 
 
 def test_scale_floats_in_place_integers_in_their_dtype():

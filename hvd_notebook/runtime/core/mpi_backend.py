@@ -376,9 +376,9 @@ class MpiBackend:
         outs = []
         for arr, name in zip(arrays, names):
             sig = reducescatter_signature(op, arr.dtype.name, arr.shape, name)
-            if op not in ops.REDUCING_OPS:
-                self.negotiator.refuse(sig, f"reducescatter supports hvd.Average, Sum, Min, Max and Product, "
-                                       f"not {op!r}.")
+            refusal = ops.op_refusal(op, what="hvd.reducescatter")
+            if refusal is not None:
+                self.negotiator.refuse(sig, refusal)
             if arr.ndim == 0:
                 self.negotiator.refuse(sig, f"reducescatter of '{name}': the tensor needs at least one dimension.")
             self._refuse_dtype(sig, "reducescatter", name, arr.dtype, reducing=True)

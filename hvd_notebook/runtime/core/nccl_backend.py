@@ -247,9 +247,9 @@ class NcclBackend:
         with self.on_stream(wait):
             for a, dtype_name, name in zip(arrays, dtype_names, names):
                 sig = reducescatter_signature(op, dtype_name, tuple(a.shape), name)
-                if op not in ops.REDUCING_OPS:  # (refused on every rank, as the MPI backend refuses it)
-                    self.negotiator.refuse(sig, f"reducescatter supports hvd.Average, Sum, Min, Max and Product, "
-                                           f"not {op!r}.")
+                refusal = ops.op_refusal(op, what="hvd.reducescatter")
+                if refusal is not None:  # (refused on every rank, as the MPI backend refuses it)
+                    self.negotiator.refuse(sig, refusal)
                 with self.negotiator.turn(sig):
                     outs.append(self._reducescatter_one(a, op, name))
         return outs

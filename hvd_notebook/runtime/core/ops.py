@@ -22,14 +22,44 @@ def op_named(name: str) -> int:
     return _OPS_BY_NAME[name]
 
 
-def check_op(op: int) -> None:
-    """Raise for an op the built-in backends cannot reduce, saying which ones they can."""
-    if op == Adasum:
-        raise NotImplementedError(
-            "op=hvd.Adasum is not supported by hvd_notebook's built-in runtime; use hvd.Average or hvd.Sum."
-        )
-    if op not in REDUCING_OPS:
-        raise ValueError(f"op={op!r} is not one of hvd.Average, hvd.Sum, hvd.Min, hvd.Max, hvd.Product.")
+def op_refusal(op: Any, accepted: tuple[int, ...] = REDUCING_OPS, what: str | None = None) -> str | None:
+    """Why ``op`` is refused where only ``accepted`` are, as one message that lists them; None where it is one.
+
+    Args:
+        op: the ``op=`` a caller gave (any object: a wrong one is named as given).
+        accepted: the ops the call takes (the built-in backends reduce ``REDUCING_OPS``; Adasum none).
+        what: the call, to start the message with (``"hvd.DistributedOptimizer"``); None: no name.
+    """
+    name = _op_name(op)
+    if name is not None and _OPS_BY_NAME[name] in accepted:
+        return None
+    given = f"hvd.{name}" if name else repr(op)
+    where = " by hvd_notebook's built-in runtime" if name == "Adasum" else " here" if name else ""
+    names = [f"hvd.{OP_NAMES[a]}" for a in accepted]
+    listed = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"{what + ': ' if what else ''}op={given} is not supported{where}; give op={listed}."
+
+
+def _op_name(op: Any) -> str | None:
+    """Horovod's name of ``op`` (numpy integers too, as ``==`` takes them); None for anything that is no op."""
+    try:
+        return OP_NAMES.get(op)
+    except TypeError:  # (unhashable)
+        return None
+
+
+def check_op(op: Any, accepted: tuple[int, ...] = REDUCING_OPS, what: str | None = None,
+             error: type[Exception] | None = None) -> None:
+    """Raise for an op outside ``accepted`` (``op_refusal``'s message): the one op check of every binding.
+
+    Args:
+        op, accepted, what: as for ``op_refusal``.
+        error: the exception to raise; None: Horovod's, ``NotImplementedError`` for Adasum (an op it has that
+            this runtime lacks), ``ValueError`` for any other.
+    """
+    refusal = op_refusal(op, accepted, what)
+    if refusal is not None:
+        raise (error or (NotImplementedError if _op_name(op) == "Adasum" else ValueError))(refusal)
 
 
 _DTYPE_NAMES: dict[np.dtype, str] = {}

@@ -18,7 +18,7 @@ from typing import Any
 from ... import keras_flavour
 from ..core import basics
 from ..core.noise_scale import NoiseScale
-from ..core.ops import Adasum, Average, Sum
+from ..core.ops import Average, Sum, check_op
 from ..core.process_sets import check as check_process_set
 from ..core.rules import reject_unsupported
 from ..tensorflow.compression import Compression
@@ -80,10 +80,9 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
         TypeError: ``optimizer`` is none of the three kinds.
         ValueError: ``device_dense``, ``device_sparse``, ``num_groups`` or ``groups`` is set; ``process_set`` is
             neither None nor an ``hvd.ProcessSet``; ``backward_passes_per_step`` is under 1; ``op`` is not
-            ``hvd.Average``, ``hvd.Sum`` or ``hvd.Adasum``; ``use_locking`` is set for a Keras optimizer; or
+            ``hvd.Average`` or ``hvd.Sum``; ``use_locking`` is set for a Keras optimizer; or
             ``backward_passes_per_step`` is above 1 for a TF1 optimizer while TensorFlow runs eagerly.
-        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement. It is raised at once
-            for a TF1 optimizer, else when gradients are first reduced.
+        NotImplementedError: ``op=hvd.Adasum``, which the built-in runtime does not implement.
     """
     from ..tensorflow import tf1
 
@@ -92,8 +91,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, compression: A
     check_process_set(process_set, "hvd.DistributedOptimizer")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step} must be at least 1.")
-    if op not in (Average, Sum, Adasum):
-        raise ValueError("DistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
+    check_op(op, (Average, Sum), "hvd.DistributedOptimizer")
     settings = dict(op=op, compression=compression, sparse_as_dense=sparse_as_dense,
                     predivide=gradient_predivide_factor, process_set=process_set)
     k = backward_passes_per_step
@@ -482,8 +480,7 @@ def PartialDistributedOptimizer(optimizer: Any, name: str | None = None, device_
     """
     reject_unsupported("hvd.PartialDistributedOptimizer", device_dense=device_dense, device_sparse=device_sparse,
                        groups=groups)
-    if op not in (Average, Sum):
-        raise ValueError("PartialDistributedOptimizer reduces with op=hvd.Average or hvd.Sum.")
+    check_op(op, (Average, Sum), "hvd.PartialDistributedOptimizer", error=ValueError)
     if not (keras_flavour.is_keras2_object(optimizer) or _is_keras3_optimizer(optimizer)):
         raise TypeError(f"PartialDistributedOptimizer wraps a Keras optimizer, not {type(optimizer).__name__}.")
     layers = _local_layers(local_layers)

@@ -26,7 +26,7 @@ from ..core import process_sets as _process_sets
 from ..core import world as _world
 from ..core.exceptions import ErrorFamily, MismatchError
 from ..core.fusion import fused_label, fusion_groups
-from ..core.ops import Adasum, Average, Max, Min, Product, Sum
+from ..core.ops import Adasum, Average, Max, Min, Product, Sum, check_op
 from ..core.rules import auto_name, names, reject_unsupported, resolve_op
 from ..core.rules import scale as _scale
 from .bridges import adopt as _adopt
@@ -581,9 +581,7 @@ def _allreduce_with_slices(tensors: list[Any], op: int, compression: Any, presca
     """As Horovod: the ``tf.IndexedSlices`` among ``tensors`` allgathered (values and indices, one grouped
     allgather each) instead of a dense allreduce; the dense ones reduced together."""
     tf = _tf()
-    if op not in (Average, Sum):
-        raise NotImplementedError("allreduce of tf.IndexedSlices supports op=hvd.Average or hvd.Sum only (for "
-                                  "Adasum, pass sparse_as_dense=True to DistributedOptimizer).")
+    check_op(op, (Average, Sum), "allreduce of tf.IndexedSlices", error=NotImplementedError)
     if prescale != 1.0 or postscale != 1.0:  # as Horovod: refused, not silently ignored
         raise NotImplementedError("allreduce of tf.IndexedSlices does not support prescale_factor or "
                                   "postscale_factor; scale the values before or after the allreduce.")
