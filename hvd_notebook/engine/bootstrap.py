@@ -32,7 +32,12 @@ def usable_cores() -> int:
 
 def load_backend(backend: str, framework: Framework = Framework.TENSORFLOW) -> tuple[Any, str]:
     """The module cells call ``hvd`` and a label for it: a real ``horovod.tensorflow`` (``horovod.torch``
-    for PyTorch) for ``horovod`` (and for ``auto`` when it imports), else this package's runtime."""
+    for PyTorch) for ``horovod`` (and for ``auto`` when it imports), else this package's runtime.
+
+    Args:
+        backend: ``auto``, ``horovod`` or ``builtin`` (``--backend``).
+        framework: the framework the cluster runs (``--framework``, resolved).
+    """
     backend = parse_choice(Backend, backend, f"backend {backend!r}: use one of {', '.join(choices(Backend))}.")
     api = "horovod.torch" if framework is Framework.TORCH else "horovod.tensorflow"
     if backend in (Backend.AUTO, Backend.HOROVOD):
@@ -67,7 +72,11 @@ def _install_keras_progress(keras: Any) -> None:
 def address_towards(address: str) -> str:
     """This machine's source address on its route to the IPv4 ``address``; OSError
     where there is no route. A UDP "connect" sends nothing: it only picks the route.
-    (Here, not in the cluster layer, because engines may not import that layer.)"""
+    (Here, not in the cluster layer, because engines may not import that layer.)
+
+    Args:
+        address: an IPv4 address, e.g. the controller's.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((address, 9))
         return s.getsockname()[0]
@@ -108,7 +117,13 @@ def warm_up(gpus: list[str], backend: str = Backend.AUTO, framework: str = Frame
     """Make this engine a warm standby: everything of ``bootstrap`` that takes time (the
     imports of the framework, Keras and the backend) but no ``hvd.init()``: no communicator, no
     collective state, no GPU context. ``bootstrap`` later finishes it in well under a second.
-    Returns this process's id."""
+    Returns this process's id.
+
+    Args:
+        gpus: the GPU ids this host's ranks pin, one per local rank; empty for CPU ranks.
+        backend: ``--backend``, as for ``bootstrap``.
+        framework: ``--framework``, as for ``bootstrap``.
+    """
     *_, chosen = _prepare(gpus, backend, framework)
     if chosen is Framework.TENSORFLOW:
         try:  # (the first cell of nearly every notebook imports Keras; the replay's too)
@@ -124,6 +139,12 @@ def bootstrap(gpus: list[str], backend: str = Backend.AUTO, controller_ip: str =
 
     ``gpus`` lists the GPU ids of this host that the cluster may use, one per
     local rank; an empty list means CPU only (no GPU visible to the framework).
+
+    Args:
+        gpus: the GPU ids of this host the ranks pin, one per local rank; empty: CPU only.
+        backend: ``auto``, ``horovod`` or ``builtin`` (``--backend``).
+        controller_ip: the controller's address: the rank reports its own address on the route to it.
+        framework: ``auto``, ``tensorflow`` or ``torch`` (``--framework``).
     """
     from IPython import get_ipython
 

@@ -30,19 +30,33 @@ POLL_S = 0.05  # how often a rank waiting for a command answers the other ranks'
 
 def code_line(path: str, line: int | str, function: str) -> str:
     """A line of the user's code as they know it: "a cell, line 4" (else the file's path), ", in f()" inside
-    a function; also how ``cluster.stacks`` tells where a rank is."""
+    a function; also how ``cluster.stacks`` tells where a rank is.
+
+    Args:
+        path: the code's file (a cell's is IPython's cell file name).
+        line: the line number in it.
+        function: the function's name (``<module>`` outside any).
+    """
     at = f"a cell, line {line}" if "/ipykernel_" in path or path.startswith("<ipython") else f"{path}, line {line}"
     return at if function == "<module>" else f"{at}, in {function}()"
 
 
 def where(frame: FrameType) -> str:
-    """``frame``'s line as the user knows it."""
+    """``frame``'s line as the user knows it.
+
+    Args:
+        frame: a frame of the user's code.
+    """
     return code_line(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 class Console:
     """pdb's stdin and stdout on a rank: commands handed over by ``exchange`` (the control thread), what pdb
-    printed handed back."""
+    printed handed back.
+
+    Args:
+        idle: called with pdb's place while it waits for a command (to serve the engine's control channel).
+    """
 
     def __init__(self, idle: Any = lambda where: None) -> None:
         self.cond = threading.Condition()
@@ -58,6 +72,11 @@ class Console:
 
     # ---------------------------------------------------------------- pdb's side (the cell's thread)
     def write(self, text: str) -> int:
+        """What pdb printed, kept for the answer to the command that made it.
+
+        Args:
+            text: what pdb printed.
+        """
         with self.cond:
             self.text.append(text)
         return len(text)
@@ -84,7 +103,11 @@ class Console:
             return "q\n"
 
     def stopping(self, where: str) -> int:
-        """pdb stops (again): the stop's number."""
+        """pdb stops (again): the stop's number.
+
+        Args:
+            where: the stop's line as the user knows it (``where``).
+        """
         with self.cond:
             self.stop += 1
             self.stopped, self.where, self.quit, self.interrupted = True, where, False, False
@@ -92,6 +115,11 @@ class Console:
             return self.stop
 
     def going_on(self, quit: bool) -> None:
+        """pdb leaves its stop: the program goes on, or pdb quit.
+
+        Args:
+            quit: whether pdb quit (else it continues the program).
+        """
         with self.cond:
             self.stopped, self.prompting, self.quit = False, False, quit
             self.cond.notify_all()
@@ -100,7 +128,12 @@ class Console:
     def exchange(self, stop: int, command: str | None) -> dict[str, Any]:
         """Hand ``command`` to pdb at stop ``stop`` (None: nothing, the answer of what runs) and wait for the
         answer: {output, stop (where pdb is now), done (it went on), quit, busy (no answer yet: ask again),
-        stale (that stop is over)}."""
+        stale (that stop is over)}.
+
+        Args:
+            stop: the stop the command is for (``stopping``'s number).
+            command: the pdb command; None asks for the answer of what runs.
+        """
         with self.cond:
             if stop != self.stop or not self.stopped:
                 return {"stale": True, "done": True, "stop": self.stop, "output": "", "quit": self.quit}
@@ -186,7 +219,11 @@ class _Engine:
 
 def install(rank: int) -> None:
     """Make ``breakpoint()`` stop this rank in pdb driven from the notebook, and serve the kernel's
-    ``hvd_debug_request`` on the engine's control channel (once per engine)."""
+    ``hvd_debug_request`` on the engine's control channel (once per engine).
+
+    Args:
+        rank: this engine's rank, told to the kernel with each stop.
+    """
     from IPython import get_ipython
 
     from ..runtime.core.negotiation import answer_from_debugger
@@ -222,14 +259,26 @@ def renew() -> None:
 
 def hook(*args: Any, frame: FrameType | None = None, **kwargs: Any) -> None:
     """``sys.breakpointhook`` of an engine: pdb at the caller's line (``frame``), driven from the notebook.
-    ``PYTHONBREAKPOINT=0`` turns it off, as Python's own hook."""
+    ``PYTHONBREAKPOINT=0`` turns it off, as Python's own hook.
+
+    Args:
+        *args: ``breakpoint()``'s arguments (ignored, as pdb's own hook does).
+        frame: where to stop; the caller's frame where None.
+        **kwargs: ``breakpoint()``'s keyword arguments (ignored).
+    """
     if os.environ.get("PYTHONBREAKPOINT") == "0" or _Engine.console is None:
         return
     stop(_Engine.console, _Engine.rank, frame or sys._getframe(1))
 
 
 def stop(console: Console, rank: int, frame: FrameType) -> None:
-    """pdb at ``frame``'s next line, reading ``console``."""
+    """pdb at ``frame``'s next line, reading ``console``.
+
+    Args:
+        console: the rank's pdb console.
+        rank: this engine's rank.
+        frame: the frame pdb stops in.
+    """
     _make_pdb(console, rank).set_trace(frame)
 
 

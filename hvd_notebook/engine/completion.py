@@ -14,6 +14,10 @@ def complete(code: str, cursor_pos: int) -> tuple[int, list[tuple[str, str]]]:
 
     >>> complete("import os\\nos.pa", 14)
     (12, [('.pardir', 'attribute'), ('.path', 'attribute'), ('.pathconf', 'attribute'), ...])
+
+    Args:
+        code: the cell's text so far.
+        cursor_pos: the cursor's offset in ``code``.
     """
     from IPython import get_ipython
     from IPython.core.completer import provisionalcompleter, rectify_completions
@@ -33,7 +37,13 @@ def complete(code: str, cursor_pos: int) -> tuple[int, list[tuple[str, str]]]:
 
 def inspect(name: str, detail_level: int = 0, omit_sections: tuple[str, ...] = ()) -> dict[str, Any]:
     """What ``name?`` (``name??`` with ``detail_level`` 1) shows of this engine's object, as a MIME bundle
-    (``text/plain``, ``text/html``); empty where this engine has no such object."""
+    (``text/plain``, ``text/html``); empty where this engine has no such object.
+
+    Args:
+        name: the expression asked about, e.g. ``model.fit``.
+        detail_level: 0 for ``name?``, 1 for ``name??`` (the source).
+        omit_sections: sections of IPython's inspector to leave out.
+    """
     from IPython import get_ipython
 
     try:
@@ -46,7 +56,11 @@ def inspect(name: str, detail_level: int = 0, omit_sections: tuple[str, ...] = (
 def show_pages_as_output(shell: Any) -> None:
     """What this engine's shell would page (``obj?``, ``%magic``) is displayed instead: ipyparallel keeps a
     cell's displays (the notebook shows rank 0's) but not the pager's payload. The notebook kernel does
-    the same where ``InteractiveShell.display_page`` is set; priority 90 runs before ipykernel's pager."""
+    the same where ``InteractiveShell.display_page`` is set; priority 90 runs before ipykernel's pager.
+
+    Args:
+        shell: this engine's IPython shell.
+    """
     from IPython.core import page
 
     shell.set_hook("show_in_pager", page.as_hook(page.display_page), 90)

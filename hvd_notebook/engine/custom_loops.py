@@ -43,6 +43,15 @@ def report(step: int, total: int | None = None, epoch: int | None = None, epochs
     >>> for step in range(1, 101):
     ...     loss = train_step()
     ...     hvd_notebook.progress.report(step=step, total=100, loss=float(loss))
+
+    Args:
+        step: the completed steps of the current epoch (1 after the first).
+        total: the steps per epoch, where known.
+        epoch: the current epoch, 0-based, for loops over several epochs.
+        epochs: the number of epochs.
+        samples: this rank's samples so far (else counted from ``batch_size``).
+        batch_size: this rank's samples per step; the dashboard then plots the gradient noise scale.
+        **metrics: numbers to plot by name (``loss=..., accuracy=...``).
     """
     if not reporting():
         return

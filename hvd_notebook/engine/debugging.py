@@ -21,7 +21,12 @@ REFUSED = ("interact", "debug", "run", "restart")
 
 def refusal(line: str, where: str) -> str | None:
     """pdb's message refusing ``line`` where its command is one of ``REFUSED`` (``where``: "%hvd debug", "a
-    rank's debugger"); None where it may run."""
+    rank's debugger"); None where it may run.
+
+    Args:
+        line: the pdb command asked for.
+        where: who asks, for the message ("%hvd debug", "a rank's debugger").
+    """
     command = line.strip().split(" ", 1)[0]
     return f"*** {command} is not available in {where}" if command in REFUSED else None
 
@@ -50,7 +55,11 @@ def begin() -> str | None:
 
 def step(line: str) -> tuple[str, bool]:
     """Run one pdb command: what it printed, and whether the session is over (``q``, ``c``, or a command
-    that would run the program on)."""
+    that would run the program on).
+
+    Args:
+        line: the pdb command to run.
+    """
     debugger, out = _Session.debugger, _Session.out
     if debugger is None or out is None:
         return "*** no debugging session on this rank: run %hvd debug\n", True

@@ -27,7 +27,11 @@ from ..liveness import pid_alive
 
 
 def installed(module: str) -> bool:
-    """Is ``module`` importable here (asked without importing it)?"""
+    """Is ``module`` importable here (asked without importing it)?
+
+    Args:
+        module: a top-level module's name, e.g. ``tensorflow``.
+    """
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a finder that refuses it, or a broken half-installed package
@@ -36,7 +40,11 @@ def installed(module: str) -> bool:
 
 def resolve(framework: str) -> Framework:
     """The framework an ``auto`` cluster uses (TensorFlow where installed, else PyTorch); a clear error
-    for one that is not installed, or for Keras 2 asked for (``TF_USE_LEGACY_KERAS``) without ``tf_keras``."""
+    for one that is not installed, or for Keras 2 asked for (``TF_USE_LEGACY_KERAS``) without ``tf_keras``.
+
+    Args:
+        framework: ``auto``, ``tensorflow`` or ``torch`` (``--framework``).
+    """
     chosen = _installed_framework(framework)
     if chosen is Framework.TENSORFLOW and keras_flavour.keras2() and not installed("tf_keras"):
         raise RuntimeError(keras_flavour.missing_tf_keras())
@@ -63,7 +71,11 @@ def _installed_framework(framework: str) -> Framework:
 
 def label(framework: Framework) -> str:
     """``torch 2.13.0+cpu``, ``tensorflow 2.21.0, Keras 3.15.1``: what the rank table's header says (from the installed
-    distribution's metadata: a CPU rank imports TensorFlow with the first cell that uses it)."""
+    distribution's metadata: a CPU rank imports TensorFlow with the first cell that uses it).
+
+    Args:
+        framework: the cluster's framework.
+    """
     module = "tensorflow" if framework is Framework.TENSORFLOW else "torch"
     keras = f", {keras_flavour.label()}" if framework is Framework.TENSORFLOW else ""
     for distribution in importlib.metadata.packages_distributions().get(module, []):
@@ -73,7 +85,12 @@ def label(framework: Framework) -> str:
 
 def when_imported(module: str, hook: Callable[[Any], None]) -> None:
     """``hook(module)`` as soon as ``module`` has been imported: now where it is already, else right after
-    its import, by whichever cell makes it (wrapt's post-import hooks; TensorFlow depends on wrapt)."""
+    its import, by whichever cell makes it (wrapt's post-import hooks; TensorFlow depends on wrapt).
+
+    Args:
+        module: the module's name, e.g. ``tensorflow``.
+        hook: called with the imported module.
+    """
     import wrapt
 
     wrapt.register_post_import_hook(hook, module)
@@ -125,7 +142,11 @@ def quiet_import(module: str) -> None:
     """Where a cell imports ``module``, what it writes to the process's stderr while it is being imported
     (TensorFlow's C++ start-up lines: absl's notice, the CPU feature guard, oneDNN's) goes to the engine's
     own log, as when the bootstrap imported it, instead of into the cell; what it writes later is the
-    cell's. (ipykernel keeps the engine's own stderr open beside the pipe it forwards to cells.)"""
+    cell's. (ipykernel keeps the engine's own stderr open beside the pipe it forwards to cells.)
+
+    Args:
+        module: the module's name, e.g. ``tensorflow``.
+    """
     log = getattr(sys.stderr, "_original_stdstream_copy", None)
     if module not in sys.modules and isinstance(log, int):
         sys.meta_path.insert(0, _QuietImport(module, log))
@@ -136,7 +157,13 @@ _sized: dict[Framework, tuple[int, int]] = {}  # the thread pools' sizes asked f
 
 def size_thread_pools(framework: Framework, intra: int, inter: int = 1) -> None:
     """Size the framework's thread pools before its first op: PyTorch's now, TensorFlow's as soon as it
-    is imported (before any op of the cell that imports it can run)."""
+    is imported (before any op of the cell that imports it can run).
+
+    Args:
+        framework: the cluster's framework.
+        intra: threads for one op (intra-op).
+        inter: ops that run at once (inter-op).
+    """
     # read by the frameworks when they create their pools; set for any library that looks there too
     os.environ.setdefault("OMP_NUM_THREADS", str(intra))
     _sized[framework] = (intra, inter)
@@ -162,7 +189,11 @@ def size_thread_pools(framework: Framework, intra: int, inter: int = 1) -> None:
 
 def thread_pools(framework: Framework) -> tuple[int, int]:
     """The framework's (intra-op, inter-op) thread counts (TensorFlow's as sized, where no cell has imported
-    it yet)."""
+    it yet).
+
+    Args:
+        framework: the cluster's framework.
+    """
     if framework is Framework.TORCH:
         import torch
 
@@ -177,7 +208,12 @@ def thread_pools(framework: Framework) -> tuple[int, int]:
 
 def open_device(framework: Framework, device: str) -> str:
     """Make the pinned GPU ready for the framework (TensorFlow: memory taken as needed, not all of it;
-    PyTorch: the current device); the device's label with the GPU's name where there is one."""
+    PyTorch: the current device); the device's label with the GPU's name where there is one.
+
+    Args:
+        framework: the cluster's framework.
+        device: the pinned device, e.g. ``GPU:0`` or ``CPU``.
+    """
     if framework is Framework.TORCH:
         import torch
 
@@ -213,7 +249,13 @@ def init_torch_distributed(hvd: Any, address: str, timeout_s: float = 1800.0) ->
     the controller, which the other hosts reach), on a port the system picks. Sets ``MASTER_ADDR``,
     ``MASTER_PORT`` (across hosts only: on one host no port serves the store), ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun does. Returns the group's
-    backend. A collective call: every rank makes it."""
+    backend. A collective call: every rank makes it.
+
+    Args:
+        hvd: this rank's ``hvd`` module (its rank, size and local rank).
+        address: this rank's address on the route to the controller; rank 0's serves the store across hosts.
+        timeout_s: how long the rendezvous and each collective may wait.
+    """
     import torch
     import torch.distributed as dist
 
@@ -264,7 +306,11 @@ def _file_store(hvd: Any) -> Any:
 
 
 def remove_stale_stores(folder: Path) -> None:
-    """Remove the rendezvous files of ``folder`` whose rank 0 has ended (killed ranks close no store)."""
+    """Remove the rendezvous files of ``folder`` whose rank 0 has ended (killed ranks close no store).
+
+    Args:
+        folder: the user's private folder of rendezvous files.
+    """
     for entry in os.scandir(folder):
         pid = entry.name[len(STORE_PREFIX):].split("-", 1)[0]
         if entry.name.startswith(STORE_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):

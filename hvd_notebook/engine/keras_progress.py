@@ -29,6 +29,13 @@ class ProgressCallback(keras.callbacks.Callback):
     does not tell them; without them the dashboard shows steps/s.
 
     >>> model.fit(dataset, epochs=3, callbacks=[hvd_notebook.ProgressCallback(batch_size=64)])
+
+    Args:
+        batch_size: this rank's samples per step, where Keras does not tell them.
+        num_samples: this rank's samples per epoch.
+
+    Its ``on_*`` methods are Keras's hooks: their ``epoch``, ``batch`` and ``logs`` are as
+    ``keras.callbacks.Callback`` documents them.
     """
 
     def __init__(self, batch_size: int | None = None, num_samples: int | None = None) -> None:

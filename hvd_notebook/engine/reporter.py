@@ -31,13 +31,22 @@ KEPT_STEP_TIMES = 256  # the most recent steps' times an update carries (those s
 
 
 class Throttle:
-    """Lets an event through at most ``MAX_UPDATES_PER_S`` times a second; ``force`` always passes."""
+    """Lets an event through at most ``MAX_UPDATES_PER_S`` times a second; ``force`` always passes.
+
+    Args:
+        clock: the clock it reads (``time.monotonic`` by default; a test's own).
+    """
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock
         self.last: float | None = None
 
     def ready(self, force: bool = False) -> bool:
+        """Whether this event goes through now (and, if so, the time of the last one is now).
+
+        Args:
+            force: let it through whatever the rate.
+        """
         now = self.clock()
         if force or self.last is None or now - self.last >= 1.0 / MAX_UPDATES_PER_S:
             self.last = now
@@ -76,7 +85,11 @@ def _engine_publisher() -> Callable[[dict[str, Any]], None] | None:
 
 def install(rank: int) -> None:
     """Called once per engine by ``engine.bootstrap``: remember the rank, find the engine's publication, and
-    send the runtime's events (stalls, warnings) to the kernel with it instead of printing them."""
+    send the runtime's events (stalls, warnings) to the kernel with it instead of printing them.
+
+    Args:
+        rank: this engine's rank, sent with every update.
+    """
     from ..runtime.core import collective_time, events, noise_scale
 
     _State.rank = rank
@@ -90,18 +103,32 @@ def install(rank: int) -> None:
 
 def publish_event(kind: str, text: str, fields: dict[str, Any]) -> None:
     """Send one of the runtime's events to the kernel (whether or not progress is on: it is no progress).
-    Raises where it cannot, so that the runtime prints the event instead."""
+    Raises where it cannot, so that the runtime prints the event instead.
+
+    Args:
+        kind: the event's kind (``stall``, ``warning``, ...).
+        text: what the dashboard shows.
+        fields: the event's data, as the runtime gives it.
+    """
     seq = next(_State.events)
     _State.publish({RankEvent.key(seq): RankEvent(kind, text, fields, _State.rank, seq).to_dict()})
 
 
 def measured_noise_scale(batch_size: int | None) -> float | None:
-    """The gradient noise scale this rank's distributed optimizer measured last (``hvd.noise_scale``)."""
+    """The gradient noise scale this rank's distributed optimizer measured last (``hvd.noise_scale``).
+
+    Args:
+        batch_size: this rank's batch per step; None: no noise scale.
+    """
     return _State.noise_scale(batch_size)
 
 
 def tell_batch(batch_size: int) -> None:
-    """The loop's batch per rank, as it told the dashboard: ``hvd.noise_scale()`` takes it from now on."""
+    """The loop's batch per rank, as it told the dashboard: ``hvd.noise_scale()`` takes it from now on.
+
+    Args:
+        batch_size: this rank's samples per step.
+    """
     _State.tell_batch(batch_size)
 
 
@@ -112,7 +139,11 @@ def collective_seconds() -> float | None:
 
 
 def set_enabled(enabled: bool) -> None:
-    """The session turns progress off for ``%%hvd --no-progress`` cells (and back on)."""
+    """The session turns progress off for ``%%hvd --no-progress`` cells (and back on).
+
+    Args:
+        enabled: whether this cell reports progress.
+    """
     _State.enabled = bool(enabled)
 
 
@@ -122,7 +153,11 @@ def reporting() -> bool:
 
 
 def publish(update: ProgressUpdate) -> None:
-    """Send one update to the notebook kernel (nothing outside an engine)."""
+    """Send one update to the notebook kernel (nothing outside an engine).
+
+    Args:
+        update: the progress of this rank (one typed message, ``messages.ProgressUpdate``).
+    """
     if not reporting():
         return
     update.seq = next(_State.seq)
@@ -135,7 +170,11 @@ def publish(update: ProgressUpdate) -> None:
 
 def float_logs(logs: dict[str, Any] | None) -> dict[str, float]:
     """The entries of Keras logs (or report's metrics) that are numbers, as floats; a noise scale not measured
-    yet (NaN) is left out."""
+    yet (NaN) is left out.
+
+    Args:
+        logs: Keras's logs, or ``report``'s metrics.
+    """
     out = {}
     for key, value in (logs or {}).items():
         try:
@@ -148,7 +187,13 @@ def float_logs(logs: dict[str, Any] | None) -> dict[str, float]:
 
 
 class RunReport:
-    """The progress of one ``fit``/``evaluate``/``predict`` call or custom loop on this rank."""
+    """The progress of one ``fit``/``evaluate``/``predict`` call or custom loop on this rank.
+
+    Args:
+        kind: ``fit``, ``evaluate``, ``predict`` or ``custom`` (a loop that calls ``progress.report``).
+        batch_size: this rank's samples per step, where known.
+        num_samples: this rank's samples per epoch, where known.
+    """
 
     def __init__(self, kind: RunKind, batch_size: int | None = None, num_samples: int | None = None) -> None:
         self.id = f"{os.getpid()}.{next(_State.runs)}"
@@ -181,7 +226,11 @@ class RunReport:
 
     def end_steps(self, count: int = 1) -> None:
         """``count`` training steps ended now: record their wall and collective seconds (per step) since the
-        last mark, under the index of the last one, and mark the next's start. Nothing before a mark."""
+        last mark, under the index of the last one, and mark the next's start. Nothing before a mark.
+
+        Args:
+            count: how many steps ended since the last mark.
+        """
         if count < 1:
             return
         mark = self._step_mark
@@ -207,7 +256,12 @@ class RunReport:
         return self.samples_before + (0 if self.epoch_closed else current)
 
     def update(self, state: RankState = RankState.RUNNING, force: bool = False) -> None:
-        """Publish this run's state, throttled unless forced or the state is not RUNNING."""
+        """Publish this run's state, throttled unless forced or the state is not RUNNING.
+
+        Args:
+            state: the run's state (running, done, failed).
+            force: publish now, whatever the throttle says.
+        """
         if not self.throttle.ready(force or state != RankState.RUNNING):
             return
         kept = sorted(self.epoch_logs)[-KEPT_EPOCHS:]
@@ -220,6 +274,11 @@ class RunReport:
         self.step_times.clear()
 
     def end_epoch(self, logs: dict[str, Any] | None) -> None:
+        """An epoch ended: its metrics and time recorded for the dashboard's table.
+
+        Args:
+            logs: Keras's logs at the epoch's end (its metrics).
+        """
         self.logs.update(float_logs(logs))
         record = dict(self.logs)
         record["time"] = time.monotonic() - self.epoch_start

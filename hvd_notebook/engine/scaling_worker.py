@@ -21,7 +21,11 @@ MODELS = ("mlp", "resnet18", "resnet50")
 
 
 def build(name: str) -> tuple[Any, tuple[int, ...], int]:
-    """The model, the shape of one sample and the number of classes."""
+    """The model, the shape of one sample and the number of classes.
+
+    Args:
+        name: the model's name in the benchmark's table.
+    """
     import torch
 
     torch.manual_seed(0)
@@ -39,7 +43,13 @@ def build(name: str) -> tuple[Any, tuple[int, ...], int]:
 
 
 def timed_steps(step: Any, steps: int, sync: Any) -> float:
-    """The median of ``steps`` timed calls of ``step`` (``sync`` waits for the device after each)."""
+    """The median of ``steps`` timed calls of ``step`` (``sync`` waits for the device after each).
+
+    Args:
+        step: one training step, called with no arguments.
+        steps: how many steps are timed.
+        sync: waits for the device's work to finish (a no-op on CPU).
+    """
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -50,6 +60,11 @@ def timed_steps(step: Any, steps: int, sync: Any) -> float:
 
 
 def main(argv: list[str]) -> int:
+    """One rank of the scaling benchmark: time the model's training steps and write what was measured.
+
+    Args:
+        argv: the result's file, the model's name, then the batch, steps, rounds and threads.
+    """
     out, model_name, (batch, steps, rounds, threads) = argv[0], argv[1], map(int, argv[2:6])
     import torch
     import torch.distributed as dist

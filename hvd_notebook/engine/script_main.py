@@ -20,7 +20,11 @@ USAGE = "usage: python -m hvd_notebook.engine.script_main (SCRIPT | -m MODULE | 
 
 
 def run(argv: list[str]) -> None:
-    """Run the script, module (``-m``) or code (``-c``) that ``argv`` names, as ``__main__``."""
+    """Run the script, module (``-m``) or code (``-c``) that ``argv`` names, as ``__main__``.
+
+    Args:
+        argv: ``SCRIPT ARGS...``, ``-m MODULE ARGS...`` or ``-c CODE ARGS...``.
+    """
     if not argv or (argv[0] in ("-m", "-c") and len(argv) < 2):
         raise SystemExit(USAGE)
     if argv[0] == "-m":
@@ -46,7 +50,11 @@ def _user_traceback(exc: BaseException) -> traceback.TracebackException:
 
 
 def exit_code(exc: SystemExit) -> int:
-    """The status ``sys.exit(code)`` asks for, as the interpreter reads it (a message: 1)."""
+    """The status ``sys.exit(code)`` asks for, as the interpreter reads it (a message: 1).
+
+    Args:
+        exc: the ``SystemExit`` the script raised.
+    """
     if exc.code is None:
         return 0
     if isinstance(exc.code, int):

@@ -32,7 +32,12 @@ def stacks_dir() -> Path:
 
 
 def register(rank: int, size: int) -> None:
-    """Make this process write its stacks to its file on ``SIGNAL`` (once per process)."""
+    """Make this process write its stacks to its file on ``SIGNAL`` (once per process).
+
+    Args:
+        rank: this process's rank, written in its stack file's name.
+        size: the world's size, written in the file.
+    """
     if _registered:
         return
     folder, pid = stacks_dir(), os.getpid()
@@ -51,7 +56,12 @@ def _unregister(folder: Path, pid: int) -> None:
 
 
 def remove_files(folder: Path, pid: int) -> None:
-    """A registered process's files (at its exit, or after it was killed)."""
+    """A registered process's files (at its exit, or after it was killed).
+
+    Args:
+        folder: the user's folder of stack files (``stacks_dir``).
+        pid: the process whose files go.
+    """
     for suffix in (".txt", ".who"):
         with contextlib.suppress(OSError):
             (folder / f"{pid}{suffix}").unlink()

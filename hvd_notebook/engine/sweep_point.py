@@ -46,13 +46,22 @@ class SweepPoint:
 
     def lr(self, base_lr: float) -> float:
         """The learning rate after warm-up: ``base_lr`` (tuned for ``base_batch``) scaled to the point's global
-        batch by its rule."""
+        batch by its rule.
+
+        Args:
+            base_lr: the learning rate tuned for ``base_batch``.
+        """
         ratio = self.global_batch / self.base_batch
         return base_lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[self.lr_rule]
 
     def lr_at(self, base_lr: float, epoch: float) -> float:
         """The rate at (fractional) ``epoch``: rising linearly from ``base_lr`` to ``lr(base_lr)`` over the
-        warm-up epochs, then ``lr(base_lr)`` (for a custom loop to set itself)."""
+        warm-up epochs, then ``lr(base_lr)`` (for a custom loop to set itself).
+
+        Args:
+            base_lr: the learning rate tuned for ``base_batch``.
+            epoch: the (fractional) epoch now.
+        """
         target = self.lr(base_lr)
         if epoch >= self.warmup:
             return target
@@ -60,7 +69,11 @@ class SweepPoint:
 
     def callbacks(self, base_lr: float) -> list[Any]:
         """Keras callbacks that give the optimizer ``lr_at`` at every step (none without warm-up): pass them
-        to ``fit`` beside your own, and compile the optimizer with ``lr(base_lr)``."""
+        to ``fit`` beside your own, and compile the optimizer with ``lr(base_lr)``.
+
+        Args:
+            base_lr: the learning rate tuned for ``base_batch``.
+        """
         if not self.warmup:
             return []
         from .. import keras_flavour

@@ -61,7 +61,11 @@ def _report() -> None:
 
 
 def dashboard_class(base: type) -> type:
-    """A subclass of tqdm's ``base`` whose bars report to the dashboard while a cell reports progress."""
+    """A subclass of tqdm's ``base`` whose bars report to the dashboard while a cell reports progress.
+
+    Args:
+        base: tqdm's class (``tqdm.tqdm``, or ``tqdm.auto``'s).
+    """
 
     class DashboardTqdm(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
