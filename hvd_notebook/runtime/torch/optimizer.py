@@ -61,9 +61,7 @@ class _DistributedOptimizer:
         self._hooks: list[Any] = []
         backends = _backends(process_set)
         self._ranks = 1 if backends is None else backends.size
-        self._noise = NoiseScale()  # the gradient noise scale: this rank's squared norms, taken before the
-        self._local_sq: list[torch.Tensor] = []  # reductions start, and the average's after they end
-        self._measure = op != ops.Adasum and noise_scale.enabled(self._ranks)
+        self._noise = _StepNoise(op, self._ranks, process_set)
         self._reducing = backends is not None and (backends.size > 1 or config.REDUCE_ALONE.flag())
         if self._reducing:
             for p in self._parameter_names:
@@ -106,7 +104,7 @@ class _DistributedOptimizer:
         for p in group:
             if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
                 p.grad = torch.zeros_like(p)
-        self._add_local_sq([p.grad for p in group])
+        self._noise.add_local([p.grad for p in group])
         alone = [p.grad.is_sparse and not self._sparse_as_dense for p in group]
         parts = [((p,), sparse_allreduce_async(p.grad, self._parameter_names[p], self._op, self._process_set),
                   "sparse") for p, sparse in zip(group, alone) if sparse]
@@ -142,7 +140,7 @@ class _DistributedOptimizer:
             group = self._groups[p]
             if p.requires_grad and group not in self._handles:
                 self._handles[group] = self._reduce_async(group)
-        noise = self._reduce_local_sq_async()
+        noise = self._noise.reduce_local_async(next(iter(self._parameter_names.values())))
         for parts in self._handles.values():
             for params, handle, ctx in parts:
                 if ctx == "sparse":
@@ -154,7 +152,8 @@ class _DistributedOptimizer:
                 for p, (c, compressed) in zip(params, ctx):
                     _set_grad(p, self._compression.decompress(compressed, c))
         if noise is not None:
-            self._record_noise(*noise)
+            self._noise.record(noise, [p.grad for p in self._parameter_names if p.requires_grad and p.grad is not None],
+                               self.backward_passes_per_step)
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         for g in self._group_ready:
             self._group_ready[g] = 0
@@ -162,31 +161,6 @@ class _DistributedOptimizer:
         self._synchronized = True
 
     # ------------------------------------------------------------ the noise scale
-    def _add_local_sq(self, grads: list[torch.Tensor]) -> None:
-        """Keep the gradients' squared norm for this step's local sum (on their device; before the in-place
-        reductions overwrite them)."""
-        if self._measure:
-            self._local_sq.append(_squared_norm(grads))
-
-    def _reduce_local_sq_async(self) -> tuple[int, torch.Tensor] | None:
-        """Start averaging the local squared norms over the ranks, beside the gradients' reductions."""
-        if not self._local_sq:
-            return None
-        local = torch.stack(self._local_sq).sum().reshape(1)
-        self._local_sq = []
-        name = "noise_scale." + next(iter(self._parameter_names.values()))
-        return allreduce_async_(local, name=name, op=ops.Average, process_set=self._process_set), local
-
-    def _record_noise(self, handle: int, local: torch.Tensor) -> None:
-        synchronize(handle)
-        reduced = _squared_norm([p.grad for p in self._parameter_names if p.requires_grad and p.grad is not None])
-        # the gradients are sums over the accumulated passes (and over the ranks for op=Sum): a rank's
-        # gradient over all of its samples is 1/passes of it, the average 1/size more for op=Sum
-        per = float(self.backward_passes_per_step) ** 2
-        ranks_sq = float(self._ranks) ** 2 if self._op == ops.Sum else 1.0
-        noise_scale.record(self._noise, float(local) / per, float(reduced) / per / ranks_sq, self._ranks,
-                           passes=self.backward_passes_per_step)
-
     def noise_scale(self, batch_size: int) -> float | None:
         """Return the gradient noise scale this optimizer measured, as ``hvd.noise_scale`` does.
 
@@ -196,7 +170,7 @@ class _DistributedOptimizer:
         Returns:
             The noise scale in samples, as a float, or None while there is no estimate.
         """
-        return self._noise.value(batch_size)
+        return self._noise.estimator.value(batch_size)
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -268,6 +242,50 @@ class _DistributedOptimizer:
         self._synchronized, self._should_synchronize = False, True
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         return super().load_state_dict(state_dict)
+
+
+class _StepNoise:
+    """A ``DistributedOptimizer``'s measure of the gradient noise scale: this rank's squared gradient norms, taken
+    before the in-place reductions overwrite them and averaged over the ranks beside the reductions, then the
+    reduced gradients' norm: one record a step in ``estimator``.
+
+    Args:
+        op: the optimizer's reduction (no measure under Adasum).
+        ranks: the ranks the gradients are reduced over.
+        process_set: the ``hvd.ProcessSet`` they are reduced in.
+    """
+
+    def __init__(self, op: int, ranks: int, process_set: Any) -> None:
+        self.estimator = NoiseScale()
+        self.on = op != ops.Adasum and noise_scale.enabled(ranks)
+        self.op, self.ranks, self.process_set = op, ranks, process_set
+        self.local_sq: list[torch.Tensor] = []
+
+    def add_local(self, grads: list[torch.Tensor]) -> None:
+        """Keep the gradients' squared norm for this step's local sum (on their device)."""
+        if self.on:
+            self.local_sq.append(_squared_norm(grads))
+
+    def reduce_local_async(self, name: str) -> tuple[int, torch.Tensor] | None:
+        """Start averaging the local squared norms over the ranks (a call named after ``name``), beside the
+        gradients' reductions: (its handle, this rank's sum), or None where nothing was kept."""
+        if not self.local_sq:
+            return None
+        local = torch.stack(self.local_sq).sum().reshape(1)
+        self.local_sq = []
+        return allreduce_async_(local, name="noise_scale." + name, op=ops.Average, process_set=self.process_set), local
+
+    def record(self, started: tuple[int, torch.Tensor], grads: list[torch.Tensor], passes: int) -> None:
+        """Record the step, once its gradients (``grads``, summed over ``passes`` backward passes) are reduced."""
+        handle, local = started
+        synchronize(handle)
+        reduced = _squared_norm(grads)
+        # the gradients are sums over the accumulated passes (and over the ranks for op=Sum): a rank's
+        # gradient over all of its samples is 1/passes of it, the average 1/size more for op=Sum
+        per = float(passes) ** 2
+        ranks_sq = float(self.ranks) ** 2 if self.op == ops.Sum else 1.0
+        noise_scale.record(self.estimator, float(local) / per, float(reduced) / per / ranks_sq, self.ranks,
+                           passes=passes)
 
 
 def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
