@@ -36,6 +36,10 @@ SHA256 = {
 # iterations, as the Keras benchmark leaves its first (warm-up) epoch out of the mean
 TINY = ["--no-cuda", "--model", "MobileNet", "--batch-size", "2", "--num-iters", "2", "--num-batches-per-iter", "1"]
 WARMUP = ["--num-warmup-batches", "1"]  # (the two tf.function benchmarks have it, the Keras one not)
+# a seed per rank, before the Keras benchmark's text in a cell: the ranks' synthetic batches differ (a noise scale
+# to measure) and are the same in every run (unseeded, the 2 steps' noise scale is NaN in about half the runs)
+SEEDED = ("import tensorflow as tf\nimport horovod.tensorflow.keras as hvd\nhvd.init()\n"
+          "tf.keras.utils.set_random_seed(30 + hvd.rank())\n")
 # the scripts' own result line (in a cell, with the rank's prefix)
 RESULT = re.compile(r"^(?:\[0\] )?Total img/sec on 2 CPU\(s\): (\d+\.\d) \+-(\d+\.\d)$", re.M)
 
@@ -83,7 +87,7 @@ def test_the_keras_example_as_a_cell_on_keras_2(session, run, ip):
     assert result.success and keras2 in out, out
     argv = ["tensorflow2_keras_synthetic_benchmark.py", *TINY]
     source = (EXAMPLES / "tensorflow2_keras_synthetic_benchmark.py").read_text()
-    result, out = run(f"%%hvd --progress text\nimport sys\nsys.argv = {argv!r}\n{source}")
+    result, out = run(f"%%hvd --progress text\n{SEEDED}import sys\nsys.argv = {argv!r}\n{source}")
     assert result.success, out
     found = RESULT.search(out)
     assert found and float(found[1]) > 0, out
@@ -92,17 +96,23 @@ def test_the_keras_example_as_a_cell_on_keras_2(session, run, ip):
     assert [line.split(" | ")[:2] for line in epochs] == [["[hvd_notebook] fit epoch 1/2", "2 ranks"],
                                                          ["[hvd_notebook] fit epoch 2/2", "2 ranks"]], out
     # rank 0's History, with the gradient noise scale the runtime adds to fit's logs on Keras 2 too
-    result, out = run("%%hvd\nfit_logs = model.history.history")
+    result, out = run("%%hvd\nfit_logs = model.history.history\nfigure_now = hvd.noise_scale()")
     assert result.success, out
-    result, out = run("%hvd pull fit_logs")
-    assert result.success, out
-    logs = ip.user_ns.pop("fit_logs")
+    for name in ("fit_logs", "figure_now"):
+        result, out = run(f"%hvd pull {name}")
+        assert result.success, out
+    logs, now = ip.user_ns.pop("fit_logs"), ip.user_ns.pop("figure_now")
     assert {"loss", "noise_scale"} <= set(logs) and len(logs["loss"]) == len(logs["noise_scale"]) == 2, logs
-    # On 2 ranks the |G|^2 estimate is the dot product of their gradients: on these random labels, negative in
-    # about half the runs after the 2 steps, and the noise scale then NaN (no figure yet). The dashboard shows the
+    # On 2 ranks the |G|^2 estimate is the dot product of their gradients: on these random labels, unseeded,
+    # negative in about half the runs after the 2 steps, and the noise scale then NaN (no figure yet). Seeded
+    # (SEEDED), both epochs have a figure: positive, the last the optimizer's own. The dashboard shows the
     # figure of each epoch that has one; its line carries the last step's figure, which History's (taken at the
     # epoch's end, after that step's update) may turn to NaN: a figure shown is a finite one
-    for line, figure in zip(epochs, logs["noise_scale"]):
+    figures = logs["noise_scale"]
+    assert any(math.isfinite(f) for f in figures), logs
+    assert all(f > 0 for f in figures if math.isfinite(f)), logs
+    assert not math.isfinite(figures[-1]) or figures[-1] == pytest.approx(now, rel=1e-5), (logs, now)
+    for line, figure in zip(epochs, figures):
         shown = line.split(" noise_scale ", 1)[1].split()[0] if " noise_scale " in line else None
         assert (shown is not None) >= math.isfinite(figure), (line, logs)
         assert shown is None or (math.isfinite(float(shown)) and float(shown) > 0), (line, logs)
