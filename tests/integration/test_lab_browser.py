@@ -1,16 +1,15 @@
 """The clusters panel and the status-bar item in a real JupyterLab in a real browser (Debian's chromium, driven
 by Playwright), over a real 2-rank cluster: the panel lists it with its ranks; their CPU figures move while a
-cell trains; a stall in a named collective and a breakpoint show as such; another user's cluster is a lease
-line; a job of ``hvd-notebook run`` is listed by its command and stopped from its row; Stop (confirmed in its
-dialog) leaves no process, and the notebook's next ``%%hvd`` says the cluster was stopped from the panel. (The
-user's other clusters, of tests running beside this one, are in the panel too: this notebook's is found by its
-name.) Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png are taken from
-there)."""
+cell trains; a stall in a named collective and a breakpoint show as such; the GPU columns are there where the
+driver answers and absent where it does not; a job of ``hvd-notebook run`` is listed by its command and stopped
+from its row; Stop (confirmed in its dialog) leaves no process, and the notebook's next ``%%hvd`` says the
+cluster was stopped from the panel. (The user's other clusters, of tests running beside this one, are in the
+panel too: this notebook's is found by its name.) Another user's clusters (processes of another uid: root's run)
+are one line of the panel: a test of their own. Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png
+are taken from there)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import signal
 import subprocess
@@ -18,11 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from conftest import CELL_DONE, CELL_TEXT, CLI, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
-
-from hvd_notebook.cluster.node import nodedir
+from test_lab_panel import another_users_clusters, nvml_gpus
 
 CELLS = [
     "%load_ext hvd_notebook\n%hvd start -n 2 --env HOROVOD_STALL_CHECK_TIME_SECONDS=1",
@@ -58,29 +55,18 @@ JOB = "[...document.querySelectorAll('#hvd-notebook-panel .hvd-cluster')]" \
       ".find(c => (c.querySelector('.hvd-cluster-command') || {}).innerText?.includes('slow_job.py'))"
 
 
-def _other_users_card(node) -> int:
-    """A card in the node's register of a cluster of user ``nobody`` (uid 65534), its kernel a live process
-    (this one's parent stands in); returns the uid."""
-    register = nodedir.register_dir(create=True)
-    kernel = psutil.Process(os.getppid())
-    card = register / f"cluster-65534-{kernel.pid}.json"
-    card.write_text(json.dumps({"cluster": "hvd-1-2", "workdir": "/home/nobody/secret", "kernel": kernel.pid,
-                                "kernel_started": kernel.create_time(), "ranks": 4, "gpus": ["2", "3"],
-                                "started": time.time() - 600, "last_cell": time.time(), "busy": True}))
-    os.chown(card, 65534, 65534)
-    return 65534
+def _built() -> None:
+    if not (BUILT / "package.json").exists():
+        pytest.fail(f"the JupyterLab extension is not built ({BUILT} is missing): make install builds it with npm "
+                    "(as root it installs Debian's nodejs and npm; else run `sudo apt-get install nodejs npm` first)")
 
 
 def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, monkeypatch):
     from playwright.sync_api import sync_playwright
 
-    if not (BUILT / "package.json").exists():
-        pytest.fail(f"the JupyterLab extension is not built ({BUILT} is missing): make install builds it with npm "
-                    "(as root it installs Debian's nodejs and npm; else run `sudo apt-get install nodejs npm` first)")
-
+    _built()
     node = tmp_path / "node"
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(node))
-    other = os.geteuid() == 0 and _other_users_card(node)  # (a card of another uid: root makes it)
     artifacts = artifacts_dir()
     samples = []
     with jupyter_lab(tmp_path, {"panel.ipynb": CELLS}, {"HVD_NOTEBOOK_LEASE_DIR": str(node)}) as lab, \
@@ -148,9 +134,6 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
             wait(CELL_DONE, 60, "end of the breakpoint's cell", BREAK)
             wait(STATE_IS, 30, "idle after the breakpoint", "idle")
 
-            others = page.locator("#hvd-notebook-panel .hvd-other-lease").all_inner_texts()
-            panel_text = page.inner_text("#hvd-notebook-panel")
-
             # a job of hvd-notebook run beside it: listed by its command line, with its ranks; Stop ends it
             script = tmp_path / "slow_job.py"
             script.write_text("import time\ntime.sleep(120)\n")
@@ -195,14 +178,40 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     figure(f"the panel's CPU figures while the cell trained: {[s['cpu'] for s in running][:12]}")
     assert len(moving) >= 3 and max(float(c) for cpu in moving for c in cpu) > 20, running
     assert all(s["ranks"] == 2 for s in samples) and "Error" not in trained, trained
-    assert not any(s["gpu_cells"] or s["node_gpus"] for s in samples), samples[-1]  # (no driver: no GPU columns)
+    if nvml_gpus() is None:  # no driver: no GPU columns; a driver: two per rank, and the node's GPUs
+        assert not any(s["gpu_cells"] or s["node_gpus"] for s in samples), samples[-1]
+    else:
+        assert all(s["gpu_cells"] == 2 * s["ranks"] and s["node_gpus"] for s in samples), samples[-1]
     assert "late_gradient" in stalled and stalled.startswith("stalled"), stalled
     assert "rank 1" in at_breakpoint and "breakpoint" in at_breakpoint, at_breakpoint
-    if other:
-        assert len(others) == 1 and re.fullmatch(r"nobody: 4 ranks, GPUs 2, 3, since \d\d:\d\d", others[0]), others
-        assert "/home/nobody/secret" not in panel_text
     assert re.fullmatch(r"running \d+:\d\d", job_state.strip()), job_state  # (a script runs no cell)
     assert job_title == f"{Path(sys.executable).name} slow_job.py", job_title
     assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in job_err, job_err
     assert not status_after
     assert "stopped from the JupyterLab panel at" in told, told
+
+
+def test_another_users_clusters_are_one_line_of_the_panel(tmp_path):
+    """User nobody's two clusters (their kernels: processes of uid 65534, one holding the leases of GPUs 2 and 3)
+    show as one line: the user, their ranks, the GPUs their leases hold (not those their cards claim), since
+    when; nothing of their kernels or directories."""
+    from playwright.sync_api import sync_playwright
+
+    _built()
+    with another_users_clusters() as (node, secret), \
+            jupyter_lab(tmp_path, {}, {"HVD_NOTEBOOK_LEASE_DIR": str(node)}) as lab, sync_playwright() as pw:
+        browser, page = browser_page(pw, 1200, 800)
+        try:
+            page.goto(f"{lab['url']}/lab?token={lab['token']}")
+            page.wait_for_function("() => !!window.jupyterapp?.commands.hasCommand('hvd-notebook:open-panel')",
+                                   timeout=90_000)
+            page.evaluate("() => window.jupyterapp.restored.then(() => null)")  # (then the sidebar stays ours)
+            page.evaluate("() => window.jupyterapp.commands.execute('hvd-notebook:open-panel')")
+            page.wait_for_selector("#hvd-notebook-panel .hvd-other-lease", timeout=60_000)
+            others = page.locator("#hvd-notebook-panel .hvd-other-lease").all_inner_texts()
+            panel_text = page.inner_text("#hvd-notebook-panel")
+            page.screenshot(path=str(artifacts_dir() / "jupyterlab-panel-others.png"))
+        finally:
+            browser.close()
+    assert len(others) == 1 and re.fullmatch(r"nobody: 5 ranks, GPUs 2, 3, since \d\d:\d\d", others[0]), others
+    assert secret not in panel_text, panel_text

@@ -2,29 +2,95 @@
 (``hvd_notebook.lab.readings``) follows the cluster through idle, a training cell whose CPU figures move, a
 stall in a named collective, a breakpoint, and its end; its buttons (``hvd_notebook.lab.actions``) act as the
 magics do, through the kernel, and the notebook's next cell says what happened; a job of ``hvd-notebook run``
-is listed with its ranks, and stopped; another user's cluster is a lease line and nothing more. (The panel
-itself, in a browser: test_lab_browser.py.)"""
+is listed with its ranks, and stopped; another user's clusters are one line, whose GPUs are those a lease lock
+of theirs holds, and nothing more. (The panel itself, in a browser: test_lab_browser.py.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import CLI, assert_gone, cluster_pids, collect, comes_within, execute, figure, started_kernel
 
-from hvd_notebook.cluster.node import nodedir
+from hvd_notebook.cluster.node import leases
 from hvd_notebook.lab.actions import ActionError, carry_out
 from hvd_notebook.lab.readings import Readings
 
 NOTEBOOK = "experiments/panel.ipynb"  # (the user's other clusters, of tests beside this one, have other names)
+NOBODY = 65534  # the other user: nobody, whose processes root starts (no second account needed)
+
+
+def nvml_gpus() -> int | None:
+    """How many GPUs the driver reports (NVML, asked here, not through the panel); None without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetCount()
+    except Exception:  # (no package, no driver, no GPU)
+        return None
+
+
+def _as_nobody() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@contextlib.contextmanager
+def another_users_clusters() -> Iterator[tuple[Path, str]]:
+    """As root: a node (lease folder for GPUs 0-3, as setup-node makes it, in a folder every user reaches) on
+    which user nobody runs two clusters: real processes of uid 65534, one holding the lease locks of GPUs 2
+    and 3 (``flock``); their cards claim GPUs 1, 2, 3 and 0, and 4 + 1 ranks. Yields the node's folder and
+    the secret their cards name (a workdir no one else should see); every process of theirs ended after."""
+    if os.geteuid() != 0:
+        pytest.skip("another user's cluster needs processes of another uid (setuid) and cards given to it "
+                    "(chown): needs root, as make test runs it")
+    shared = Path(tempfile.mkdtemp(prefix="hvdt-panel-"))
+    shared.chmod(0o755)
+    node = shared / "node"
+    leases.setup_node(["0", "1", "2", "3"], node)
+    locks = [str(node / f"gpu{g}.lock") for g in ("2", "3")]
+    holder = subprocess.Popen(["flock", "-x", locks[0], "flock", "-x", locks[1], "sleep", "120"],
+                              preexec_fn=_as_nobody, start_new_session=True)
+    idle = subprocess.Popen(["sleep", "120"], preexec_fn=_as_nobody)
+    secret = "/home/nobody/secret-workdir"
+    try:
+        assert comes_within(lambda: _locked(node, locks), 30), "nobody's flock did not take GPUs 2 and 3"
+        for kernel, gpus, ranks in ((holder.pid, ["1", "2", "3"], 4), (idle.pid, ["0"], 1)):
+            _nobodys_card(node, kernel, gpus, ranks, secret)
+        yield node, secret
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        idle.kill()
+        for proc in (holder, idle):
+            proc.wait()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _locked(node: Path, locks: list[str]) -> bool:
+    files = {(st.st_dev, st.st_ino) for st in map(os.stat, locks)}
+    return len(leases.lock_holders(files)) == 2
+
+
+def _nobodys_card(node: Path, kernel: int, gpus: list[str], ranks: int, secret: str) -> None:
+    card = node / "register" / f"cluster-{NOBODY}-{kernel}.json"
+    card.write_text(json.dumps({"cluster": f"hvd-{kernel}-2", "workdir": secret, "kernel": kernel,
+                                "kernel_started": psutil.Process(kernel).create_time(), "ranks": ranks, "gpus": gpus,
+                                "started": time.time() - 600, "last_cell": time.time(), "busy": True}))
+    os.chown(card, NOBODY, NOBODY)
 
 
 def _mine(readings: Readings) -> dict:
@@ -70,7 +136,12 @@ def test_the_panel_follows_a_cluster_and_its_buttons_act_as_the_magics(tmp_path,
         assert [r["rank"] for r in first["ranks"]] == [0, 1] and all(r["device"] == "CPU" for r in first["ranks"])
         assert all(r["cpu_percent"] is None and r["rss"] > 10 * 2**20 for r in first["ranks"]), first["ranks"]
         snapshot = readings.snapshot({})
-        assert snapshot["gpus"] is None  # no driver here: no GPU figures, no error
+        driver = nvml_gpus()  # the GPU figures where the driver answers; none (and no error) where it does not
+        if driver is None:
+            assert snapshot["gpus"] is None, snapshot["gpus"]
+        else:
+            assert [g["index"] for g in snapshot["gpus"]] == list(range(driver)), snapshot["gpus"]
+            assert all(g["memory_total"] > 0 and g["name"] for g in snapshot["gpus"]), snapshot["gpus"]
         assert snapshot["caps"] == {"max_gpus_per_user": None, "max_ranks_per_user": 8, "my_gpus": 0,
                                     "my_cpu_ranks": 2}, snapshot["caps"]  # (the rules and the kernel's card)
         assert set(first["actions"]) == {"interrupt", "restart", "stop", "stacks"}
@@ -222,26 +293,37 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
-def test_another_users_cluster_is_a_lease_line(tmp_path, sleeper, monkeypatch):
-    """A card of another user's running cluster in the node's register: the panel names the user, its GPUs
-    and ranks and since when, and nothing of its kernel or its directory."""
-    if os.geteuid() != 0:
-        pytest.skip("gives a card to another uid (chown): needs root, as make test runs it")
-    monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "node"))
-    register = nodedir.register_dir(create=True)  # (as a kernel makes it)
-    nobody = 65534
-    kernel = psutil.Process(sleeper.pid)
-    card = register / f"cluster-{nobody}-{sleeper.pid}.json"
-    card.write_text(json.dumps({"cluster": "hvd-1-2", "workdir": "/secret/of/nobody", "kernel": sleeper.pid,
-                                "kernel_started": kernel.create_time(), "ranks": 4, "gpus": ["2", "3"],
-                                "started": time.time() - 60, "last_cell": time.time(), "busy": True}))
-    os.chown(card, nobody, nobody)
-    done = subprocess.run([sys.executable, "-c", "import json\nfrom hvd_notebook.lab.readings import Readings\n"
-                           "print(json.dumps(Readings().snapshot({})))"],
-                          capture_output=True, text=True, timeout=60)
+def test_another_users_clusters_are_one_line_with_the_gpus_their_leases_hold():
+    """Cards of another user's running clusters (their kernels: processes of that uid) in the node's register:
+    the panel gives one line for the user, with their ranks, the GPUs a lease lock of theirs holds (2 and 3:
+    not 0 and 1, which the cards only claim) and since when, and nothing of their kernels or directories."""
+    with another_users_clusters() as (node, secret):
+        done = subprocess.run([sys.executable, "-c", "import json\nfrom hvd_notebook.lab.readings import Readings\n"
+                               "print(json.dumps(Readings().snapshot({})))"],
+                              capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(node)})
+        kernels = [int(c.name.split("-")[2].split(".")[0]) for c in (node / "register").iterdir()]
     assert done.returncode == 0, done.stderr
     snapshot = json.loads(done.stdout)
-    assert snapshot["others"] == [{"user": "nobody", "gpus": ["2", "3"], "ranks": 4,
-                                   "since": pytest.approx(time.time() - 60, abs=30)}], snapshot["others"]
-    assert "/secret/of/nobody" not in done.stdout and str(sleeper.pid) not in done.stdout
-    assert Path(card).exists()
+    assert snapshot["others"] == [{"user": "nobody", "gpus": ["2", "3"], "ranks": 5,
+                                   "since": pytest.approx(time.time() - 600, abs=30)}], snapshot["others"]
+    assert secret not in done.stdout and not any(str(k) in done.stdout for k in kernels), done.stdout
+
+
+def test_a_card_naming_a_process_of_another_uid_is_no_cluster(tmp_path, monkeypatch):
+    """A card of this user's whose kernel is another user's process (pid 1, root's, where this run is not
+    root's; nobody's sleep where it is) is not a running cluster: not among the others, nor in the caps."""
+    monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(tmp_path / "node"))
+    leases.setup_node(["0"], tmp_path / "node")
+    stranger = subprocess.Popen(["sleep", "60"], preexec_fn=_as_nobody) if os.geteuid() == 0 else None
+    kernel = psutil.Process(stranger.pid if stranger else 1)
+    try:
+        card = tmp_path / "node" / "register" / f"cluster-{os.geteuid()}-{kernel.pid}.json"
+        card.write_text(json.dumps({"cluster": "hvd-1-2", "workdir": "", "kernel": kernel.pid, "ranks": 3,
+                                    "kernel_started": kernel.create_time(), "gpus": ["0"]}))
+        snapshot = Readings().snapshot({})
+    finally:
+        if stranger:
+            stranger.kill()
+            stranger.wait()
+    assert snapshot["caps"]["my_gpus"] == 0 and snapshot["caps"]["my_cpu_ranks"] == 0, snapshot["caps"]

@@ -121,7 +121,8 @@ def test_a_card_is_alive_only_where_its_kernel_runs_as_the_cards_owner(node, str
 def test_a_rank_row_reads_only_the_recorded_process_of_this_user(sleeper, stranger_process):
     readings = Readings()
     mine = psutil.Process(sleeper.pid)
-    assert readings._process(mine.pid, mine.create_time())[0] is not None
+    first, again = readings._process(mine.pid, mine.create_time()), readings._process(mine.pid, mine.create_time())
+    assert first[0] is not None and first[1] and again == (first[0], False)  # (kept: its CPU share counts from then)
     assert readings._process(mine.pid, mine.create_time() - 5)[0] is None  # a reused pid: no one's rank
     assert readings._process(mine.pid, None)[0] is None  # never recorded
     theirs = stranger_process
