@@ -163,10 +163,14 @@ def _take_followers(schedule: deque[Request | _Serve], work: Work) -> list[Reque
     return followers
 
 
-class Coordinator:
-    """The requests of one communicator waiting for their turn, the rounds that agree
-    on their order (``schedule``) and the hand-over from one turn to the next (built
-    by ``Negotiator``)."""
+class Turns:
+    """The hand-over of one communicator between the threads whose calls wait for it: the requests waiting
+    (``pending``), the agreed order (``schedule``), who holds it (``busy``), and the failure that ends them all.
+    ``Coordinator`` adds the rounds that fill ``schedule``.
+
+    Args:
+        negotiator: a ``negotiation.Negotiator``: the rounds' hash exchange and stall reports, and its rank.
+    """
 
     def __init__(self, negotiator: Any) -> None:
         self.negotiator = negotiator  # a negotiation.Negotiator: the rounds' hash exchange and stall reports
@@ -260,6 +264,15 @@ class Coordinator:
         self.schedule.clear()
         self.busy = False
         self.cv.notify_all()
+
+class Coordinator(Turns):
+    """The requests of one communicator waiting for their turn (``Turns``), and the rounds that agree on their
+    order: a call's way in (``acquire``), the rounds its thread runs while it holds the communicator, and
+    ``join`` (built by ``Negotiator``).
+
+    Args:
+        negotiator: as for ``Turns``.
+    """
 
     # ------------------------------------------------------------- turns
     def acquire(self, signature: Signature, name: str | None, h: int, allow_joined: bool = False,
