@@ -35,6 +35,8 @@ KERNEL_ACTIONS = ("interrupt", "restart", "stop")  # answered by the owning kern
 SERVER_ACTIONS = ("stacks",)  # answered here, for any cluster (what ``hvd-notebook stacks`` prints)
 SCRIPT_ACTIONS = ("stacks", "stop")  # a job of hvd-notebook run: its launcher ends the ranks on SIGTERM
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # how MPICH's and Open MPI's launchers say it
+MAX_WARNINGS = 64  # distinct warnings a server logs (a poll every 1.5 s would repeat each for ever)
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def _rules() -> policy.Policy:
     try:
         return policy.load()
     except policy.PolicyError as exc:  # (the kernels refuse to start and say why; the panel goes on)
-        log.warning("hvd_notebook: the node's rules could not be read: %s", exc)
+        _warn_once(f"hvd_notebook: the node's rules could not be read: {exc}")
         return policy.Policy()
 
 
@@ -239,7 +241,7 @@ def _holders(cards: list[registry.Card]) -> dict[str, str | None]:
     try:
         held = leases.holders(cards)
     except leases.LeaseError as exc:
-        log.warning("hvd_notebook: the GPU leases could not be read: %s", exc)
+        _warn_once(f"hvd_notebook: the GPU leases could not be read: {exc}")
         return {}
     return {gpu: _user_of(pid) for gpu, (pid, _) in held.items()}
 
@@ -257,6 +259,12 @@ def _others(cards: list[registry.Card], holders: dict[str, str | None], me: str)
         if holders[gpu] in lines:
             lines[holders[gpu]]["gpus"].append(gpu)
     return sorted(lines.values(), key=lambda line: line["user"])
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned and len(_warned) < MAX_WARNINGS:
+        _warned.add(text)
+        log.warning("%s", text)
 
 
 def _user_of(pid: int) -> str | None:

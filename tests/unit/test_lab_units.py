@@ -253,3 +253,14 @@ def test_one_reading_is_in_flight_and_a_request_that_gives_up_leaves_none_behind
     together, given_up, after = asyncio.run(scenario())
     assert (together, given_up) == (1, 2), (together, given_up)
     assert after in (2, 3)  # (the abandoned one, then perhaps a fresh one: never one per request)
+
+
+def test_a_server_warns_once_of_rules_it_cannot_read(node, tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("HVD_NOTEBOOK_POLICY_FILE", str(tmp_path / "missing.toml"))
+    caplog.set_level(logging.WARNING, logger="hvd_notebook.lab.readings")
+    readings = Readings()
+    for _ in range(3):  # (a poll every 1.5 s: the log says it once)
+        assert readings.snapshot({})["caps"]["max_gpus_per_user"] is None
+    assert [r.getMessage() for r in caplog.records if "rules could not be read" in r.getMessage()] == [
+        f"hvd_notebook: the node's rules could not be read: The policy file {tmp_path / 'missing.toml'} cannot be "
+        "read (No such file or directory); ask the node's admin."]
