@@ -241,6 +241,20 @@ def _describe_holder(pid: int | None, cards: list) -> str:
     return f"{who} (kernel {pid}, {card.cluster}, since {time.strftime('%H:%M:%S', time.localtime(card.started))})"
 
 
+def _lock_files(dir_fd: int, owner: int) -> dict[str, tuple[int, int]]:
+    """GPU id -> (device, inode) of its lock file in the lease folder ``dir_fd``: regular files of ``owner``."""
+    files = {}
+    for name in os.listdir(dir_fd):
+        match = re.fullmatch(r"gpu(.+)\.lock", name)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False) if match else None
+        except FileNotFoundError:
+            continue
+        if match and st and stat.S_ISREG(st.st_mode) and st.st_uid == owner:
+            files[match.group(1)] = (st.st_dev, st.st_ino)
+    return files
+
+
 def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
     """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, who it is). Read from the
     kernel's table of locks (/proc/locks: a lock on the lock file's own device and inode), so it takes no
@@ -254,16 +268,7 @@ def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
         return {}
     _, dir_fd, folder_st = opened
     try:
-        files = {}  # GPU -> (device, inode) of its lock file
-        for name in os.listdir(dir_fd):
-            match = re.fullmatch(r"gpu(.+)\.lock", name)
-            if match:
-                try:
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if stat.S_ISREG(st.st_mode) and st.st_uid == folder_st.st_uid:
-                    files[match.group(1)] = (st.st_dev, st.st_ino)
+        files = _lock_files(dir_fd, folder_st.st_uid)
     finally:
         os.close(dir_fd)
     pids = lock_holders(set(files.values()))
