@@ -31,7 +31,13 @@ class StepValues:
 
     def add(self, epoch: int, step: int, mean: float) -> float | None:
         """The value of the batches since the previous report of this epoch (at ``step``); None for a
-        report before the epoch's first batch (``step`` 0), which carries the previous epoch's means."""
+        report before the epoch's first batch (``step`` 0), which carries the previous epoch's means.
+
+        Args:
+            epoch: the epoch the report is of.
+            step: the steps of the epoch so far.
+            mean: the metric's running mean over those steps.
+        """
         if step <= 0:
             return None
         last = self.last
@@ -47,7 +53,11 @@ class StepValues:
 
 
 def half_width(points: int) -> int:
-    """The smoothing's half-width for a curve of ``points`` points: light, growing with the curve."""
+    """The smoothing's half-width for a curve of ``points`` points: light, growing with the curve.
+
+    Args:
+        points: the curve's number of points.
+    """
     return min(SMOOTH_MAX_HALF_WIDTH, points // SMOOTH_POINTS_PER_HALF_WIDTH)
 
 
@@ -57,6 +67,10 @@ def smooth(values: list[float], width: int | None = None) -> list[float]:
 
     >>> smooth([0.0, 3.0, 0.0, 3.0], width=1)
     [1.5, 1.0, 2.0, 1.5]
+
+    Args:
+        values: the curve's values.
+        width: the half-width; ``half_width(len(values))`` where None.
     """
     width = half_width(len(values)) if width is None else width
     if width <= 0 or len(values) < 2:

@@ -11,13 +11,21 @@ from .model import TIMING, ProgressModel, RankProgress, ResetEvent
 
 
 def text_table(rows: Sequence[Sequence[str]]) -> str:
-    """Rows of cells as left-aligned columns two spaces apart (the first row is the header)."""
+    """Rows of cells as left-aligned columns two spaces apart (the first row is the header).
+
+    Args:
+        rows: the header, then the rows, as text cells.
+    """
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
 
 def fmt_duration(seconds: float | None) -> str:
-    """``1:15`` or ``1:02:05``; ``-`` when unknown."""
+    """``1:15`` or ``1:02:05``; ``-`` when unknown.
+
+    Args:
+        seconds: the duration, or None.
+    """
     if seconds is None:
         return "-"
     seconds = int(round(seconds))
@@ -26,20 +34,32 @@ def fmt_duration(seconds: float | None) -> str:
 
 
 def fmt_rate(rate: float | None) -> str:
-    """``6,400`` for large rates, three significant digits for small ones."""
+    """``6,400`` for large rates, three significant digits for small ones.
+
+    Args:
+        rate: samples (or steps) per second, or None.
+    """
     if rate is None:
         return "-"
     return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
 def fmt_logs(logs: dict[str, float]) -> str:
-    """``loss 0.41 accuracy 0.88``: loss first, then the other metrics, validation last."""
+    """``loss 0.41 accuracy 0.88``: loss first, then the other metrics, validation last.
+
+    Args:
+        logs: metric name -> value.
+    """
     names = sorted((k for k in logs if k not in TIMING), key=lambda k: (k.startswith("val_"), "loss" not in k))
     return " ".join(f"{k} {logs[k]:.4g}" for k in names)
 
 
 def fmt_epoch(rank_progress: RankProgress) -> str:
-    """``epoch 3/10`` (counted from 1); nothing for a run of one epoch."""
+    """``epoch 3/10`` (counted from 1); nothing for a run of one epoch.
+
+    Args:
+        rank_progress: one rank's progress in the current run.
+    """
     epochs = rank_progress.epochs or 1
     return f"epoch {min(rank_progress.epoch + 1, epochs)}/{epochs}" if epochs > 1 else ""
 
@@ -47,7 +67,11 @@ def fmt_epoch(rank_progress: RankProgress) -> str:
 def noise_reading(model: ProgressModel) -> str | None:
     """One sentence on the measured gradient noise scale (an estimate of the critical batch size, McCandlish
     et al. 2018) against the global batch: whether more ranks should still pay off. None before it is
-    measured."""
+    measured.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+    """
     measured = model.noise_scale()
     if measured is None:
         return None
@@ -63,13 +87,21 @@ def noise_reading(model: ProgressModel) -> str | None:
 
 
 def fmt_seconds(seconds: float) -> str:
-    """``0.20 s`` from a tenth of a second up, ``12 ms`` or ``0.8 ms`` below."""
+    """``0.20 s`` from a tenth of a second up, ``12 ms`` or ``0.8 ms`` below.
+
+    Args:
+        seconds: a duration.
+    """
     return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1e3:.2g} ms"
 
 
 def step_time_reading(model: ProgressModel) -> str | None:
     """One sentence on where the recent steps' time went: the share in collectives, and the rank the others
-    wait for where one holds them back. None before every rank timed a step, or without collectives."""
+    wait for where one holds them back. None before every rank timed a step, or without collectives.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+    """
     breakdown = model.step_breakdown()
     if breakdown is None:
         return None
@@ -80,7 +112,11 @@ def step_time_reading(model: ProgressModel) -> str | None:
 
 
 def headline(model: ProgressModel) -> str:
-    """One line: the current run, its epoch, the global rate, elapsed and ETA."""
+    """One line: the current run, its epoch, the global rate, elapsed and ETA.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+    """
     run = model.current
     if run is None:
         return "waiting for the ranks' progress"
@@ -98,12 +134,20 @@ def headline(model: ProgressModel) -> str:
 
 def event_lines(model: ProgressModel) -> list[str]:
     """A line per reset of the world during the cell: ``reset 1 at 0:42: rank 1 died (signal Kill) at
-    epoch 3/10 step 40; world restarted; resumed from the last commit (epoch=2, batch=32, ...)``."""
+    epoch 3/10 step 40; world restarted; resumed from the last commit (epoch=2, batch=32, ...)``.
+
+    Args:
+        model: the cell's progress, with its resets.
+    """
     return [f"reset {i} at {fmt_duration(e.elapsed)}: {reset_text(e)}" for i, e in enumerate(model.events, 1)]
 
 
 def reset_text(event: ResetEvent) -> str:
-    """What happened at one reset, in a sentence."""
+    """What happened at one reset, in a sentence.
+
+    Args:
+        event: the reset: the ranks that died, where, and the commit resumed from.
+    """
     deaths = []
     for rank, how in sorted(event.died.items()):
         death = f"rank {rank} died" + (f" ({how})" if how else "")
@@ -115,7 +159,11 @@ def reset_text(event: ResetEvent) -> str:
 
 
 def rank_line(rank_progress: RankProgress) -> str:
-    """One rank's epoch, step, and metrics (or its error)."""
+    """One rank's epoch, step, and metrics (or its error).
+
+    Args:
+        rank_progress: one rank's progress in the current run.
+    """
     parts = [fmt_epoch(rank_progress),
              f"step {rank_progress.step}/{rank_progress.steps if rank_progress.steps is not None else '?'}"]
     if rank_progress.state == RankState.FAILED:

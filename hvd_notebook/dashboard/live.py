@@ -32,6 +32,14 @@ class Dashboard:
 
     >>> board = Dashboard(DashboardMode.TEXT, ranks=[0, 1])
     >>> board.poll({0: published_data_of_rank_0, 1: ...}); board.finish()
+
+    Args:
+        mode: ``text`` or ``widgets`` (``resolve_mode`` settles ``auto``).
+        ranks: the ranks that run the cell.
+        display: IPython's ``display`` (a test's own where given).
+        write: where text mode writes its lines (``sys.stdout`` by default).
+        clock: the clock for rates and redraws (``time.monotonic``; a test's own).
+        shown: the ranks whose output the cell prints (rank 0 where None).
     """
 
     def __init__(self, mode: DashboardMode, ranks: list[int], display: Callable[..., Any] | None = None,
@@ -55,13 +63,24 @@ class Dashboard:
         return self.outputs is not None and not self.frozen
 
     def output(self, rank: int, name: str, text: str) -> None:
-        """A rank wrote ``text`` to its stream ``name`` (stdout or stderr); shown at the next ``poll``."""
+        """A rank wrote ``text`` to its stream ``name`` (stdout or stderr); shown at the next ``poll``.
+
+        Args:
+            rank: the rank that wrote.
+            name: its stream, ``stdout`` or ``stderr``.
+            text: what it wrote.
+        """
         if self.records_output:
             self.outputs.write(rank, name, text)
 
     def poll(self, data_by_rank: dict[int, dict[str, Any]], force: bool = False) -> bool:
         """Feed the updates not seen yet (from each rank's published data); redraw
-        at most every RENDER_INTERVAL_S. True when something new arrived."""
+        at most every RENDER_INTERVAL_S. True when something new arrived.
+
+        Args:
+            data_by_rank: rank -> the data it published (its updates by sequence number).
+            force: redraw now, whatever the interval.
+        """
         if self.frozen:
             return False
         new = [update for rank, data in data_by_rank.items() for update in self._unseen(rank, data)]
@@ -114,7 +133,13 @@ class Dashboard:
 
     def fail(self, rank: int, message: str, details: str = "") -> None:
         """A rank's cell failed: the first line of ``message`` goes on its bar, and the badge ``✗`` on its
-        tab, with ``details`` (the traceback) below its output."""
+        tab, with ``details`` (the traceback) below its output.
+
+        Args:
+            rank: the rank whose cell failed.
+            message: the error, first line first.
+            details: the traceback.
+        """
         first = message.strip().splitlines()[0] if message.strip() else "failed"
         self.model.fail(rank, first)
         if self.records_output:
@@ -123,7 +148,13 @@ class Dashboard:
     def reset(self, died: dict[int, str], commit: str, ranks: list[int]) -> None:
         """Ranks ``died`` (rank -> how) and a new world of ``ranks`` runs the cell again from ``commit``
         (an ``hvd.elastic`` resume): mark the event on the timeline, and read the new ranks' updates as
-        the continuation of the old ones'."""
+        the continuation of the old ones'.
+
+        Args:
+            died: rank -> how it ended.
+            commit: the commit resumed from, as ``hvd.elastic`` summarised it.
+            ranks: the new world's ranks.
+        """
         if self.frozen:
             return
         event = self.model.reset(died, commit, ranks)

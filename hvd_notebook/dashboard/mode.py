@@ -9,7 +9,12 @@ from ..config import PROGRESS, DashboardMode, choices, parse_choice
 
 def resolve_mode(mode: str | None = None) -> DashboardMode:
     """``widgets`` where a Jupyter front end can show them, else ``text``; the
-    environment variable ``HVD_NOTEBOOK_PROGRESS`` overrides ``auto``."""
+    environment variable ``HVD_NOTEBOOK_PROGRESS`` overrides ``auto``.
+
+    Args:
+        mode: ``auto`` (also where None), ``widgets``, ``text`` or ``none``; ``auto`` reads ``HVD_NOTEBOOK_PROGRESS``
+            first.
+    """
     text = (mode or DashboardMode.AUTO).lower()
     if text == DashboardMode.AUTO:
         text = (PROGRESS.text() or DashboardMode.AUTO).lower()

@@ -45,7 +45,12 @@ class RankOutput:
 
     def add(self, kind: str, text: str) -> None:
         """Append ``text`` of ``kind`` (stdout, stderr, or a note), without its terminal colours; drop the
-        oldest beyond the tail."""
+        oldest beyond the tail.
+
+        Args:
+            kind: ``stdout``, ``stderr`` or ``note``.
+            text: what was written.
+        """
         text = _ANSI.sub("", text)
         if not text:
             return
@@ -75,13 +80,22 @@ class RankOutput:
             self.dropped += cut
 
     def fail(self, message: str, details: str = "") -> None:
-        """The rank's cell failed with ``message`` (its traceback: ``details``)."""
+        """The rank's cell failed with ``message`` (its traceback: ``details``).
+
+        Args:
+            message: the error.
+            details: the traceback.
+        """
         self.error, self.details = message, _ANSI.sub("", details).rstrip()
         self.version += 1
 
     def note(self, text: str) -> None:
         """A line of the dashboard's own in the rank's output (a reset of the world). A failure so far
-        becomes part of the text: the rank runs again."""
+        becomes part of the text: the rank runs again.
+
+        Args:
+            text: the note.
+        """
         if self.error is not None:
             self.add(STDERR, f"failed: {self.error}\n" + (self.details + "\n" if self.details else ""))
             self.error, self.details = None, ""
@@ -94,6 +108,10 @@ class RankOutputs:
     >>> outputs = RankOutputs([0, 1], shown={0})
     >>> outputs.write(1, "stderr", "careful\\n"); outputs[1].title
     'rank 1 ⚠'
+
+    Args:
+        ranks: the ranks that run the cell.
+        shown: the ranks whose output the cell prints as well.
     """
 
     def __init__(self, ranks: Iterable[int], shown: Iterable[int]) -> None:
@@ -110,13 +128,31 @@ class RankOutputs:
         return sorted(self.by_rank)
 
     def write(self, rank: int, kind: str, text: str) -> None:
+        """``RankOutput.add`` on ``rank``'s output.
+
+        Args:
+            rank: the rank that wrote.
+            kind: as for ``RankOutput.add``.
+            text: as for ``RankOutput.add``.
+        """
         self[rank].add(kind, text)
 
     def fail(self, rank: int, message: str, details: str = "") -> None:
+        """``RankOutput.fail`` on ``rank``'s output.
+
+        Args:
+            rank: the rank whose cell failed.
+            message: as for ``RankOutput.fail``.
+            details: as for ``RankOutput.fail``.
+        """
         self[rank].fail(message, details)
 
     def note(self, text: str) -> None:
-        """The same note in every rank's output."""
+        """The same note in every rank's output.
+
+        Args:
+            text: the note.
+        """
         for output in self.by_rank.values():
             output.note(text)
 
@@ -133,7 +169,11 @@ class RankOutputs:
 
 
 def fmt_bytes(size: int) -> str:
-    """``812 bytes``, ``12.5 KiB``, ``3.1 MiB``."""
+    """``812 bytes``, ``12.5 KiB``, ``3.1 MiB``.
+
+    Args:
+        size: a number of bytes.
+    """
     if size < 1024:
         return f"{size} bytes"
     return f"{size / 1024:.1f} KiB" if size < 1024 * 1024 else f"{size / 1024 / 1024:.1f} MiB"
@@ -141,7 +181,11 @@ def fmt_bytes(size: int) -> str:
 
 def output_html(output: RankOutput) -> str:
     """One rank's output as HTML: a ``<pre>`` with stderr in red and the dashboard's notes in grey, a note
-    where the start was left out, and the failure below."""
+    where the start was left out, and the failure below.
+
+    Args:
+        output: one rank's output.
+    """
     parts = []
     if output.dropped:
         parts.append(f"<div class='hvd-output-truncated' style='color:#777;font-style:italic'>(the first "
@@ -163,7 +207,11 @@ def output_html(output: RankOutput) -> str:
 
 
 def outputs_text(outputs: RankOutputs) -> str:
-    """One line for a text version: which ranks wrote how much, with their badges."""
+    """One line for a text version: which ranks wrote how much, with their badges.
+
+    Args:
+        outputs: every rank's output in the cell.
+    """
     parts = []
     for rank in outputs.ranks:
         output = outputs[rank]

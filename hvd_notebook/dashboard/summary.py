@@ -19,7 +19,11 @@ _RUNNING_COLOUR = "#f0ad4e"
 
 
 def epoch_table_html(model: ProgressModel) -> str:
-    """A table per run: a row per epoch of fit, one row for evaluate/predict."""
+    """A table per run: a row per epoch of fit, one row for evaluate/predict.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+    """
     parts = []
     for run in model.runs:
         rows = model.epoch_rows(run)
@@ -52,7 +56,11 @@ def _table_cell(value: Any) -> str:
 def curves_png(model: ProgressModel) -> str | None:
     """The curves of every metric as a PNG (base64 text): the mean over ranks smoothed, unsmoothed behind it,
     each rank faint; grey dash-dotted lines where epochs begin, dashed red ones at resets. None without curves
-    or without matplotlib."""
+    or without matplotlib.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+    """
     metrics = model.metrics()
     if not metrics:
         return None
@@ -81,7 +89,12 @@ def curves_png(model: ProgressModel) -> str | None:
 
 
 def new_figure(width: float, height: float) -> Any:
-    """A matplotlib figure drawn off screen (Agg), ``width`` by ``height`` inches; None without matplotlib."""
+    """A matplotlib figure drawn off screen (Agg), ``width`` by ``height`` inches; None without matplotlib.
+
+    Args:
+        width: in inches.
+        height: in inches.
+    """
     try:
         import matplotlib
 
@@ -93,7 +106,11 @@ def new_figure(width: float, height: float) -> Any:
 
 
 def png_text(fig: Any) -> str:
-    """``fig``, laid out tight, as a PNG's base64 text (what an inline ``<img>`` and a display bundle take)."""
+    """``fig``, laid out tight, as a PNG's base64 text (what an inline ``<img>`` and a display bundle take).
+
+    Args:
+        fig: a matplotlib figure.
+    """
     fig.tight_layout()
     out = io.BytesIO()
     fig.savefig(out, format="png")
@@ -101,13 +118,22 @@ def png_text(fig: Any) -> str:
 
 
 def png_img(png: str | None, alt: str) -> str:
-    """An ``<img>`` showing ``png`` (base64 text) inline; nothing without one."""
+    """An ``<img>`` showing ``png`` (base64 text) inline; nothing without one.
+
+    Args:
+        png: the image as base64 text, or None.
+        alt: the image's text for those who cannot see it.
+    """
     return f"<img alt='{alt}' src='data:image/png;base64,{png}'/>" if png else ""
 
 
 def outputs_html(outputs: RankOutputs) -> str:
     """Each rank's output as a ``<details>`` (the first shown rank's open) titled like its tab, badge
-    included; empty where no rank wrote anything."""
+    included; empty where no rank wrote anything.
+
+    Args:
+        outputs: every rank's output in the cell.
+    """
     if not any(output.wrote for output in outputs.by_rank.values()):
         return ""
     parts = []
@@ -121,13 +147,22 @@ def outputs_html(outputs: RankOutputs) -> str:
 
 
 def outputs_bundle(outputs: RankOutputs) -> dict[str, str]:
-    """The frozen output tabs of a cell without a dashboard, as a display bundle."""
+    """The frozen output tabs of a cell without a dashboard, as a display bundle.
+
+    Args:
+        outputs: every rank's output in the cell.
+    """
     return {"text/html": outputs_html(outputs), "text/plain": outputs_text(outputs)}
 
 
 def static_bundle(model: ProgressModel, outputs: RankOutputs | None = None) -> dict[str, str]:
     """The frozen dashboard as a display bundle: HTML (with the PNG inline) and text; ``outputs``: the
-    ranks' output under it."""
+    ranks' output under it.
+
+    Args:
+        model: the cell's progress (every rank's runs).
+        outputs: every rank's output in the cell, or None.
+    """
     run = model.current
     ranks = sorted(run.ranks.items()) if run else []
     rows = []

@@ -31,7 +31,13 @@ def _percent(value: float | None) -> str:
 
 
 def row_cells(point: SweepPoint, row: dict[str, Any] | None, running: str | None = None) -> list[str]:
-    """The table's cells for one point: its figures once finished, else what it is doing."""
+    """The table's cells for one point: its figures once finished, else what it is doing.
+
+    Args:
+        point: the sweep's point.
+        row: its figures once finished (None before).
+        running: what it is doing while it runs.
+    """
     cells = [point.describe(), f"{point.global_batch:,}"]
     if row is None:
         return cells + ["-"] * (len(COLUMNS) - 3) + [running or "to come"]
@@ -58,13 +64,22 @@ def _communication(row: dict[str, Any]) -> str:
 
 
 def measured_noise_scale(rows: list[dict[str, Any]]) -> float | None:
-    """The median of the points' measured noise scales (B_simple), where any was measured."""
+    """The median of the points' measured noise scales (B_simple), where any was measured.
+
+    Args:
+        rows: the finished points' figures.
+    """
     values = [r["noise_scale"] for r in rows if r.get("status") == "ok" and r.get("noise_scale")]
     return statistics.median(values) if values else None
 
 
 def figure_png(rows: list[dict[str, Any]], target: Any = None) -> str | None:
-    """The two plots as a PNG (base64 text); None before any point finished, or without matplotlib."""
+    """The two plots as a PNG (base64 text); None before any point finished, or without matplotlib.
+
+    Args:
+        rows: the finished points' figures.
+        target: the sweep's target (what the time to target is measured to), or None: the training time is plotted.
+    """
     done = [r for r in rows if r.get("status") == "ok"]
     if not done:
         return None
@@ -107,6 +122,11 @@ class SweepDisplay:
 
     >>> view = SweepDisplay(points, target)
     >>> view.update(rows); view.update(rows, running_point, "fit | epoch 2/5 | ..."); view.update(rows)
+
+    Args:
+        points: the sweep's points, in order.
+        target: the sweep's target, or None (as for ``figure_png``).
+        display: IPython's ``display`` (a test's own where given).
     """
 
     def __init__(self, points: list[SweepPoint], target: Any = None,
@@ -120,7 +140,13 @@ class SweepDisplay:
 
     def bundle(self, rows: dict[str, dict[str, Any]], running: SweepPoint | None = None,
                status: str = "") -> dict[str, str]:
-        """The display bundle: HTML (the table, then the plots' PNG inline) and text (the table)."""
+        """The display bundle: HTML (the table, then the plots' PNG inline) and text (the table).
+
+        Args:
+            rows: point key -> its figures, for the finished points.
+            running: the point running now, if any.
+            status: what it is doing (its progress line).
+        """
         table = [row_cells(p, rows.get(p.key), status if p == running else None) for p in self.points]
         if self._png[0] != len(rows):
             self._png = (len(rows), figure_png([rows[p.key] for p in self.points if p.key in rows], self.target))
@@ -137,7 +163,13 @@ class SweepDisplay:
     def update(self, rows: dict[str, dict[str, Any]], running: SweepPoint | None = None, status: str = "") -> None:
         """Redraw with ``rows`` finished and ``running`` doing ``status``. Where no front end redraws a
         display in place (IPython in a terminal, which would print each update anew), only a change of the
-        finished points is shown."""
+        finished points is shown.
+
+        Args:
+            rows: point key -> its figures, for the finished points.
+            running: the point running now, if any.
+            status: what it is doing (its progress line).
+        """
         if self._display is None:
             from IPython import get_ipython
             from IPython.display import display

@@ -18,6 +18,10 @@ class TextView:
 
     >>> view = TextView(ProgressModel([0, 1]))
     >>> view.show(); view.render(); view.finish()
+
+    Args:
+        model: the cell's progress (every rank's runs), which the view draws; its subclasses take it too.
+        write: where the lines go (``sys.stdout`` by default).
     """
 
     def __init__(self, model: ProgressModel, write: Callable[[str], Any] | None = None) -> None:

@@ -24,7 +24,12 @@ from .text import TextView
 
 class OutputTabs:
     """A tab per rank with its output in the cell (``RankOutputs``), titled with its badge (``rank 1 ⚠``,
-    ``rank 1 ✗``), the first shown rank's open. Raises ImportError where ipywidgets is missing."""
+    ``rank 1 ✗``), the first shown rank's open. Raises ImportError where ipywidgets is missing.
+
+    Args:
+        outputs: every rank's output in the cell.
+        display: IPython's ``display`` (a test's own where given).
+    """
 
     def __init__(self, outputs: RankOutputs, display: Callable[..., Any] | None = None) -> None:
         import ipywidgets
@@ -75,7 +80,13 @@ class OutputTabs:
 class WidgetView(TextView):
     """The live dashboard: bars per rank, headline, curves (bqplot), epoch table, and the ranks' output
     tabs where ``tabs`` are given (where they are shown on their own already, the dashboard takes their
-    place). Raises ImportError where ipywidgets or bqplot are missing."""
+    place). Raises ImportError where ipywidgets or bqplot are missing.
+
+    Args:
+        model: as for ``TextView``.
+        display: IPython's ``display`` (a test's own where given).
+        tabs: the ranks' output tabs, where the cell has them.
+    """
 
     def __init__(self, model: ProgressModel, display: Callable[..., Any] | None = None,
                  tabs: OutputTabs | None = None) -> None:
