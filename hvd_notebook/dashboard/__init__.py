@@ -3,7 +3,8 @@ ETA, loss and metric curves; text where no widget front end is there.
 
 - (the update a rank publishes lives in ``hvd_notebook.messages``: both sides import it)
 - ``model``: what the ranks' updates add up to (``ProgressModel``); ``curves``:
-  each step's value from Keras' running means, and the smoothing
+  each step's value from Keras' running means, and the smoothing; ``steps``: where the recent
+  steps' time went (``StepTiming``)
 - ``outputs``: each rank's stdout and stderr of the cell, for its tab
 - ``text``, ``widget``: the two views; ``summary``: the static end state
 - ``mode``: which view; ``live``: ``Dashboard``, one running cell's dashboard

@@ -8,22 +8,19 @@ from __future__ import annotations
 import bisect
 import statistics
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..messages import NOISE_SCALE, ProgressUpdate, RankState, RunKind
 from .curves import StepValues
+from .steps import STEP_WINDOW, StepBreakdown, StepTiming
 
 STRAGGLER_BEHIND = 0.10  # a rank this far behind the median's steps is a straggler
 STRAGGLER_MIN_STEPS = 10  # ... once the median has done this many
 RATE_WINDOW_S = 2.0  # samples/s over about the last two seconds
 MAX_POINTS = 2000  # per curve; older points are thinned beyond this
 TIMING = ("time", "samples")  # epoch-log entries that are not metrics
-STEP_WINDOW = 50  # the step breakdown's steps: the most recent that every rank has timed
 KEPT_STEPS = 4 * STEP_WINDOW  # step times kept per rank
-WAITED_SHARE = 0.10  # a rank is waited for where the others wait for it this share of a step ...
-WAITED_MIN_S = 0.005  # ... and at least this long
 
 
 @dataclass
@@ -103,6 +100,13 @@ class RankProgress:
                     self._add_point(name, point)
         return offset
 
+    def restart(self) -> None:
+        """The rank's process was replaced: its clock, running means and step numbers start again."""
+        self.history.clear()
+        self.recovered.clear()
+        self.step_times.clear()
+        self.state, self.error = RankState.RUNNING, None
+
     def _add_point(self, metric: str, value: float) -> None:
         points = self.points.setdefault(metric, [])
         x = self.done_steps
@@ -129,25 +133,6 @@ class ResetEvent:
 
 
 @dataclass
-class StepBreakdown:
-    """Where the recent training steps' time went: in collectives (waiting for the other ranks, moving data)
-    or outside them (``ProgressModel.step_breakdown``).
-
-    >>> breakdown = model.step_breakdown()
-    >>> f"communication {breakdown.fraction:.0%} of each step", breakdown.waited_for
-    ('communication 38% of each step', 1)
-    """
-
-    fraction: float  # seconds in collectives over step seconds, each rank's over the window, mean over ranks
-    waited_for: int | None  # the rank the others wait for; None where no rank holds them back much
-    waited_s: float  # how long the others wait per step, on average, for the rank most often slowest
-    step_s: float  # seconds per step, mean over ranks
-    per_rank: dict[int, tuple[float, float]]  # rank -> (seconds in collectives per step, seconds per step)
-    slowest: dict[int, int]  # step -> the rank with the least time in collectives, the one the others waited for
-    steps: int  # the steps of the window
-
-
-@dataclass
 class Run:
     """One fit/evaluate/predict call (or custom loop) on every rank."""
 
@@ -164,6 +149,11 @@ class Run:
         names = list(dict.fromkeys(name for p in self.ranks.values() for name in p.logs))
         return {name: statistics.fmean(p.logs[name] for p in self.ranks.values() if name in p.logs)
                 for name in names}
+
+    def step_timing(self) -> StepTiming:
+        """Its ranks' timed steps and batches (at least one rank)."""
+        ranks = self.ranks.items()
+        return StepTiming({r: p.step_times for r, p in ranks}, {r: p.batch_size for r, p in ranks})
 
 
 class ProgressModel:
@@ -219,10 +209,7 @@ class ProgressModel:
         for run in self.runs:
             run.ranks = {r: p for r, p in run.ranks.items() if r in self.rank_ids}
             for rank_progress in run.ranks.values():
-                rank_progress.history.clear()  # the new processes' clocks start again
-                rank_progress.recovered.clear()  # ... and their running means
-                rank_progress.step_times.clear()  # ... and their steps' numbers
-                rank_progress.state, rank_progress.error = RankState.RUNNING, None
+                rank_progress.restart()
         return event
 
     def finish(self) -> None:
@@ -329,15 +316,7 @@ class ProgressModel:
         steps' own times (no validation, no epoch's end, not the first step, which traces): the throughput
         that scaling efficiency compares. None where a rank's steps were not timed or its batch is unknown."""
         run = self.curve_run
-        if run is None or not run.ranks:
-            return None
-        rates = []
-        for rank_progress in run.ranks.values():
-            walls = [wall for wall, _ in rank_progress.step_times.values()]
-            if not walls or not rank_progress.batch_size or statistics.fmean(walls) <= 0:
-                return None
-            rates.append(rank_progress.batch_size / statistics.fmean(walls))
-        return sum(rates)
+        return run.step_timing().rate() if run and run.ranks else None
 
     def step_breakdown(self) -> StepBreakdown | None:
         """Where the time of the latest curve run's recent steps (the last ``STEP_WINDOW`` that every rank
@@ -346,23 +325,7 @@ class ProgressModel:
         run = self.curve_run
         if run is None or not run.ranks or len(run.ranks) < len(self.rank_ids):
             return None
-        times = {r: p.step_times for r, p in sorted(run.ranks.items())}
-        window = sorted(set.intersection(*(set(t) for t in times.values())))[-STEP_WINDOW:]
-        if not window or not any(t[i][1] for t in times.values() for i in window):
-            return None
-        per_rank = {r: (statistics.fmean(t[i][1] for i in window), statistics.fmean(t[i][0] for i in window))
-                    for r, t in times.items()}
-        fraction = statistics.fmean(min(1.0, c / s) if s > 0 else 0.0 for c, s in per_rank.values())
-        step_s = statistics.fmean(s for _, s in per_rank.values())
-        slowest = {i: min(times, key=lambda r: times[r][i][1]) for i in window}
-        if len(times) < 2:
-            return StepBreakdown(fraction, None, 0.0, step_s, per_rank, slowest, len(window))
-        candidate = Counter(slowest.values()).most_common(1)[0][0]
-        others = [r for r in times if r != candidate]
-        waited_s = statistics.fmean(times[r][i][1] - times[candidate][i][1] for i in window for r in others)
-        held_back = waited_s > max(WAITED_SHARE * step_s, WAITED_MIN_S)
-        return StepBreakdown(fraction, candidate if held_back else None, waited_s, step_s, per_rank, slowest,
-                             len(window))
+        return run.step_timing().breakdown()
 
     def curve(self, metric: str) -> tuple[dict[int, tuple[list[int], list[float]]], tuple[list[int], list[float]]]:
         """Each rank's (steps, values) of ``metric`` in the latest curve run, and their mean over ranks at
