@@ -43,8 +43,9 @@ FIRST_BUCKET_BYTES = 1 << 20  # DDP's sizes: a small first bucket starts communi
 BUCKET_BYTES = 25 << 20       # then buckets large enough that each call's fixed cost is paid rarely
 
 
-class _DistributedOptimizer:
-    """The methods that ``DistributedOptimizer`` adds in front of the wrapped optimizer's class."""
+class _GradientReduction:
+    """How a ``DistributedOptimizer`` reduces the gradients: a hook per parameter that starts its group's
+    reduction once its backward passes are done, and ``synchronize``, which waits for them all."""
 
     def _setup_distributed(self, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: int,
                            gradient_predivide_factor: float, groups: Any, sparse_as_dense: bool,
@@ -160,6 +161,21 @@ class _DistributedOptimizer:
         self._handles.clear()
         self._synchronized = True
 
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change the number of backward passes that accumulate before each reduction.
+
+        Args:
+            passes: the new number of backward passes per step.
+        """
+        self.backward_passes_per_step = passes
+        for p in self._passes_left:
+            self._passes_left[p] = passes
+
+
+class _DistributedOptimizer(_GradientReduction):
+    """The methods that ``DistributedOptimizer`` adds in front of the wrapped optimizer's class: its reductions
+    (``_GradientReduction``), and the step, the gradients' zeroing and the noise scale around them."""
+
     # ------------------------------------------------------------ the noise scale
     def noise_scale(self, batch_size: int) -> float | None:
         """Return the gradient noise scale this optimizer measured, as ``hvd.noise_scale`` does.
@@ -226,16 +242,6 @@ class _DistributedOptimizer:
                                  "optimizer.step() or optimizer.synchronize(): the gradients are still being "
                                  "reduced.")
         return super().zero_grad(set_to_none=set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Change the number of backward passes that accumulate before each reduction.
-
-        Args:
-            passes: the new number of backward passes per step.
-        """
-        self.backward_passes_per_step = passes
-        for p in self._passes_left:
-            self._passes_left[p] = passes
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._handles.clear()
