@@ -177,14 +177,14 @@ def test_autograph_leaves_the_runtime_alone(hvd, tf, monkeypatch):
 
 
 def test_fusion_packs_one_buffer_per_dtype(hvd, monkeypatch):
-    from hvd_notebook.runtime.core.mpi_backend import MpiBackend
+    from hvd_notebook.runtime.core.mpi_backend import MpiAllreduce
 
     arrays = [np.ones(256, np.float32), np.ones(3, np.float64), np.ones(256, np.float32), np.ones(256, np.float32)]
-    assert MpiBackend.fusion_plan(arrays) == [[0, 2, 3], [1]]
+    assert MpiAllreduce.fusion_plan(arrays) == [[0, 2, 3], [1]]
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(2 * 1024))  # two 1 KiB tensors per buffer
-    assert MpiBackend.fusion_plan(arrays) == [[0, 2], [1], [3]]
+    assert MpiAllreduce.fusion_plan(arrays) == [[0, 2], [1], [3]]
     monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", "0")
-    assert MpiBackend.fusion_plan(arrays) == [[0], [1], [2], [3]]
+    assert MpiAllreduce.fusion_plan(arrays) == [[0], [1], [2], [3]]
 
 
 @pytest.mark.parametrize("mode", MODES)

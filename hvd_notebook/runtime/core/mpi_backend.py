@@ -41,6 +41,14 @@ def _displacements(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]])
 
 
+def refuse_dtype(negotiator: Negotiator, sig: Signature, kind: str, name: str, dtype: np.dtype,
+                 reducing: bool = False) -> None:
+    """Raise on every rank where this rank's ``dtype`` cannot take part in the call ``sig``."""
+    why = ops.dtype_refusal(dtype, reducing)
+    if why:
+        negotiator.refuse(sig, f"{kind} of '{name}': {why}")
+
+
 class _CachedCall:
     """What a single-tensor allreduce of one shape, dtype and arguments needs, worked out once."""
 
@@ -57,7 +65,7 @@ class SingleTensorAllreduce:
     shape, dtype and arguments cached (validation, signature, its hash): the
     same work as the fused path for one array, minus Python."""
 
-    def __init__(self, backend: MpiBackend) -> None:
+    def __init__(self, backend: MpiAllreduce) -> None:
         self.backend = backend
         self.comm, self.negotiator, self.timeline = backend.comm, backend.negotiator, backend.timeline
         self.calls: dict[tuple, _CachedCall] = {}
@@ -125,7 +133,7 @@ class _AllreduceWork:
     __slots__ = ("backend", "arrays", "op", "prescale", "postscale", "label", "fusion_key", "nbytes", "solo",
                  "done", "result")
 
-    def __init__(self, backend: MpiBackend, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+    def __init__(self, backend: MpiAllreduce, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
                  label: str) -> None:
         self.backend, self.arrays, self.label = backend, arrays, label
         self.op, self.prescale, self.postscale = op, prescale, postscale
@@ -178,37 +186,26 @@ def _as_result(buf: np.ndarray, dtype: np.dtype, op: int, timeline: Timeline, la
     return buf
 
 
-def alltoall_splits(shape: tuple, splits: Any, size: int, name: str) -> np.ndarray:
-    """Rows of a tensor of ``shape`` to send to each of ``size`` ranks: ``splits``
-    checked, or equal parts where it is None."""
-    if len(shape) == 0:
-        raise ValueError(f"alltoall of '{name}': the tensor needs at least one dimension.")
-    if splits is None:
-        if shape[0] % size:
-            raise ValueError(f"alltoall of '{name}': without splits, the first dimension ({shape[0]}) "
-                             f"must divide evenly by the number of ranks ({size}).")
-        return np.full(size, shape[0] // size, dtype=np.int64)
-    splits = np.asarray(splits, dtype=np.int64).reshape(-1)
-    if splits.size != size or splits.min() < 0 or splits.sum() != shape[0]:
-        raise ValueError(f"alltoall of '{name}': splits {splits.tolist()} must have one non-negative entry "
-                         f"per rank ({size}) summing to the first dimension ({shape[0]}).")
-    return splits
+class MpiAllreduce:
+    """The host allreduces of one world: arrays of one dtype fused into buffers of up to
+    ``HOROVOD_FUSION_THRESHOLD`` bytes, one ``Allreduce`` each, and the cached single-tensor path.
 
-
-class MpiBackend:
-    """The host collectives of one world."""
+    Args:
+        comm: the world's MPI communicator.
+        negotiator: the agreement every rank's call takes its turn in.
+        timeline: where each phase is recorded.
+    """
 
     def __init__(self, comm: Any, negotiator: Negotiator, timeline: Timeline) -> None:
         from mpi4py import MPI
 
         self.MPI = MPI
         self.comm, self.negotiator, self.timeline = comm, negotiator, timeline
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.size = comm.Get_size()
         self.mpi_ops = {ops.Sum: MPI.SUM, ops.Average: MPI.SUM, ops.Min: MPI.MIN, ops.Max: MPI.MAX,
                         ops.Product: MPI.PROD}
         self.single = SingleTensorAllreduce(self)
 
-    # ------------------------------------------------------------ allreduce
     def allreduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
                   names: list[str]) -> list[np.ndarray]:
         """Reduce each array over all ranks; arrays of one dtype are fused into
@@ -239,7 +236,7 @@ class MpiBackend:
             label = fused_label([names[i] for i in group])
             sig = allreduce_signature(op, dtype_name(members[0].dtype), shapes or tuple(a.shape for a in members),
                                       prescale, postscale, label)
-            self._refuse_dtype(sig, "allreduce", label, members[0].dtype, reducing=True)
+            refuse_dtype(self.negotiator, sig, "allreduce", label, members[0].dtype, reducing=True)
             work = _AllreduceWork(self, members, op, prescale, postscale, label)
             self.negotiator.run(sig, work, allow_joined=True)
             out.append((group, *work.result))
@@ -290,6 +287,62 @@ class MpiBackend:
         zeros = [np.zeros(shape, dtype=dtype) for shape in call.shapes]
         self.reduce(zeros, call.op, call.prescale, call.postscale, "join")
 
+
+def alltoall_splits(shape: tuple, splits: Any, size: int, name: str) -> np.ndarray:
+    """Rows of a tensor of ``shape`` to send to each of ``size`` ranks: ``splits``
+    checked, or equal parts where it is None."""
+    if len(shape) == 0:
+        raise ValueError(f"alltoall of '{name}': the tensor needs at least one dimension.")
+    if splits is None:
+        if shape[0] % size:
+            raise ValueError(f"alltoall of '{name}': without splits, the first dimension ({shape[0]}) "
+                             f"must divide evenly by the number of ranks ({size}).")
+        return np.full(size, shape[0] // size, dtype=np.int64)
+    splits = np.asarray(splits, dtype=np.int64).reshape(-1)
+    if splits.size != size or splits.min() < 0 or splits.sum() != shape[0]:
+        raise ValueError(f"alltoall of '{name}': splits {splits.tolist()} must have one non-negative entry "
+                         f"per rank ({size}) summing to the first dimension ({shape[0]}).")
+    return splits
+
+
+class MpiBackend:
+    """The host collectives of one world; its allreduces are ``MpiAllreduce``'s.
+
+    Args:
+        comm: the world's MPI communicator.
+        negotiator: the agreement every rank's call takes its turn in.
+        timeline: where each phase is recorded.
+    """
+
+    def __init__(self, comm: Any, negotiator: Negotiator, timeline: Timeline) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm, self.negotiator, self.timeline = comm, negotiator, timeline
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.allreduces = MpiAllreduce(comm, negotiator, timeline)
+        self.mpi_ops = self.allreduces.mpi_ops
+
+    # ------------------------------------------------------------ allreduce (MpiAllreduce's)
+    def allreduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                  names: list[str]) -> list[np.ndarray]:
+        """Reduce each array over all ranks, fused (``MpiAllreduce.allreduce``)."""
+        return self.allreduces.allreduce(arrays, op, prescale, postscale, names)
+
+    def allreduce_fused(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
+                        names: list[str], shapes: tuple | None = None) -> list[tuple[list[int], np.ndarray, list[int]]]:
+        """Per fusion buffer: its arrays' indices, the reduced buffer, their offsets (``MpiAllreduce``'s)."""
+        return self.allreduces.allreduce_fused(arrays, op, prescale, postscale, names, shapes)
+
+    def allreduce_one(self, arr: np.ndarray, op: int, prescale: float, postscale: float,
+                      label: str) -> np.ndarray | None:
+        """One array through the cached single-tensor path (see ``SingleTensorAllreduce``)."""
+        return self.allreduces.allreduce_one(arr, op, prescale, postscale, label)
+
+    def allreduce_zeros(self, call: AllreduceCall) -> None:
+        """Take part with zeros in the other ranks' allreduce (after ``hvd.join()``)."""
+        self.allreduces.allreduce_zeros(call)
+
     # ------------------------------------------------------------ allgather
     def allgather(self, arrays: list[np.ndarray], names: list[str]) -> list[np.ndarray]:
         """Concatenate each array over ranks along its first dimension (which may differ)."""
@@ -299,7 +352,7 @@ class MpiBackend:
             if arr.ndim == 0:
                 self.negotiator.refuse(sig, f"allgather of '{name}': the tensor needs at least one dimension "
                                        "(it is a scalar).")
-            self._refuse_dtype(sig, "allgather", name, arr.dtype)
+            refuse_dtype(self.negotiator, sig, "allgather", name, arr.dtype)
         with self.negotiator.turn(sig):
             rows = np.array([a.shape[0] for a in arrays], dtype=np.int64)
             all_rows = np.empty((self.size, len(arrays)), dtype=np.int64)
@@ -322,7 +375,7 @@ class MpiBackend:
         sig = broadcast_signature(root_rank, tuple(a.dtype.name for a in arrays), tuple(a.shape for a in arrays), label)
         self.check_root(root_rank, sig)
         for a, name in zip(arrays, names):
-            self._refuse_dtype(sig, "broadcast", name, a.dtype)
+            refuse_dtype(self.negotiator, sig, "broadcast", name, a.dtype)
         nbytes = sum(a.nbytes for a in arrays)
         buf = np.empty(nbytes, dtype=np.uint8)
         if self.rank == root_rank:
@@ -338,12 +391,6 @@ class MpiBackend:
             offset += a.nbytes
         return outs
 
-    def _refuse_dtype(self, sig: Signature, kind: str, name: str, dtype: np.dtype, reducing: bool = False) -> None:
-        """Raise on every rank where this rank's ``dtype`` cannot take part."""
-        why = ops.dtype_refusal(dtype, reducing)
-        if why:
-            self.negotiator.refuse(sig, f"{kind} of '{name}': {why}")
-
     def check_root(self, root_rank: int, sig: Signature) -> None:
         """Raise on every rank unless ``root_rank`` is a rank of this world."""
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < self.size:
@@ -357,7 +404,7 @@ class MpiBackend:
             splits = alltoall_splits(arr.shape, splits, self.size, name)
         except ValueError as exc:
             self.negotiator.refuse(sig, str(exc))
-        self._refuse_dtype(sig, "alltoall", name, arr.dtype)
+        refuse_dtype(self.negotiator, sig, "alltoall", name, arr.dtype)
         with self.negotiator.turn(sig):
             received = np.empty(self.size, dtype=np.int64)
             self.comm.Alltoall(splits, received)
@@ -381,7 +428,7 @@ class MpiBackend:
                 self.negotiator.refuse(sig, refusal)
             if arr.ndim == 0:
                 self.negotiator.refuse(sig, f"reducescatter of '{name}': the tensor needs at least one dimension.")
-            self._refuse_dtype(sig, "reducescatter", name, arr.dtype, reducing=True)
+            refuse_dtype(self.negotiator, sig, "reducescatter", name, arr.dtype, reducing=True)
             rows = ops.even_rows(arr.shape[0], self.size)
             row_elems = int(np.prod(arr.shape[1:], dtype=np.int64))
             work = reduce_dtype(arr.dtype)
