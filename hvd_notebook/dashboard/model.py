@@ -73,7 +73,11 @@ class RankProgress:
     def apply(self, update: ProgressUpdate) -> int:
         """Take an update's figures and extend the rate history and the curves; the epochs added to the
         update's: a run resumed after a reset (``fit(initial_epoch=k)`` on a new world) continues the epochs
-        of the run it resumes, not from 0."""
+        of the run it resumes, not from 0.
+
+        Args:
+            update: the rank's latest ``ProgressUpdate`` in this run.
+        """
         if self.first_epoch is None:
             self.first_epoch = update.first_epoch
         offset = update.first_epoch - self.first_epoch
@@ -157,7 +161,15 @@ class Run:
 
 
 class ProgressModel:
-    """Every rank's progress in a cell, from the updates the ranks publish."""
+    """Every rank's progress in a cell, from the updates the ranks publish.
+
+    Args:
+        ranks: the ranks that run the cell.
+        clock: the clock for rates and times (``time.monotonic``; a test's own).
+
+    Its methods' ``update`` is one rank's ``ProgressUpdate``; ``run`` one of ``runs`` (the latest where None);
+    ``metric`` a metric's name; ``rank``, ``message``, ``died``, ``commit`` and ``ranks`` as for ``Dashboard``'s.
+    """
 
     def __init__(self, ranks: list[int], clock: Callable[[], float] = time.monotonic) -> None:
         self.rank_ids = list(ranks)
