@@ -1,7 +1,8 @@
 """The documentation stays navigable and complete: every relative link in README.md, docs/ and
-benchmarks/README.md reaches a file (and a heading, where it names one), every code fence closes, README.md
-stays short, docs/configuration.md lists every setting that hvd_notebook.config declares, and every command,
-subcommand and option of `%hvd`, `%%hvd` and `hvd-notebook` is named on a page that names its command.
+benchmarks/README.md reaches a file (and a heading, where it names one), every code fence closes, only
+benchmarks/README.md gives dates (its figures'), README.md stays short, docs/configuration.md lists every
+setting that hvd_notebook.config declares, and every command, subcommand and option of `%hvd`, `%%hvd` and
+`hvd-notebook` is named on a page that names its command.
 
 The checkers also run on small synthetic pages, so that they are shown able to fail."""
 
@@ -182,6 +183,26 @@ def test_every_command_and_option_is_documented():
     missing = undocumented(command_surface(), pages)
     assert missing == [], (f"no page shows these in code (`...`), on a page that names their command: {missing}; "
                            "document them (docs/magics.md, docs/installing.md, docs/running-scripts.md ...)")
+
+
+_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+
+
+def dated(text: str) -> list[str]:
+    """The dates (YYYY-MM-DD) a page's prose gives; a file name in code, such as a result's, is no date given."""
+    return _DATE.findall(_prose(text))
+
+
+def test_date_finder_skips_code():
+    assert dated("Measured 2026-12-04 on the VM.\n`results/2026-12-04-h200.json`\n```\n2026-01-01\n```\n") == [
+        "2026-12-04"]
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.name != "README.md" or p.parent == ROOT],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_dated_figures_live_in_benchmarks_readme_only(page):
+    assert dated(page.read_text()) == [], (f"{page.name} gives dates: dated figures live in benchmarks/README.md "
+                                           "alone; link there instead")
 
 
 def test_docs_pages_exist():
