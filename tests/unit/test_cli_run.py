@@ -232,6 +232,24 @@ def test_the_stderr_pump_shows_output_at_once_and_keeps_back_exit_lines():
     assert OneHost(ClusterOptions()).exit_reports(pump.output()) == {1: "exit code 3", 0: "signal Quit"}
 
 
+def test_a_pump_whose_reader_left_closes_the_launchers_pipe():
+    """``hvd-notebook run ... | head``: once head has gone, the launcher's writes fail, as they would unpumped,
+    instead of filling a pipe nobody reads (the job would hang)."""
+    import os
+
+    read_end, write_end = os.pipe()
+    sink_read, sink_write = os.pipe()
+    os.close(sink_read)  # (head has gone)
+    pump = runmod.StderrPump(os.fdopen(read_end, "rb"), os.fdopen(sink_write, "wb"), hold_back=False)
+    pump.start()
+    os.write(write_end, b"line\n")
+    pump.join(timeout=10)
+    assert not pump.is_alive()
+    with pytest.raises(BrokenPipeError):
+        os.write(write_end, b"more\n")
+    os.close(write_end)
+
+
 def test_the_stderr_pump_remembers_a_message_that_came_in_many_small_pieces():
     import io
     import os

@@ -177,6 +177,12 @@ class StderrPump(threading.Thread):
         self._tail_chars = 0
 
     def run(self) -> None:
+        try:
+            self._pump()
+        except BrokenPipeError:  # (our reader left, e.g. ``| head``: the launcher's next write fails, as unpumped)
+            self._stream.close()
+
+    def _pump(self) -> None:
         pending, line_start = b"", True
         while chunk := os.read(self._stream.fileno(), 65536):
             *lines, pending = (pending + chunk).split(b"\n")
