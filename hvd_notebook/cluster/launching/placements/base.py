@@ -1,12 +1,13 @@
 """What every placement answers, the registry of placements by name, and the launcher's executable.
 
 A placement says where a cluster's ranks run and how they start: how many ranks there are, the launcher and
-its command line for ``n`` ranks, where the controller listens, which GPUs the ranks get, what a failed launch
-means, and what the callers would otherwise ask by type (a warm standby, a smaller world after hosts failed,
-variables forwarded to other hosts, checks before a launch). Each placement is one class in one module of this
-package, registered with ``@register``; ``choose_placement`` asks the registered classes in order of
-``precedence`` which one the options select. A placement outside the package registers the same way (or
-through the ``hvd_notebook.placements`` entry-point group).
+its command line for ``n`` ranks, where the controller listens, which GPUs the ranks get, how each rank ended
+and what a failed launch means (in its launcher's words), and what the callers would otherwise ask by type
+(a warm standby, a smaller world after hosts failed, variables forwarded to other hosts, checks before a
+launch). Each placement is one class in one module of this package, registered with ``@register``;
+``choose_placement`` asks the registered classes in order of ``precedence`` which one the options select. A
+placement outside the package registers the same way (or through the ``hvd_notebook.placements``
+entry-point group).
 """
 
 from __future__ import annotations
