@@ -8,6 +8,11 @@ reach her kernels' channels (Unix sockets in her 0700 runtime folder, not TCP po
 in; the admin's `hvd-notebook list --all` shows both; alice's idle cluster is released, her next cell says why,
 and bob then takes two GPUs.
 
+The package is deployed as docs/jupyterhub.md deploys it: a wheel built from the checkout (setup.py's build puts
+the JupyterLab panel in it), pip-installed into a fresh environment that the hub's servers and kernels run. That
+environment sees the suite's other packages through a path in a .pth file (a real deployment pip-installs them
+there), so hvd_notebook and the panel come from the wheel alone, not from the checkout.
+
 The login is JupyterHub's SharedPasswordAuthenticator with a test password instead of PAM (the shipped file's
 choice): PAM would need the test to set system passwords; everything after the login is the same.
 Needs root (useradd, and the hub spawns servers as the users); the unprivileged run skips it."""
@@ -47,6 +52,7 @@ PROXY = ROOT / ".venv" / "node" / "node_modules" / ".bin" / "configurable-http-p
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = ROOT / "build" / "test-artifacts"
 USERS = ("hvdt-alice", "hvdt-bob")
+MPICH_TOOLS = ("mpiexec", "mpiexec.gforker", "mpiexec.hydra", "hydra_pmi_proxy")  # the [mpich] extra's, in bin/
 IDLE = 45  # seconds: the policy's idle_timeout
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creates Unix users (useradd) and runs a hub that "
@@ -86,6 +92,36 @@ def _remove_users() -> None:
         subprocess.run(["userdel", "-r", "-f", user], capture_output=True)
 
 
+def _run_quietly(args: list, **kwargs) -> subprocess.CompletedProcess:
+    """``args`` run to completion; a failure shows its output."""
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=600, **kwargs)
+    assert done.returncode == 0, f"{args} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done
+
+
+def _hub_environment(base: Path) -> Path:
+    """The hub's environment, as docs/jupyterhub.md makes it: the wheel built from the checkout (its panel built
+    by setup.py where stale), pip-installed into a fresh venv; the suite's packages and MPICH's launchers, which
+    a deployment installs there too, reached through a .pth path and links."""
+    wheels = base / "wheel"
+    _run_quietly([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, ROOT])
+    env = base / "env"
+    _run_quietly([sys.executable, "-m", "venv", "--without-pip", env])
+    _run_quietly([sys.executable, "-m", "pip", "--python", env / "bin" / "python", "install", "--no-deps",
+                  *wheels.glob("hvd_notebook-*.whl")])
+    purelib = "import sysconfig; print(sysconfig.get_path('purelib'))"
+    site = _run_quietly([env / "bin" / "python", "-c", purelib]).stdout.strip()
+    Path(site, "suite-packages.pth").write_text(_run_quietly([sys.executable, "-c", purelib]).stdout)
+    for tool in MPICH_TOOLS:
+        (env / "bin" / tool).symlink_to(ROOT / ".venv" / "bin" / tool)
+    for lib in (ROOT / ".venv" / "lib").iterdir():  # MPICH's libmpi, where mpi4py looks (sys.prefix/lib)
+        if not lib.name.startswith("python"):
+            (env / "lib" / lib.name).symlink_to(lib)
+    lab = env / "share" / "jupyter" / "labextensions" / "hvd-notebook-lab" / "package.json"
+    assert lab.is_file() and not lab.is_symlink() and not lab.parent.is_symlink(), f"{lab}: not the wheel's own"
+    return env
+
+
 @pytest.fixture
 def hub():
     """The hub, its two users with a notebook each, and the node's folders; all removed afterwards."""
@@ -108,14 +144,16 @@ def hub():
                                          "language": "python"}
             nbformat.write(nb, home / "hub.ipynb")
             shutil.chown(home / "hub.ipynb", user, user)
+        env = _hub_environment(base)
+        python = env / "bin" / "python"
         leases = base / "leases"  # root's, made as docs/jupyterhub.md's admin makes it
-        made = subprocess.run([sys.executable, "-m", "hvd_notebook.cli", "setup-node", "--gpus", "0,1,2"],
+        made = subprocess.run([python, "-m", "hvd_notebook.cli", "setup-node", "--gpus", "0,1,2"],
                               capture_output=True, text=True, env={**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(leases)})
         assert made.returncode == 0 and "is ready for GPU(s) 0,1,2" in made.stdout, made.stdout + made.stderr
         policy = base / "policy.toml"  # root's, as /etc/hvd_notebook/policy.toml would be
         policy.write_text(f'max_gpus_per_user = 2\nidle_timeout = "{IDLE}s"\n')
         prefix = base / "prefix"
-        subprocess.run([sys.executable, "-m", "hvd_notebook.cli", "install-kernel", "--prefix", str(prefix),
+        subprocess.run([python, "-m", "hvd_notebook.cli", "install-kernel", "--prefix", str(prefix),
                         "--env", "HVD_NOTEBOOK_GPUS=0,1,2", "--env", f"HVD_NOTEBOOK_LEASE_DIR={leases}",
                         "--env", f"HVD_NOTEBOOK_POLICY_FILE={policy}", "--env", "HVD_NOTEBOOK_STANDBY=off",
                         "--env", "HVD_NOTEBOOK_PROGRESS=text"], check=True, capture_output=True)
@@ -135,7 +173,9 @@ c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = {password!r}
 c.Authenticator.allow_all = False
 c.Authenticator.allowed_users = {set(USERS) | {"root"}!r}  # root too: the shipped blocked_users must refuse it
-c.Spawner.environment = {{"JUPYTER_PATH": "{prefix}/share/jupyter"}}
+# the suite's JupyterLab (its app folder and server extensions), which the hub's environment sees through its .pth
+c.Spawner.environment = {{"JUPYTER_PATH": "{prefix}/share/jupyter", "JUPYTERLAB_DIR": "{ROOT}/.venv/share/jupyter/lab",
+                          "JUPYTER_CONFIG_PATH": "{ROOT}/.venv/etc/jupyter"}}
 c.Spawner.args = ["--LabApp.expose_app_in_browser=True"]  # the test drives JupyterLab through window.jupyterapp
 c.JupyterHub.services = [{{"name": "hvd-test", "api_token": {token!r}}}]
 c.JupyterHub.load_roles = [{{"name": "hvd-test", "services": ["hvd-test"],
@@ -144,10 +184,11 @@ c.JupyterHub.load_roles = [{{"name": "hvd-test", "services": ["hvd-test"],
         log = open(base / "hub.log", "w")
         proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(state / "test_config.py")],
                                 cwd=state, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "HVD_HUB_PYTHON": sys.executable})
+                                env={**os.environ, "HVD_HUB_PYTHON": str(python)})
         url = f"http://127.0.0.1:{port}"
         wait_for_server(f"{url}/hub/api/", proc, base / "hub.log", "JupyterHub")
-        yield {"url": url, "token": token, "password": password, "leases": leases, "log": base / "hub.log"}
+        yield {"url": url, "token": token, "password": password, "leases": leases, "log": base / "hub.log",
+               "python": python}
     finally:
         if proc is not None:
             proc.terminate()  # cleanup_servers: the users' servers stop, their kernels and clusters with them
@@ -235,7 +276,7 @@ def _terminal(hub, user: str, commands: str) -> str:
 
 
 def _list_all(hub) -> str:
-    done = subprocess.run([sys.executable, "-m", "hvd_notebook.cli", "list", "--all"], capture_output=True,
+    done = subprocess.run([hub["python"], "-m", "hvd_notebook.cli", "list", "--all"], capture_output=True,
                           text=True, timeout=60, env={**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(hub["leases"])})
     assert done.returncode == 0, done.stderr
     return done.stdout
