@@ -128,7 +128,8 @@ def _text(value: object) -> bool:
 
 
 def _gpu_ids(value: object) -> bool:
-    return isinstance(value, list) and len(value) <= 1024 and all(isinstance(g, str) and len(g) <= 64 for g in value)
+    return (isinstance(value, list) and len(value) <= 1024 and set(map(type, value)) <= {str}
+            and max(map(len, value), default=0) <= 64)  # (in C: a card of 1024 ids is checked in microseconds)
 
 
 _FILLED_IN = ("user", "path", "uid")  # a card's fields that the reader fills in, never written
