@@ -257,11 +257,13 @@ class ClusterOptions:
                                                         launcher=True))
     env: tuple[tuple[str, str], ...] = _option(("--env",), "environment variable for every rank (repeatable)",
                                                default=(), metavar="K=V", type=env_pair, action="append")
-    timeout: float = _option(("--timeout",), f"seconds to wait for all engines to connect and set up "
-                             f"(default {START_TIMEOUT_S:g})", default=START_TIMEOUT_S, metavar="S", type=seconds,
-                             run=RunSpelling(("--start-timeout",), "seconds the checks of the hosts before launch may "
-                                             f"take (default {HOST_CHECK_TIMEOUT_S:g}; on one host there is nothing "
-                                             "to check)", default=HOST_CHECK_TIMEOUT_S))
+    start_timeout: float = _option(("--timeout",), f"seconds to wait for all engines to connect and set up "
+                                   f"(default {START_TIMEOUT_S:g})", default=START_TIMEOUT_S, metavar="S",
+                                   type=seconds)
+    host_check_timeout: float = _option((), "seconds the checks of the hosts before launch may take (default "
+                                        f"{HOST_CHECK_TIMEOUT_S:g}; on one host there is nothing to check)",
+                                        default=HOST_CHECK_TIMEOUT_S, metavar="S", type=seconds,
+                                        run=RunSpelling(("--start-timeout",)))
     gpus: str = _option(("--gpus",), "GPUs to pin ranks to by local rank (default auto: all visible)",
                         default="auto", metavar="auto|none|LIST")
     backend: str = _option(("--backend",), "the hvd runtime: a real horovod where it imports (auto) or "
@@ -321,6 +323,8 @@ class ClusterOptions:
                 kwargs["type"] = spelling.type or kwargs.get("type")
                 kwargs = {k: v for k, v in kwargs.items() if v is not None}
                 target = launcher_group if spelling.launcher and launcher_group is not None else parser
+            elif not flags:  # (a field that only ``hvd-notebook run`` takes)
+                continue
             if kwargs.get("action") == "append":
                 default = []
             elif isinstance(default, tuple):

@@ -3,9 +3,7 @@ sees (each shown as its message alone) and every message they carry."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ..cluster.launching.channel import is_engine_death
+from ..cluster.launching.replies import RankFailure
 
 DIED = "the rank's process died"  # what a dead rank's bar says on the dashboard
 CONTROLLER_GONE = "ended: the cluster's controller was gone"  # (its bar, and how it ended in a reset's line)
@@ -58,11 +56,15 @@ class RankDied(HvdError):
         self.died = died or {}
 
 
-def describe(error: Any) -> str:
+def describe(error: RankFailure) -> str:
     """``ValueError: message`` of a rank's error, for its dashboard bar."""
-    if is_engine_death(error):
-        return DIED
-    return f"{getattr(error, 'ename', type(error).__name__)}: {getattr(error, 'evalue', error)}"
+    return DIED if error.engine_died else str(error)
+
+
+def already_running(n: int | None) -> HvdError:
+    """``%hvd start`` where a cluster runs already."""
+    return HvdError(f"A cluster of {n} ranks is already running. Run %hvd stop first, or %hvd start --restart ... "
+                    "to replace it.")
 
 
 def no_cluster() -> NoClusterError:
@@ -157,7 +159,7 @@ def unresponsive(ranks: list[int], restart_error: str | None = None, why: str = 
             "your set-up cells.")
 
 
-def rank_error(errors: dict[int, Any], first: int, running: list[int], where: dict[int, str],
+def rank_error(errors: dict[int, RankFailure | None], first: int, running: list[int], where: dict[int, str],
                note: str) -> RankError:
     """The error of a cell that raised on rank ``first``: its remote traceback, and
     the outcome on each rank (``errors``: every rank of the cell, None where it finished; ``where``:
@@ -174,11 +176,11 @@ def rank_error(errors: dict[int, Any], first: int, running: list[int], where: di
     if note:
         outcomes.append(note)
     first_error = errors[first]
-    tb = getattr(first_error, "traceback", None) or []
+    assert first_error is not None  # (``first`` raised)
     raised = [first] + [r for r, e in errors.items() if e is not None and r != first and r not in running]
     return RankError(
         f"rank {first} raised {first_error.ename}: {first_error.evalue}",
-        tb.splitlines() if isinstance(tb, str) else list(tb),
+        first_error.traceback.splitlines(),
         outcomes,
         raised,
     )

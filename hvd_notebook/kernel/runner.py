@@ -91,6 +91,14 @@ class CellRunner:
 
         return replay(list(self.session.history), run, say)
 
+    def replay_all(self, say: Callable[[str], None]) -> int:
+        """``replay`` for ``%hvd restart --replay``; where it fails, no later cell resumes from the last commit."""
+        try:
+            return self.replay(say)
+        except BaseException:
+            self.session.commits.forget()
+            raise
+
     def measured(self, code: str, dashboard: Dashboard, timeout: float | None) -> None:
         """``code`` once on every rank with its progress into ``dashboard`` (a sweep's point): no rank's output
         shown, not recorded, not resumed; its failure raised."""

@@ -14,15 +14,13 @@ from dataclasses import replace
 from typing import Any
 
 from ..cluster import ClusterError, ClusterOptions
-from ..cluster.launching.channel import ControllerSilent
 from ..cluster.launching.cluster import MPICluster
-from ..cluster.launching.status import rank_status
 from ..cluster.launching.world import RankInfo
 from ..config import PREFIX, DashboardMode
 from ..dashboard import Dashboard
 from ..messages import RankStatus
 from ..private import UnsafePathError
-from . import failures
+from . import failures, sweep, transfers
 from .cell import RankValue
 from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .panel import PanelLink
@@ -65,10 +63,7 @@ class Session:
         """Start a cluster (replacing a running one with ``restart``); its ranks."""
         if self.cluster is not None:
             if not restart:
-                raise HvdError(
-                    f"A cluster of {self.cluster.n} ranks is already running. Run %hvd stop "
-                    "first, or %hvd start --restart ... to replace it."
-                )
+                raise failures.already_running(self.cluster.n)
             self.stop()
         self.commits.forget()  # (a fresh start: nothing before it is resumed)
         try:
@@ -137,33 +132,11 @@ class Session:
         that fails stops the replay with an error naming it. The number of cells replayed."""
         with self.in_use():
             self.require()
-            try:
-                return self.runner.replay(say)
-            except BaseException:
-                self.commits.forget()
-                raise
+            return self.runner.replay_all(say)
 
     def fresh_world(self, n: int, keep: bool = False) -> list[RankInfo]:
-        """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it, quietly (a point of a
-        ``%%hvd sweep``): the running cluster restarted (its warm standby promoted) where it has ``n``
-        ranks (``keep``: kept as it is, the set-up cells replayed on it: the end of a sweep), else a cluster
-        of ``n`` started in its place; returns once its new standby, if any, has started. What the last
-        ``%hvd start`` asked for and the recorded cells stay as they were."""
-        with self.in_use():
-            options, history = self.options, self.history
-            if options is None:
-                raise failures.no_cluster()
-            if self.cluster is not None and self.cluster.n == n:
-                ranks = self.cluster.ranks if keep else self.restart_held()
-            else:
-                self.stop()
-                try:
-                    ranks = self.start(replace(options, n=n))
-                finally:
-                    self.options, self.history = options, history
-            self.runner.replay(say=lambda line: None)
-            self.require().settle(options.timeout)  # (a standby starting beside the point would slow its ranks)
-            return ranks
+        """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it (``sweep.fresh_world``)."""
+        return sweep.fresh_world(self, n, keep)
 
     def lose_cluster(self) -> None:
         """The cluster's world is gone and could not be restarted (after an interrupt): forget it."""
@@ -245,44 +218,13 @@ class Session:
 
     # ------------------------------------------------------------- transfers
     def pull(self, name: str, rank: int = 0) -> Any:
-        """The value of ``name`` on ``rank``."""
-        cluster = self.require()
-        if rank not in [r.rank for r in cluster.ranks]:
-            raise HvdError(f"--rank {rank} does not exist: this cluster has ranks 0..{cluster.n - 1}.")
-        try:
-            return cluster.channel.pull(name, rank)
-        except ControllerSilent as exc:
-            raise HvdError(f"Pulling {name!r} from rank {rank} failed: {exc}.") from None
-        except Exception as exc:
-            ename = getattr(exc, "ename", type(exc).__name__)
-            if ename == "NameError":
-                raise HvdError(f"Rank {rank} has no variable named {name!r}.") from None
-            raise HvdError(f"Pulling {name!r} from rank {rank} failed: {ename}: "
-                           f"{getattr(exc, 'evalue', exc)}") from None
+        """The value of ``name`` on ``rank`` (``transfers.pull``)."""
+        return transfers.pull(self.require(), name, rank)
 
     def push(self, name: str, value: Any) -> None:
-        """Set ``name`` to ``value`` on every rank."""
-        cluster = self.require()
-        try:
-            cluster.channel.push({name: value})
-        except ControllerSilent as exc:
-            raise HvdError(f"Pushing {name!r} to the ranks failed: {exc}.") from None
-        except Exception as exc:
-            raise HvdError(f"Pushing {name!r} to the ranks failed: {type(exc).__name__}: {exc}. "
-                           "The object must be picklable.") from None
+        """Set ``name`` to ``value`` on every rank (``transfers.push``)."""
+        transfers.push(self.require(), name, value)
 
     def status(self) -> list[RankStatus]:
-        """One row per rank: alive or dead, host, pid, device, memory (host, and GPU where the ranks have GPUs),
-        what it runs (unknown, with a line on stderr, where the controller does not answer)."""
-        cluster = self.require()
-        busy: dict[int, bool] | None
-        try:
-            if not cluster.channel.routes():
-                raise ControllerSilent(failures.CONTROLLER_ENDED)
-            busy = cluster.channel.settled_busy()
-        except ControllerSilent as exc:  # (what each rank runs is then unknown; the rest is asked of the OS)
-            print(f"{PREFIX} {exc}", file=sys.stderr, flush=True)
-            busy = None
-        except Exception:
-            busy = {}
-        return rank_status(cluster, busy)
+        """One row per rank (``transfers.status``)."""
+        return transfers.status(self.require())

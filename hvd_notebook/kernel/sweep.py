@@ -19,7 +19,7 @@ import operator
 import re
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from ..dashboard.model import ProgressModel
 from ..dashboard.sweep import SweepDisplay
 from ..engine.sweep_point import LR_RULES, SweepPoint
 from ..messages import NOISE_SCALE
+from . import failures
 from .failures import HvdError
 
 OK, FAILED = "ok", "failed"
@@ -255,6 +256,35 @@ def _run_point(session: Any, code: str, point: SweepPoint, target: Target | None
     except HvdError as exc:
         row.update(status=FAILED, error=str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     return row
+
+
+def fresh_world(session: Any, n: int, keep: bool = False) -> list[Any]:
+    """A fresh world of ``n`` ranks with the recorded set-up cells replayed on it, quietly (a point of a
+    ``%%hvd sweep``): the running cluster restarted (its warm standby promoted) where it has ``n``
+    ranks (``keep``: kept as it is, the set-up cells replayed on it: the end of a sweep), else a cluster
+    of ``n`` started in its place; returns once its new standby, if any, has started. What the last
+    ``%hvd start`` asked for and the recorded cells stay as they were.
+
+    Args:
+        session: the kernel's ``Session``.
+        n: the number of ranks.
+        keep: keep the running cluster where it has ``n`` ranks (no restart).
+    """
+    with session.in_use():
+        options, history = session.options, session.history
+        if options is None:
+            raise failures.no_cluster()
+        if session.cluster is not None and session.cluster.n == n:
+            ranks = session.cluster.ranks if keep else session.restart_held()
+        else:
+            session.stop()
+            try:
+                ranks = session.start(replace(options, n=n))
+            finally:
+                session.options, session.history = options, history
+        session.runner.replay(say=lambda line: None)
+        session.require().settle(options.start_timeout)  # (a standby starting beside the point would slow its ranks)
+        return ranks
 
 
 def _back_to(session: Any, n: int) -> None:

@@ -421,7 +421,7 @@ except ImportError:  # (an older package, under HVD_HOSTILE_SOURCE: cluster/ fla
         from hvd_notebook.cluster import MPICluster
 from hvd_notebook.config import ClusterOptions
 
-options = ClusterOptions(n=2, framework=sys.argv[1], timeout=float(sys.argv[2]))
+options = ClusterOptions(n=2, framework=sys.argv[1], start_timeout=float(sys.argv[2]))
 cluster = None
 if sys.argv[3:] == ["plain"]:  # (the control of the eavesdropping test: a cluster without CurveZMQ)
     import importlib

@@ -54,7 +54,7 @@ def test_the_job_carries_placement_settings_and_the_ranks_variables():
                     "python", "x.py", "a")
     job = cli.job_from_arguments(args)
     assert job.command == ("python", "x.py", "a")
-    assert (job.options.n, job.options.timeout, job.options.mpi_args) == (3, 12.0, ("-bind-to", "core"))
+    assert (job.options.n, job.options.host_check_timeout, job.options.mpi_args) == (3, 12.0, ("-bind-to", "core"))
     assert dict(job.options.env) == {"HOROVOD_FUSION_THRESHOLD": "1048576"}
 
 

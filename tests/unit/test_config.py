@@ -154,7 +154,7 @@ def _parse(*argv: str) -> ClusterOptions:
 def test_no_arguments_give_the_dataclass_defaults():
     options = _parse()
     assert options == ClusterOptions()
-    assert options.mpi_args == () and options.env == () and options.timeout == config.START_TIMEOUT_S
+    assert options.mpi_args == () and options.env == () and options.start_timeout == config.START_TIMEOUT_S
     assert options.backend == config.Backend.AUTO and options.launcher == "auto"
 
 
@@ -168,18 +168,23 @@ def test_every_field_is_an_option_with_help():
 
     ClusterOptions.add_arguments(Recording(add_help=False))
     for f in dataclasses.fields(ClusterOptions):
+        assert f.metadata["help"].strip()
+        if not f.metadata["flags"]:
+            assert f.name not in added and f.metadata["run"] is not None  # (a field of hvd-notebook run alone)
+            continue
         flags, kwargs = added[f.name]
-        assert flags == f.metadata["flags"] and kwargs["help"] == f.metadata["help"] and kwargs["help"].strip()
-    assert set(added) == {f.name for f in dataclasses.fields(ClusterOptions)}
+        assert flags == f.metadata["flags"] and kwargs["help"] == f.metadata["help"]
+    assert set(added) == {f.name for f in dataclasses.fields(ClusterOptions) if f.metadata["flags"]}
 
 
 def test_arguments_round_trip():
     options = _parse("-n", "4", "--mpi-args", "-bind-to core", "--env", "A=1", "--env", "B=x=y", "--timeout", "30",
                      "--gpus", "none", "--backend", "builtin", "--secure", "-H", "n1:2,n2:2", "--ip", "10.0.0.1",
                      "--launcher", "mpiexec", "--mpiexec", "/usr/bin/mpiexec", "--hostfile", "hosts.txt")
-    assert options == ClusterOptions(n=4, mpi_args=("-bind-to", "core"), env=(("A", "1"), ("B", "x=y")), timeout=30.0,
-                                     gpus="none", backend="builtin", secure=True, hosts="n1:2,n2:2", ip="10.0.0.1",
-                                     launcher="mpiexec", mpiexec="/usr/bin/mpiexec", hostfile="hosts.txt")
+    assert options == ClusterOptions(n=4, mpi_args=("-bind-to", "core"), env=(("A", "1"), ("B", "x=y")),
+                                     start_timeout=30.0, gpus="none", backend="builtin", secure=True,
+                                     hosts="n1:2,n2:2", ip="10.0.0.1", launcher="mpiexec", mpiexec="/usr/bin/mpiexec",
+                                     hostfile="hosts.txt")
     assert isinstance(options.mpi_args, tuple) and isinstance(options.env, tuple)
     hash(options)  # frozen and of tuples: %hvd restart keeps it as it is
 
@@ -204,9 +209,10 @@ def test_hvd_notebook_run_takes_the_options_a_job_needs_as_horovodrun_spells_the
     args = parser.parse_args(["-np", "3", "-H", "a:2,b:1", "--reset-limit", "1", "--mpi-args", "-v -x"])
     options = ClusterOptions.from_arguments(args)
     assert (options.n, options.hosts, options.max_resets, options.mpi_args) == (3, "a:2,b:1", 1, ("-v", "-x"))
-    assert options.timeout == config.HOST_CHECK_TIMEOUT_S != config.START_TIMEOUT_S
+    assert options.host_check_timeout == config.HOST_CHECK_TIMEOUT_S != config.START_TIMEOUT_S
+    assert options.start_timeout == config.START_TIMEOUT_S  # (a job's engines are not ipyparallel's: unused there)
     assert options.env == () and options.gpus == "auto"  # (not options of a job: their defaults)
     taken = {f.name for f in dataclasses.fields(ClusterOptions) if f.metadata["run"] is not None}
-    assert taken == {"n", "mpiexec", "mpi_args", "timeout", "hosts", "hostfile", "max_resets", "launcher"}
+    assert taken == {"n", "mpiexec", "mpi_args", "host_check_timeout", "hosts", "hostfile", "max_resets", "launcher"}
     with pytest.raises(SystemExit):
         parser.parse_args(["-np", "2", "--gpus", "none"])  # (not an option of a job)

@@ -14,9 +14,11 @@ from conftest import FakeController
 from hvd_notebook.cluster import ClusterError
 from hvd_notebook.cluster.launching import channel
 from hvd_notebook.cluster.launching.channel import ControllerSilent, RankChannel, is_busy
+from hvd_notebook.cluster.launching.replies import failure_of
 from hvd_notebook.config import DashboardMode
 from hvd_notebook.kernel import cell, failures
-from hvd_notebook.kernel.cell import OutputStream, RankValue, RunningCell
+from hvd_notebook.kernel.cell import RankValue, RunningCell
+from hvd_notebook.kernel.forwarding import OutputStream
 from hvd_notebook.messages import RankEvent
 
 
@@ -426,8 +428,8 @@ def test_the_controllers_queues_are_asked_again_while_they_lag_behind_the_client
 
 
 def test_failure_texts():
-    assert failures.describe(RemoteError("EngineError", "died")) == failures.DIED
-    assert failures.describe(RemoteError("KeyError", "'x'")) == "KeyError: 'x'"
+    assert failures.describe(failure_of(RemoteError("EngineError", "died"))) == failures.DIED
+    assert failures.describe(failure_of(RemoteError("KeyError", "'x'"))) == "KeyError: 'x'"
     assert str(failures.unknown_ranks([5], 2)) == "Rank(s) [5] do not exist: this cluster has ranks 0..1."
     died = failures.ranks_died({1: "exit code 7"}, [0], ["  [1] (nothing)"], "tail")
     assert died.died == {1: "exit code 7"}
@@ -460,4 +462,4 @@ def test_outside_widgets_mode_no_output_is_kept_for_tabs():
         future.set_result(None)
     running = RunningCell(FakeCluster(parts), "code", [0, 1], show={0}, timeout=None, mode=DashboardMode.TEXT)
     running.wait()
-    assert running.copies == [] and running.dashboard.outputs is None
+    assert running.output.copies == [] and running.dashboard.outputs is None

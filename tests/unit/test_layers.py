@@ -680,6 +680,105 @@ def test_an_import_of_a_front_end_is_found(tmp_path):
     ]
 
 
+# ipyparallel's replies, which the rank channel turns into its own (``cluster/launching/replies.py``): names of
+# its AsyncResult and errors, and the keys of its ``metadata`` record of a request's output
+IPP_REPLY_NAMES = frozenset({"AsyncResult", "AsyncMapResult", "RemoteError", "EngineError", "CompositeError",
+                             "wait_for_output", "apply_async", "get_dict", "engine_id", "msg_ids"})
+IPP_REPLY_KEYS = frozenset({"stdout", "stderr", "outputs", "execute_result", "execute_input", "engine_uuid"})
+
+
+def _reads_metadata(node: ast.AST) -> bool:
+    """``x.metadata[...]`` or ``x.metadata.get(...)``: a read of ipyparallel's record of a request."""
+    if isinstance(node, ast.Subscript):
+        target = node.value
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+        target = node.func.value
+    else:
+        return False
+    return isinstance(target, ast.Attribute) and target.attr == "metadata"
+
+
+def _reply_key(node: ast.AST) -> str | None:
+    """The key where ``node`` reads one of ipyparallel's reply keys: ``r["stdout"]``, ``r.get("stdout")``."""
+    if isinstance(node, ast.Subscript):
+        key = node.slice
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" and node.args:
+        key = node.args[0]
+    else:
+        return None
+    return key.value if isinstance(key, ast.Constant) and key.value in IPP_REPLY_KEYS else None
+
+
+def _imported_reply(node: ast.Import | ast.ImportFrom) -> str | None:
+    """What of ipyparallel an import takes: ipyparallel itself, or a name of its replies from anywhere."""
+    if isinstance(node, ast.Import):
+        return next((a.name for a in node.names if a.name.split(".")[0] == "ipyparallel"), None)
+    if not node.level and (node.module or "").split(".")[0] == "ipyparallel":
+        return node.module
+    return next((f"{node.module}.{a.name}" for a in node.names if a.name in IPP_REPLY_NAMES), None)
+
+
+def reply_violations(package_dir: Path, kernel: str) -> list[str]:
+    """In package ``kernel``: an import of ipyparallel, a name of its replies (``IPP_REPLY_NAMES``), a read of
+    a request's ``metadata`` or of one of its keys: the notebook side reads the rank channel's own replies."""
+    found = []
+    for module in read_package(package_dir).values():
+        if module.name != kernel and not module.name.startswith(kernel + "."):
+            continue
+        for node in ast.walk(module.tree):
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                what = _imported_reply(node)
+                if what is not None:
+                    found.append((module.name, node.lineno, f"{_where(module, node)} imports {what}"))
+            elif name in IPP_REPLY_NAMES:
+                found.append((module.name, node.lineno, f"{_where(module, node)} names ipyparallel's {name}"))
+            elif _reads_metadata(node):
+                found.append((module.name, node.lineno, f"{_where(module, node)} reads ipyparallel's metadata"))
+            elif _reply_key(node) is not None:
+                found.append((module.name, node.lineno, f"{_where(module, node)} reads ipyparallel's key "
+                              f"{_reply_key(node)!r}"))
+    return _in_order(found)
+
+
+def test_the_kernel_reads_no_ipyparallel_reply():
+    violations = reply_violations(PACKAGE, "hvd_notebook.kernel")
+    assert not violations, _report(violations)
+
+
+def test_an_ipyparallel_reply_read_in_the_kernel_is_found(tmp_path):
+    pkg = write_package(tmp_path, {
+        "cluster/channel.py": "from ipyparallel import AsyncResult\nr.metadata['stdout']\n",
+        "kernel/cell.py": textwrap.dedent("""\
+            import ipyparallel
+            from ipyparallel.error import RemoteError
+            from ..cluster.channel import AsyncResult
+            part.metadata["stdout"]
+            part.metadata.get("data")
+            whole.wait_for_output(5.0)
+            record["execute_result"]
+            record.get("outputs", [])
+            isinstance(error, EngineError)
+            reply.stdout + reply.stderr
+            value.metadata
+            bundle["data"]
+            from .forwarding import CellOutput
+        """),
+    })
+    found = reply_violations(pkg, "pkg.kernel")
+    assert found == [
+        "pkg.kernel.cell (line 1) imports ipyparallel",
+        "pkg.kernel.cell (line 2) imports ipyparallel.error",
+        "pkg.kernel.cell (line 3) imports cluster.channel.AsyncResult",
+        "pkg.kernel.cell (line 4) reads ipyparallel's metadata",
+        "pkg.kernel.cell (line 5) reads ipyparallel's metadata",
+        "pkg.kernel.cell (line 6) names ipyparallel's wait_for_output",
+        "pkg.kernel.cell (line 7) reads ipyparallel's key 'execute_result'",
+        "pkg.kernel.cell (line 8) reads ipyparallel's key 'outputs'",
+        "pkg.kernel.cell (line 9) names ipyparallel's EngineError",
+    ], found
+
+
 # ------------------------------------------------------------------ one liveness check
 LIVENESS_MODULE = "hvd_notebook.liveness"  # the one check: a zombie is not alive
 LIVENESS_CALLS = frozenset({"pid_exists", "is_running"})  # psutil's, which call a zombie alive
@@ -774,6 +873,12 @@ def test_a_long_class_is_found(tmp_path):
     pkg = write_package(tmp_path, {"kernel/big.py": source})
     assert long_classes(pkg, limit=7) == []  # (7 lines with its decorator)
     assert long_classes(pkg, limit=6) == ["pkg.kernel.big (line 4): class Big has 7 lines (at most 6)"]
+
+
+def test_no_class_is_longer_than_200_lines():
+    """The ceiling the style sets (DESIGN.md): no class is exempt from it."""
+    violations = long_classes(PACKAGE, limit=200)
+    assert not violations, _report(violations)
 
 
 # ------------------------------------------------------------------ what a user reads

@@ -5,7 +5,10 @@ world registers and bootstraps its engines through it, the notebook side (``kern
 functions, pulls and pushes variables, interrupts ranks, asks what their queues hold and sends control
 requests through it, addressing ranks by their MPI rank. Every question to the controller has a deadline:
 ipyparallel's own ``queue_status`` waits for the answer without one, so a stopped or hung controller would
-hang the kernel.
+hang the kernel. Those questions, and control requests, take five private names of ipyparallel's ``Client``:
+``ipp_version`` refuses, on import, an ipyparallel release they were not tested with.
+
+``execute`` answers with hvd_notebook's own types (``replies``): the notebook side reads no ipyparallel reply.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from ipyparallel import util as ipp_util
 
 from ..errors import ClusterError
 from ..processes.pids import alive
+from . import ipp_version  # noqa: F401  (its import refuses an ipyparallel whose private names were not tested)
+from .replies import CellRequest
 
 QUEUE_SETTLE_S = 1.0  # how long the controller's queues may lag behind the results the client has
 QUEUE_ANSWER_S = 5.0  # how long the controller gets to say what its queues hold (it answers in milliseconds)
@@ -60,14 +65,6 @@ def without_signing_warning(encrypted: bool) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(quiet)
-
-
-def is_engine_death(error: Any) -> bool:
-    """Whether a rank's request ended because its engine process died."""
-    from ipyparallel.error import EngineError
-
-    # raised in this process when the nanny reports a death, or relayed as a RemoteError
-    return isinstance(error, EngineError) or getattr(error, "ename", None) == "EngineError"
 
 
 class RankChannel:
@@ -131,19 +128,23 @@ class RankChannel:
         """Engine ids of ``ranks`` (every rank, in rank order, when None)."""
         return [self._engines[r] for r in (sorted(self._engines) if ranks is None else ranks)]
 
-    def execute(self, code: str, ranks: list[int]) -> tuple[Any, list[Any]]:
-        """Send ``code`` to ``ranks`` as a cell, without waiting: the request as a whole (its
-        ``wait_for_output``) and each rank's part, in the order of ``ranks`` (each with ``done()``,
-        ``exception()`` and ``metadata``: the output so far)."""
+    def execute(self, code: str, ranks: list[int]) -> CellRequest:
+        """Send ``code`` to ``ranks`` as a cell, without waiting: the request, which tells what each rank
+        answered so far (``replies.CellRequest``)."""
         engine_ids = self.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
         targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
         whole = self._client[targets].execute(code, silent=False, block=False)
-        return whole, list(whole.split()) if len(engine_ids) > 1 else [whole]
+        return CellRequest(whole, list(whole.split()) if len(engine_ids) > 1 else [whole], ranks)
 
     def apply(self, func: Any, *args: Any, ranks: list[int] | None = None) -> Any:
         """``func(*args)`` queued on ``ranks`` (all when None) without waiting; its AsyncResult."""
         return self._client[self.engine_ids(ranks)].apply_async(func, *args)
+
+    def call_all(self, func: Any, *args: Any, ranks: list[int] | None = None, timeout: float) -> list[Any]:
+        """``func(*args)`` on ``ranks`` (all when None), their values in the order of ``ranks``; ``TimeoutError``
+        and the ranks' errors as ``call``."""
+        return list(self.apply(func, *args, ranks=ranks).get(timeout=timeout))
 
     def call(self, rank: int, func: Any, *args: Any, timeout: float) -> Any:
         """``func(*args)`` on ``rank``, its value; ``TimeoutError`` where none came within ``timeout`` s (the

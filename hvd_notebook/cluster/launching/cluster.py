@@ -1,30 +1,30 @@
 """Start, watch, stop and restart one ipyparallel cluster of MPI engines.
 
-An ``MPICluster`` holds what a restart keeps (the options, the placement of ranks on hosts, the GPU
-lease) and the ``LaunchedWorld`` its cells run on (``world``: the controller and the launcher's world of engines,
-their directory, reaper and PIDs), and where it keeps one, the warm standby's world (``standby``). A
-start that fails with MPI_Init is tried once more; a restart ends the world and promotes the standby (a
-swap of two worlds) or starts a new one, on fewer ranks where ``--min-np`` allows and GPUs or hosts are
-gone.
+An ``MPICluster`` holds what a restart keeps (the options as asked for; its shape, ``shape.ClusterShape``,
+resolved once at its first start; the placement of ranks on hosts; the GPU lease) and the ``LaunchedWorld``
+its cells run on (``world``: the controller and the launcher's world of engines, their directory, reaper and
+PIDs), and where it keeps one, the warm standby's world (``standby``). A start that fails with MPI_Init is
+tried once more; a restart ends the world and promotes the standby (a swap of two worlds) or starts a new
+one, on fewer ranks where ``--min-np`` allows and GPUs or hosts are gone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
-from ...config import PREFIX, ClusterOptions
+from ...config import ClusterOptions
 from ..errors import ClusterError
-from ..node import leases, policy, shm
-from ..node.gpus import detect_gpus, resolve_gpus
+from ..node import policy, shm
+from ..node.gpus import resolve_gpus
 from ..processes.workdir import new_cluster_id
 from . import diagnosis
 from .channel import RankChannel
 from .placements import choose_placement
+from .shape import ClusterShape, Holding
 from .standby import WarmStandby, choose, wanted
 from .world import NO_WORLD, LaunchedWorld, NoWorld, RankInfo
 
@@ -46,22 +46,31 @@ class MPICluster:
     def __init__(self, options: ClusterOptions) -> None:
         self.host_gpus = resolve_gpus(options.gpus)  # what may be used; start() takes the free ones
         self.rules = policy.load()  # the node's fair-sharing rules, read afresh at each start
-        if options.timeout <= 0:
-            raise ClusterError(f"--timeout {options.timeout}: give a positive number of seconds.")
+        if options.start_timeout <= 0:
+            raise ClusterError(f"--timeout {options.start_timeout}: give a positive number of seconds.")
+        self.options = options  # as asked for: never rewritten (what the cluster became is ``shape``)
         self.placement = choose_placement(options)
-        n = self.placement.ranks(self.host_gpus)  # None: settled at start, one rank per free GPU
-        self.options = options if n is None else replace(options, n=n)
+        self._asked = self.placement.ranks(self.host_gpus)  # None: settled at start, one rank per free GPU
+        self.holding = Holding(options.min_np)  # its shape, once resolved, and its GPUs' lease
         self.mpiexec = self.placement.command
         self.standby_choice = choose(options, self.placement)
         self.standby: WarmStandby | None = None  # the warm standby world that the next restart promotes
-        self.gpus: list[str] = []
         self.world: LaunchedWorld | NoWorld = NO_WORLD  # the world cells run on
-        self._lease: leases.Lease | None = None
+
+    @property
+    def shape(self) -> ClusterShape | None:
+        """How many ranks on which GPUs: resolved at the first start, read from here (None before it)."""
+        return self.holding.shape
 
     @property
     def n(self) -> int | None:
         """The number of ranks (None before ``start`` where free GPUs settle it)."""
-        return self.options.n
+        return self.shape.ranks if self.shape is not None else self._asked
+
+    @property
+    def gpus(self) -> list[str]:
+        """The GPU ids the ranks pin by local rank (none before ``start``, and for CPU ranks)."""
+        return list(self.shape.gpus) if self.shape is not None else []
 
     @property
     def channel(self) -> RankChannel:
@@ -89,30 +98,19 @@ class MPICluster:
     def _start_cold(self) -> list[RankInfo]:
         """A start, tried once more where MPI_Init itself failed before any engine connected (that
         failure can be transient: ``diagnosis.tries_where_mpi_init_fails``)."""
-        def start() -> list[RankInfo] | ClusterError:
-            try:
-                return self._start_once()
-            except ClusterError as exc:
-                if exc.mpi_init_failed:
-                    return exc
-                raise
-
-        ended = diagnosis.tries_where_mpi_init_fails(start, lambda r: isinstance(r, ClusterError),
-                                                     "any engine connected")
+        ended = diagnosis.tries_where_mpi_init_fails(_init_failure_returned(self._start_once),
+                                                     lambda r: isinstance(r, ClusterError), "any engine connected")
         if isinstance(ended, ClusterError):
             raise ClusterError(f"MPI_Init failed on a rank in two tries in a row. The second: {ended}",
                                mpi_init_failed=True) from None
         return ended
 
     def _start_once(self) -> list[RankInfo]:
-        deadline = time.monotonic() + self.options.timeout
+        deadline = time.monotonic() + self.options.start_timeout
         cluster_id = new_cluster_id()
-        if self._lease is None:  # (a restart keeps the lease, and so the GPUs, it had)
-            self.gpus, self._lease = self.placement.take_gpus(self.host_gpus, self.options.n,
-                                                              f"kernel {os.getpid()}, {cluster_id}", self.rules)
-        if self._lease is not None:
-            self.options = replace(self.options, n=len(self.gpus))  # a restart of this cluster keeps its shape
-        self.world = LaunchedWorld(self.placement, self.n, self.gpus, self.options)
+        shape = self.holding.take(self.placement, self.host_gpus, self._asked,  # (a restart keeps what it had)
+                                  f"kernel {os.getpid()}, {cluster_id}", self.rules)
+        self.world = LaunchedWorld(self.placement, shape, self.options)
         try:
             return self.world.start(cluster_id, deadline)
         except BaseException:
@@ -121,7 +119,8 @@ class MPICluster:
 
     def _start_standby(self) -> None:
         if wanted(self.standby_choice, self.placement, self.n):
-            self.standby = WarmStandby(lambda: LaunchedWorld(self.placement, self.n, self.gpus, self.options))
+            placement, shape, options = self.placement, self.holding.current(), self.options
+            self.standby = WarmStandby(lambda: LaunchedWorld(placement, shape, options))
 
     def _promote(self, warm: LaunchedWorld) -> bool:
         """Make the launched standby ``warm`` this cluster's world and finish every rank's bootstrap:
@@ -175,15 +174,14 @@ class MPICluster:
 
     # ------------------------------------------------------------------ stop
     def restart(self) -> list[RankInfo]:
-        """End the world and bring up a fresh controller and MPI world of the same shape
-        on the same GPUs (every rank's state is lost): the warm standby where there is one
-        (waiting for it where it is still starting), else a cold start. A fresh controller
-        means no stale registrations of the old engines can be mistaken for the new ones."""
+        """End the world and bring up a fresh controller and MPI world of the same shape on the same GPUs (every
+        rank's state is lost): the warm standby where there is one (waited for where it still starts), else a
+        cold start. (With a fresh controller, no stale registration of an old engine passes for a new one.)"""
         standby, self.standby = self.standby, None
-        warm = standby.take(self.options.timeout) if standby is not None else None
+        warm = standby.take(self.options.start_timeout) if standby is not None else None
         self._end_world()  # the same GPUs (the lease is kept): the standby's ranks are pinned to them
         try:
-            if self._drop_gone_gpus() and warm is not None:
+            if self.holding.drop_gone_gpus() and warm is not None:
                 warm.stop()  # it has the old shape
                 warm = None
         except BaseException:  # fewer GPUs than --min-np: nothing is kept
@@ -196,45 +194,19 @@ class MPICluster:
         self._start_standby()
         return self.ranks
 
-    def _min_np(self) -> int:
-        return self.options.min_np or self.n
-
-    def _shrink(self, n: int, why: str) -> None:
-        """Go on with ``n`` ranks, where ``--min-np`` allows it; else a ClusterError saying ``why``."""
-        if n < self._min_np():
-            raise ClusterError(f"{why}: {n} rank(s) could go on, fewer than the {self._min_np()} that --min-np "
-                               f"asks for. Start again with what is left (%hvd start --restart -n {n}), or with "
-                               f"--min-np {max(n, 1)} to let restarts go on with fewer ranks.")
-        print(f"{PREFIX} {why}: the new world has {n} rank(s) instead of {self.n} "
-              f"(--min-np {self._min_np()}).", file=sys.stderr, flush=True)
-        self.options = replace(self.options, n=n)
-
-    def _drop_gone_gpus(self) -> bool:
-        """Where the driver no longer lists some of the cluster's GPUs (fallen off the bus, reset,
-        taken away): drop them from the lease and the shape. Whether the shape changed."""
-        present = set(detect_gpus()) if self.gpus else set()
-        gone = [g for g in self.gpus if g not in present]
-        if not present or not gone:  # (no GPUs, or the driver cannot tell)
-            return False
-        self._shrink(len(self.gpus) - len(gone), f"GPU(s) {','.join(gone)} are no longer listed by the driver")
-        self.gpus = [g for g in self.gpus if g not in gone]
-        if self._lease is not None:
-            self._lease.drop(gone)
-        return True
-
     def _start_cold_or_smaller(self) -> None:
         """A cold start; where it fails on hosts that no longer answer and ``--min-np`` allows, again
         on the hosts that do."""
         try:
             self._start_cold()
         except ClusterError as exc:
-            smaller = self.placement.without_failures() if self._min_np() < self.n else None
+            shape = self.holding.current()
+            smaller = self.placement.without_failures() if shape.min_ranks < shape.ranks else None
             if smaller is None:
                 raise
             kept, room, why = smaller
-            self._shrink(min(self.n, room), why)
+            self.holding.shrink(min(shape.ranks, room), why)
             self.placement = kept
-            self.options = replace(kept.options, n=self.options.n)
             try:
                 self._start_cold()
             except ClusterError as again:
@@ -253,6 +225,17 @@ class MPICluster:
             self.standby.cancel()
             self.standby = None
         self._end_world()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        self.holding.release()
+
+
+def _init_failure_returned(start_once: Callable[[], list[RankInfo]]) -> Callable[[], list[RankInfo] | ClusterError]:
+    """``start_once`` returning, not raising, the ClusterError of an MPI_Init that failed (to be tried again)."""
+    def start() -> list[RankInfo] | ClusterError:
+        try:
+            return start_once()
+        except ClusterError as exc:
+            if exc.mpi_init_failed:
+                return exc
+            raise
+
+    return start

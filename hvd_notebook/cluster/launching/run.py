@@ -59,7 +59,7 @@ _SIGNALS = {**{signal.strsignal(s) or s.name: int(s) for s in signal.Signals},
 class Job:
     """What ``hvd-notebook run`` was asked for: the command, where its ranks go
     (``options.n`` ranks; ``options.env`` holds the Horovod settings for every rank;
-    ``options.timeout`` bounds the checks before launch) and how much to say."""
+    ``options.host_check_timeout`` bounds the checks before launch) and how much to say."""
 
     command: tuple[str, ...]
     options: ClusterOptions
@@ -344,7 +344,7 @@ def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     placement = choose_placement(job.options)
     n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
     placement.check_room(n)
-    placement.preflight(job.options.timeout)
+    placement.preflight(job.options.host_check_timeout)
     env = world_environment(placement)
     return placement, placement.command_line(n, list(env), list(fail_fast(job.command))), env
 

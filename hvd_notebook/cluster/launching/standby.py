@@ -48,7 +48,7 @@ def wanted(choice: Standby, placement: Placement, n: int) -> bool:
 class WarmStandby:
     """One standby world, launched in a background thread as soon as it is made.
 
-    >>> standby = WarmStandby(lambda: LaunchedWorld(placement, n, gpus, options))
+    >>> standby = WarmStandby(lambda: LaunchedWorld(placement, shape, options))
     >>> standby.state                   # "starting", then "ready"
     >>> world = standby.take(timeout)   # the launched world, or None (then it is stopped)
     """

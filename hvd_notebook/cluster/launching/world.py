@@ -29,6 +29,7 @@ from . import diagnosis
 from .channel import RankChannel, without_signing_warning
 from .launch import CURVE_ARG, EngineWorld, make_ipp_cluster
 from .placements import Placement
+from .shape import ClusterShape
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,17 @@ class RankInfo:
 
 
 class LaunchedWorld:
-    """A controller and ``n`` engines placed by ``placement``, pinned to ``gpus`` (one per local rank)."""
+    """A controller and the engines of ``shape`` placed by ``placement``, pinned to its GPUs (one per local rank).
 
-    def __init__(self, placement: Placement, n: int, gpus: list[str], options: ClusterOptions) -> None:
-        self.placement, self.n, self.gpus, self.options = placement, n, list(gpus), options
+    Args:
+        placement: where the ranks go and how they are launched.
+        shape: how many ranks, on which GPUs.
+        options: the cluster's options (its engines' start timeout, backend, framework).
+    """
+
+    def __init__(self, placement: Placement, shape: ClusterShape, options: ClusterOptions) -> None:
+        self.placement, self.shape, self.options = placement, shape, options
+        self.n, self.gpus = shape.ranks, list(shape.gpus)
         self.ipp_cluster: Any = None
         self._channel: RankChannel | None = None  # every message to the ranks, once launched
         self.workdir: Path | None = None  # the cluster directory while it runs
@@ -95,12 +103,14 @@ class LaunchedWorld:
         A ClusterError where it fails or ``cancelled`` is set; nothing of it is left running then."""
         from ...engine.bootstrap import warm_up
 
-        deadline = time.monotonic() + self.options.timeout
+        deadline = time.monotonic() + self.options.start_timeout
         try:
             workdir = self._launch(new_cluster_id())
             workdir.mark_standby()
-            self._warm_pids = set(self._on_engines(self._wait_for_engines(deadline, cancelled), deadline, cancelled,
-                                                   warm_up, self.gpus, self.options.backend, self.options.framework))
+            engine_ids = self._wait_for_engines(deadline, cancelled)
+            self._warm_pids = set(on_engines(self.channel, engine_ids, (deadline, self.options.start_timeout),
+                                             cancelled, warm_up, self.gpus, self.options.backend,
+                                             self.options.framework))
             self._pids.add(*self._warm_pids)
             workdir.make_private()
         except BaseException:
@@ -110,7 +120,7 @@ class LaunchedWorld:
     def promote(self) -> None:
         """Finish a warm standby's bootstrap (``hvd.init()`` and what follows it): the world cells run on."""
         WorkDir(self.workdir).mark_standby(False)
-        self._bootstrap(sorted(self.channel.registered()), time.monotonic() + self.options.timeout)
+        self._bootstrap(sorted(self.channel.registered()), time.monotonic() + self.options.start_timeout)
 
     def _launch(self, cluster_id: str) -> WorkDir:
         """Make the cluster directory, start the reaper, the controller and the engines (without waiting
@@ -149,7 +159,7 @@ class LaunchedWorld:
                     mpi_init_failed=not registered and diagnosis.mpi_init_failed(output),
                 )
             if time.monotonic() > deadline:
-                raise ClusterError(diagnosis.engines_late(self.n, len(registered), self.options.timeout,
+                raise ClusterError(diagnosis.engines_late(self.n, len(registered), self.options.start_timeout,
                                                           engines.command, engines.output()))
             time.sleep(0.05)
         self._pids.remember_descendants()
@@ -160,8 +170,9 @@ class LaunchedWorld:
         """Run the engine bootstrap on every rank and keep what each reports."""
         from ...engine.bootstrap import bootstrap
 
-        results = self._on_engines(engine_ids, max(deadline, time.monotonic() + 1.0), None, bootstrap, self.gpus,
-                                   self.options.backend, self.ipp_cluster.controller_ip, self.options.framework)
+        until = (max(deadline, time.monotonic() + 1.0), self.options.start_timeout)
+        results = on_engines(self.channel, engine_ids, until, None, bootstrap, self.gpus, self.options.backend,
+                             self.ipp_cluster.controller_ip, self.options.framework)
         sizes = sorted({r.size for r in results})
         if sizes != [self.n] or sorted(r.rank for r in results) != list(range(self.n)):
             raise ClusterError(diagnosis.not_one_world(self.n, sizes, self.placement.command))
@@ -169,21 +180,6 @@ class LaunchedWorld:
         self.channel.bind({r.rank: r.engine_id for r in self.ranks})
         self._pids.add(*(r.pid for r in self.ranks if r.here))  # a pid on another host is not ours to kill
         self._check_shm()  # before any cell runs
-
-    def _on_engines(self, engine_ids: list[int], deadline: float, cancelled: threading.Event | None,
-                    func: Any, *args: Any) -> list[Any]:
-        """``func(*args)`` on each engine (a bootstrap step): their results, or a ClusterError where one fails,
-        the deadline passes or ``cancelled`` is set first."""
-        ar = self.channel.on_engines(engine_ids, func, *args)
-        while not ar.wait(0.1):
-            if cancelled is not None and cancelled.is_set():
-                raise ClusterError("the standby was cancelled")
-            if time.monotonic() > deadline:
-                raise ClusterError(diagnosis.setup_late(self.options.timeout))
-        try:
-            return ar.get()
-        except Exception as exc:
-            raise ClusterError(diagnosis.setup_failed(exc)) from None
 
     def _check_shm(self) -> None:
         """``shm.ShmError`` where a process of the world here has another user's shared memory (or memory
@@ -267,6 +263,22 @@ class LaunchedWorld:
             self._reaper = None
 
 
+
+
+def on_engines(channel: RankChannel, engine_ids: list[int], deadline: tuple[float, float],
+               cancelled: threading.Event | None, func: Any, *args: Any) -> list[Any]:
+    """``func(*args)`` on each engine (a bootstrap step): their results, or a ClusterError where one fails,
+    the ``deadline`` (its time, and the start timeout it came from) passes or ``cancelled`` is set first."""
+    ar = channel.on_engines(engine_ids, func, *args)
+    while not ar.wait(0.1):
+        if cancelled is not None and cancelled.is_set():
+            raise ClusterError("the standby was cancelled")
+        if time.monotonic() > deadline[0]:
+            raise ClusterError(diagnosis.setup_late(deadline[1]))
+    try:
+        return ar.get()
+    except Exception as exc:
+        raise ClusterError(diagnosis.setup_failed(exc)) from None
 
 
 class NoWorld:
