@@ -53,7 +53,7 @@ def ask_idle(func: Callable[..., Any], *args: Any, timeout: float) -> Any:
             if cluster.channel.waiting() or cluster.channel.busy([0], timeout)[0]:  # (the kernel's or others' work)
                 return None
             return cluster.channel.call(0, func, *args, timeout=timeout)
-        except Exception as exc:  # (ipyparallel's TimeoutError, a RemoteError, a controller gone)
+        except Exception as exc:  # (no answer in time, the rank's own error, a controller gone)
             log.debug("rank 0 did not answer %s: %s", getattr(func, "__name__", func), exc)
             return None
 

@@ -36,7 +36,7 @@ class OutputStream:
     def update(self, text: str, final: bool = False) -> None:
         """Forward what ``text`` (all of it so far) has beyond what was sent; the
         last, unfinished line only when ``final``."""
-        if len(text) < self.sent:  # ipyparallel collapsed a '\r' line: resend from its start
+        if len(text) < self.sent:  # a '\r' line was collapsed on its way here: resend from its start
             self.sent = text.rfind("\n", 0, len(text)) + 1
         end = len(text) if final else text.rfind("\n") + 1
         if end <= self.sent:

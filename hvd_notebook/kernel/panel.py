@@ -182,7 +182,7 @@ class PanelLink:
 
 def _on_the_kernels_loop(job: Callable[[], str]) -> str:
     """``job``'s answer, run by the kernel's own event loop on its main thread, where the cluster was started
-    and its cells run (ipyparallel's client and launchers belong to that thread: a restart from another
+    and its cells run (the rank channel's client and launchers belong to that thread: a restart from another
     thread waits for engines that never register); run here where there is no kernel."""
     try:
         from ipykernel.kernelbase import Kernel
