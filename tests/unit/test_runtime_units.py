@@ -518,7 +518,7 @@ def _negotiator(answer: object):
 
     negotiator = Negotiator.__new__(Negotiator)  # (no MPI: only what acquire, release, run and join use)
     negotiator.size, negotiator.seq, negotiator.timeline = 2, 0, Timeline()
-    negotiator._hashes, negotiator.coordinator = {}, _Coordinator(answer)
+    negotiator._hashes, negotiator.coordinator, negotiator.joined_before = {}, _Coordinator(answer), set()
     return negotiator
 
 
