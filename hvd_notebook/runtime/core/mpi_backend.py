@@ -315,13 +315,10 @@ class MpiBackend:
     """
 
     def __init__(self, comm: Any, negotiator: Negotiator, timeline: Timeline) -> None:
-        from mpi4py import MPI
-
-        self.MPI = MPI
-        self.comm, self.negotiator, self.timeline = comm, negotiator, timeline
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.allreduces = MpiAllreduce(comm, negotiator, timeline)
-        self.mpi_ops = self.allreduces.mpi_ops
+        self.MPI, self.mpi_ops = self.allreduces.MPI, self.allreduces.mpi_ops
+        self.comm, self.negotiator, self.timeline = comm, negotiator, timeline
+        self.rank, self.size = comm.Get_rank(), self.allreduces.size
 
     # ------------------------------------------------------------ allreduce (MpiAllreduce's)
     def allreduce(self, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
