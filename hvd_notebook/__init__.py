@@ -1,9 +1,9 @@
-"""hvd_notebook: interactive, data-parallel TensorFlow training from a notebook.
+"""hvd_notebook: interactive, data-parallel TensorFlow and PyTorch training from a notebook.
 
 >>> %load_ext hvd_notebook
 >>> %hvd start -n 2
 
-The notebook kernel never imports TensorFlow: only the engines do.
+The notebook kernel never imports TensorFlow or PyTorch: only the engines do.
 """
 
 from __future__ import annotations
