@@ -19,6 +19,9 @@ class AutoCells:
 
     >>> auto = AutoCells(get_ipython()).install()
     >>> auto.on = True  # %hvd auto on: the next cell "print(hvd.rank())" prints on the ranks
+
+    Args:
+        shell: the IPython shell whose cells are rewritten.
     """
 
     has_side_effects = True  # (IPython: leave it out where it only checks whether an input is complete)
@@ -59,12 +62,20 @@ class AutoCells:
 
 
 def ran_on(n: int) -> str:
-    """The line an auto cell's output starts with."""
+    """The line an auto cell's output starts with.
+
+    Args:
+        n: the number of ranks the cell ran on.
+    """
     return f"{PREFIX} auto: runs on {n} ranks"
 
 
 def state(on: bool) -> str:
-    """What ``%hvd auto`` says it did, and ``%hvd status`` says while it is on."""
+    """What ``%hvd auto`` says it did, and ``%hvd status`` says while it is on.
+
+    Args:
+        on: whether auto cells are on.
+    """
     if on:
         return ("auto: on: every cell runs on the ranks, except those that start with % (%hvd ..., %time ...); "
                 "%hvd auto off ends it")

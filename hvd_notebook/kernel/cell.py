@@ -72,7 +72,11 @@ class RankStopper:
 
     def interrupt(self, ranks: list[int]) -> str:
         """Interrupt ranks; a rank stuck in an MPI collective ignores SIGINT, so
-        after a grace period restart the whole MPI world. Returns a note."""
+        after a grace period restart the whole MPI world. Returns a note.
+
+        Args:
+            ranks: the ranks to interrupt.
+        """
         if not ranks:
             return ""
         channel = self.cluster.channel
@@ -106,7 +110,11 @@ class RankStopper:
     def renew(self, ranks: list[int]) -> str:
         """After a debugged rank quit, where a rank was left half-way in a collective (interrupted while it
         waited for the quitting rank): fresh collectives on every rank, variables kept. A note for the user
-        ("" where none was needed)."""
+        ("" where none was needed).
+
+        Args:
+            ranks: the ranks of the cell.
+        """
         channel = self.cluster.channel
         try:
             if not any(channel.call_all(breakpoints.broken, ranks=ranks, timeout=10)):
@@ -118,7 +126,11 @@ class RankStopper:
 
     def whereabouts(self, ranks: list[int]) -> dict[int, str]:
         """Where each of ``ranks`` on this host is now, a line each (``stacks.where`` of its Python stack;
-        a signal and a file read per rank): rank -> line, without the ranks that did not answer."""
+        a signal and a file read per rank): rank -> line, without the ranks that did not answer.
+
+        Args:
+            ranks: the ranks to ask.
+        """
         pids = {r.pid: r.rank for r in self.cluster.ranks if r.rank in ranks and r.here}
         if not pids:
             return {}
@@ -196,7 +208,11 @@ class RunningCell:
 
     def pump(self, final: bool = False) -> None:
         """Forward new output, events, progress and rich displays; ``final`` also forwards unfinished lines.
-        (The lines first: what was printed before the dashboard or the output tabs appear stays above them.)"""
+        (The lines first: what was printed before the dashboard or the output tabs appear stays above them.)
+
+        Args:
+            final: also forward unfinished lines (the cell ended).
+        """
         replies = self.request.replies()
         self.output.lines(replies, final)
         self.events.take(replies, self.output.tabs)

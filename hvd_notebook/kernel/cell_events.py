@@ -41,7 +41,12 @@ class CellEvents:
 
     def take(self, replies: list[RankReply], tabs: Dashboard | None) -> None:
         """The events of ``replies`` not taken yet (warnings also into ``tabs``, the rank's output tab, where
-        given); where a stall was told and progress came since, the cell runs again."""
+        given); where a stall was told and progress came since, the cell runs again.
+
+        Args:
+            replies: each rank's reply so far.
+            tabs: the dashboard whose rank tabs get the warnings, or None.
+        """
         for reply in replies:
             for event in self._new(reply):
                 self._told[reply.rank] = event.seq

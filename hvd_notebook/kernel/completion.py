@@ -31,6 +31,10 @@ def cell_body(code: str, cursor_pos: int) -> tuple[str, int] | None:
 
     >>> cell_body("%%hvd --timeout 9\\nx = mod", 24)
     ('x = mod', 7)
+
+    Args:
+        code: the whole cell.
+        cursor_pos: the cursor's offset in ``code``.
     """
     if not code.startswith(MAGIC) or code[len(MAGIC):len(MAGIC) + 1] not in ("", " ", "\t", "\n"):
         return None
@@ -43,7 +47,13 @@ def cell_body(code: str, cursor_pos: int) -> tuple[str, int] | None:
 def ask_idle(func: Callable[..., Any], *args: Any, timeout: float) -> Any:
     """``func(*args)`` on rank 0 of the session's cluster, only while nothing uses the cluster: None at once where
     a command holds it (a cell runs) or requests are pending, and None where no answer came within ``timeout``
-    seconds (the request then runs when rank 0 gets to it) or ``func`` raised. ``func`` must not return None."""
+    seconds (the request then runs when rank 0 gets to it) or ``func`` raised. ``func`` must not return None.
+
+    Args:
+        func: the function rank 0 runs.
+        *args: its arguments.
+        timeout: seconds to wait for rank 0's answer.
+    """
     session = Session.get()
     with session.in_use(wait=False) as held:
         cluster = session.cluster
@@ -60,7 +70,11 @@ def ask_idle(func: Callable[..., Any], *args: Any, timeout: float) -> Any:
 
 @context_matcher(identifier="hvd_notebook.rank_matcher")
 def rank_matcher(context: CompletionContext) -> SimpleMatcherResult:
-    """Rank 0's completions in a ``%%hvd`` cell, in place of the kernel's (which they suppress)."""
+    """Rank 0's completions in a ``%%hvd`` cell, in place of the kernel's (which they suppress).
+
+    Args:
+        context: IPython's completion context of the cell.
+    """
     lines = context.full_text.split("\n")
     cursor = sum(len(line) + 1 for line in lines[:context.cursor_line]) + context.cursor_position
     found = cell_body(context.full_text, cursor)
@@ -76,7 +90,15 @@ def rank_matcher(context: CompletionContext) -> SimpleMatcherResult:
 def inspect_on_rank(shell: Any, code: str, cursor_pos: int, detail_level: int = 0,
                     omit_sections: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """An inspect_reply's content for rank 0's object under the cursor of a ``%%hvd`` cell; None where the
-    kernel should answer (outside such cells, or rank 0 gave no answer in time)."""
+    kernel should answer (outside such cells, or rank 0 gave no answer in time).
+
+    Args:
+        shell: the IPython shell.
+        code: the whole cell.
+        cursor_pos: the cursor's offset in ``code``.
+        detail_level: 0 for ``obj?``, 1 for ``obj??``.
+        omit_sections: sections of the answer to leave out, as IPython's inspector takes them.
+    """
     found = cell_body(code, cursor_pos)
     if found is None:
         return None
@@ -91,7 +113,11 @@ def inspect_on_rank(shell: Any, code: str, cursor_pos: int, detail_level: int = 
 
 def install(shell: Any) -> None:
     """Complete and inspect ``%%hvd`` cells from rank 0 in ``shell`` (and its ipykernel kernel, where it has
-    one: a terminal IPython has no inspect requests). Installing twice changes nothing."""
+    one: a terminal IPython has no inspect requests). Installing twice changes nothing.
+
+    Args:
+        shell: the IPython shell to complete in.
+    """
     if rank_matcher not in shell.Completer.custom_matchers:
         shell.Completer.custom_matchers.append(rank_matcher)
     kernel = getattr(shell, "kernel", None)
@@ -109,7 +135,11 @@ def install(shell: Any) -> None:
 
 
 def uninstall(shell: Any) -> None:
-    """Undo ``install``: the kernel completes and inspects as before the extension was loaded."""
+    """Undo ``install``: the kernel completes and inspects as before the extension was loaded.
+
+    Args:
+        shell: the IPython shell ``install`` was given.
+    """
     if rank_matcher in shell.Completer.custom_matchers:
         shell.Completer.custom_matchers.remove(rank_matcher)
     kernel = getattr(shell, "kernel", None)

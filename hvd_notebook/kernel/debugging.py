@@ -27,7 +27,13 @@ NO_INPUT = ("This front end cannot take input, which {what} reads its commands f
 
 def rank_to_debug(cluster: Any, failed_ranks: list[int], rank: int | None) -> int:
     """The rank ``%hvd debug`` opens: ``rank``, or the first of ``failed_ranks`` (those that raised in the last
-    cell that failed); an ``HvdError`` where there is none, or ``rank`` is not one of ``cluster``."""
+    cell that failed); an ``HvdError`` where there is none, or ``rank`` is not one of ``cluster``.
+
+    Args:
+        cluster: the session's cluster.
+        failed_ranks: the ranks that raised in the last failed cell.
+        rank: the rank asked for, or None.
+    """
     if rank is None:
         if not failed_ranks:
             raise HvdError("No %%hvd cell has raised on a rank of this cluster: %hvd debug opens pdb where one "
@@ -40,7 +46,14 @@ def rank_to_debug(cluster: Any, failed_ranks: list[int], rank: int | None) -> in
 
 def post_mortem(cluster: Any, rank: int, ask: Callable[[str], str] = input,
                 say: Callable[..., Any] = print) -> None:
-    """pdb on ``rank``'s last failed cell, a command at a time from ``ask`` until the session ends."""
+    """pdb on ``rank``'s last failed cell, a command at a time from ``ask`` until the session ends.
+
+    Args:
+        cluster: the session's cluster.
+        rank: the rank to debug.
+        ask: reads the user's next pdb command.
+        say: shows pdb's answer.
+    """
     channel = cluster.channel
     where = _call(channel, rank, debugging.begin)
     if where is None:
@@ -60,7 +73,16 @@ def at_breakpoint(cluster: Any, rank: int, stop: int, where: str, ask: Callable[
                   say: Callable[..., Any] = print) -> tuple[bool, int]:
     """pdb on ``rank``, stopped at ``where`` (its stop number ``stop``), a command at a time from ``ask`` until
     the rank goes on: whether it quit (``q``: its cell then fails there), and its last stop taken (``n`` and
-    ``s`` stop again)."""
+    ``s`` stop again).
+
+    Args:
+        cluster: the session's cluster.
+        rank: the rank stopped at a ``breakpoint()``.
+        stop: that stop's number.
+        where: the stop's place, as pdb shows it.
+        ask: reads the user's next pdb command.
+        say: shows pdb's answer.
+    """
     stopped = _Stopped(cluster.channel, rank, stop)
     first, _ = stopped.step(None)
     if stopped.stale:  # (taken already: a `next` of an earlier session stopped there)

@@ -35,7 +35,12 @@ class OutputStream:
 
     def update(self, text: str, final: bool = False) -> None:
         """Forward what ``text`` (all of it so far) has beyond what was sent; the
-        last, unfinished line only when ``final``."""
+        last, unfinished line only when ``final``.
+
+        Args:
+            text: all the stream's text so far.
+            final: also send the unfinished last line.
+        """
         if len(text) < self.sent:  # a '\r' line was collapsed on its way here: resend from its start
             self.sent = text.rfind("\n", 0, len(text)) + 1
         end = len(text) if final else text.rfind("\n") + 1
@@ -75,18 +80,32 @@ class CellOutput:
         return self.dashboard if self.copies else None
 
     def lines(self, replies: list[RankReply], final: bool = False) -> None:
-        """Forward the new complete lines of each rank; ``final``: its unfinished last line too."""
+        """Forward the new complete lines of each rank; ``final``: its unfinished last line too.
+
+        Args:
+            replies: each rank's reply so far.
+            final: also send each unfinished last line.
+        """
         by_rank = {reply.rank: reply for reply in replies}
         for stream in (*self.streams, *self.copies):
             stream.update(getattr(by_rank[stream.rank], stream.name), final)
 
     def progress(self, replies: list[RankReply], final: bool = False) -> None:
-        """The ranks' progress to the dashboard (``final``: drawn whatever its refresh rate)."""
+        """The ranks' progress to the dashboard (``final``: drawn whatever its refresh rate).
+
+        Args:
+            replies: each rank's reply so far.
+            final: draw whatever the refresh rate.
+        """
         if self.dashboard is not None:
             self.dashboard.poll({reply.rank: reply.data for reply in replies}, force=final)
 
     def displays(self, replies: list[RankReply]) -> None:
-        """The new rich displays of the ranks shown, published as the notebook's own."""
+        """The new rich displays of the ranks shown, published as the notebook's own.
+
+        Args:
+            replies: each rank's reply so far.
+        """
         for reply in replies:
             if reply.rank in self.show:
                 for out in reply.outputs[self._displayed.get(reply.rank, 0):]:
@@ -95,7 +114,11 @@ class CellOutput:
 
 
 def progress_count(replies: list[RankReply]) -> int:
-    """How many progress updates ``replies`` hold, all ranks together."""
+    """How many progress updates ``replies`` hold, all ranks together.
+
+    Args:
+        replies: each rank's reply so far.
+    """
     return sum(1 for reply in replies for key in reply.data if ProgressUpdate.is_key(key))
 
 

@@ -184,12 +184,20 @@ def usage() -> str:
 
 
 def describe_hvd(rank: RankInfo) -> str:
-    """``hvd: builtin; torch 2.13.0+cpu, torch.distributed gloo``: which runtime and framework cells get."""
+    """``hvd: builtin; torch 2.13.0+cpu, torch.distributed gloo``: which runtime and framework cells get.
+
+    Args:
+        rank: a rank's bootstrap report.
+    """
     return f"hvd: {rank.backend}" + (f"; {rank.framework}" if rank.framework else "")
 
 
 def format_rank_table(ranks: Sequence[RankInfo]) -> str:
-    """One line per rank; with ranks on other hosts, each rank's address too."""
+    """One line per rank; with ranks on other hosts, each rank's address too.
+
+    Args:
+        ranks: the cluster's ranks.
+    """
     spread = any(not r.here for r in ranks)
     rows = [("rank", "host") + (("address",) if spread else ()) + ("pid", "device", "threads (intra/inter)")]
     rows += [(str(r.rank), r.host) + ((r.ip,) if spread else ())
@@ -198,6 +206,11 @@ def format_rank_table(ranks: Sequence[RankInfo]) -> str:
 
 
 def format_status(rows: list[RankStatus]) -> str:
+    """The ``%hvd status`` table: one line per rank, what it runs and how busy it is.
+
+    Args:
+        rows: one status per rank.
+    """
     gpus = any(r.gpu_memory is not None or r.device.startswith("GPU") for r in rows)
     table = [("rank", "state", "host", "pid", "device", "memory") + (("GPU memory",) if gpus else ()) + ("running",)]
     for r in rows:
@@ -208,7 +221,12 @@ def format_status(rows: list[RankStatus]) -> str:
 
 
 def format_standby(state: str, n: int) -> str:
-    """The line of ``%hvd status`` on the warm standby (``MPICluster.standby_state``)."""
+    """The line of ``%hvd status`` on the warm standby (``MPICluster.standby_state``).
+
+    Args:
+        state: the standby's state.
+        n: its number of ranks.
+    """
     what = {"off": "off (a restart starts the ranks cold; %hvd start --standby on keeps a warm world)",
             "starting": f"starting {n} rank(s) in the background (a restart now waits for them)",
             "ready": f"ready: {n} rank(s) with the framework imported, which the next restart promotes"}
@@ -223,7 +241,13 @@ def _mib(nbytes: int | None) -> str:
 class HvdMagics(Magics):
     """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks (and, after ``%hvd auto on``,
     every cell that does not start with ``%``). ``auto``: the shell's ``AutoCells``, which ``%hvd auto`` turns
-    on and off (installed by ``load_ipython_extension``; None: ``%hvd auto`` says it needs a shell)."""
+    on and off (installed by ``load_ipython_extension``; None: ``%hvd auto`` says it needs a shell).
+
+    Args:
+        shell: the IPython shell.
+        auto: the shell's ``AutoCells``, or None.
+        **kwargs: passed to IPython's ``Magics``.
+    """
 
     def __init__(self, shell: Any = None, auto: AutoCells | None = None, **kwargs: Any) -> None:
         super().__init__(shell=shell, **kwargs)

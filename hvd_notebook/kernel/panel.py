@@ -55,7 +55,11 @@ class Host(Protocol):
 
 class PanelLink:
     """This kernel's side of the panel: the activity file of its session's cluster, and the thread taking
-    the panel's requests."""
+    the panel's requests.
+
+    Args:
+        session: the kernel's session.
+    """
 
     def __init__(self, session: Host) -> None:
         self.session = session
@@ -68,7 +72,11 @@ class PanelLink:
 
     # ------------------------------------------------------------- activity
     def begin(self, cluster: MPICluster) -> None:
-        """A cluster started (or restarted): its ranks, idle; requests taken from now on."""
+        """A cluster started (or restarted): its ranks, idle; requests taken from now on.
+
+        Args:
+            cluster: the cluster started.
+        """
         if cluster.workdir is None:  # (no directory: nothing the panel could read)
             return
         workdir, ranks = WorkDir(cluster.workdir), cluster.ranks
@@ -86,7 +94,12 @@ class PanelLink:
             self._thread.start()
 
     def now(self, state: ActivityState, detail: str = "") -> None:
-        """The cluster's state changed (the same state again, with the same detail: nothing is written)."""
+        """The cluster's state changed (the same state again, with the same detail: nothing is written).
+
+        Args:
+            state: the cluster's new state.
+            detail: a word on it, or "".
+        """
         with self._lock:
             current = self._activity
             if current is None or (current.state, current.detail) == (state, detail):
@@ -146,7 +159,11 @@ class PanelLink:
                     log.warning("the answer to the panel's %s request was not written: %s", request.action, exc)
 
     def answer(self, action: str) -> str:
-        """Carry out the panel's ``action``; what happened, in a sentence."""
+        """Carry out the panel's ``action``; what happened, in a sentence.
+
+        Args:
+            action: the panel's request ("stop", "restart", ...).
+        """
         running = self.state in ActivityState.cell_states()
         if action == "interrupt":
             if not running:

@@ -35,7 +35,13 @@ class RecordedCell:
 
 def replay(history: list[RecordedCell], run: Callable[[RecordedCell], object], say: Callable[[str], None]) -> int:
     """Run each recorded cell again with ``run``, in order, a line each through ``say``; a cell that
-    fails stops the replay with an error naming it. The number of cells replayed."""
+    fails stops the replay with an error naming it. The number of cells replayed.
+
+    Args:
+        history: the recorded cells, in order.
+        run: runs one cell.
+        say: shows a line per cell.
+    """
     for i, recorded in enumerate(history, 1):
         started = time.monotonic()
         try:

@@ -46,7 +46,11 @@ class _Runs:
 
 
 class CellRunner:
-    """Runs cells on the world of ``session`` (whose lock its callers hold)."""
+    """Runs cells on the world of ``session`` (whose lock its callers hold).
+
+    Args:
+        session: the session whose world runs the cells.
+    """
 
     def __init__(self, session: Host) -> None:
         self.session = session
@@ -85,14 +89,22 @@ class CellRunner:
 
     def replay(self, say: Callable[[str], None]) -> int:
         """The recorded cells again, each once, as it was recorded, quietly (no resets, no change to the node's
-        card); the number replayed. A cell that fails stops it with an error naming the cell."""
+        card); the number replayed. A cell that fails stops it with an error naming the cell.
+
+        Args:
+            say: shows a line per cell.
+        """
         def run(recorded: RecordedCell) -> None:
             self._once(recorded.code, recorded.ranks, [], recorded.timeout, DashboardMode.NONE)
 
         return replay(list(self.session.history), run, say)
 
     def replay_all(self, say: Callable[[str], None]) -> int:
-        """``replay`` for ``%hvd restart --replay``; where it fails, no later cell resumes from the last commit."""
+        """``replay`` for ``%hvd restart --replay``; where it fails, no later cell resumes from the last commit.
+
+        Args:
+            say: shows a line per cell.
+        """
         try:
             return self.replay(say)
         except BaseException:
@@ -101,7 +113,13 @@ class CellRunner:
 
     def measured(self, code: str, dashboard: Dashboard, timeout: float | None) -> None:
         """``code`` once on every rank with its progress into ``dashboard`` (a sweep's point): no rank's output
-        shown, not recorded, not resumed; its failure raised."""
+        shown, not recorded, not resumed; its failure raised.
+
+        Args:
+            code: the point's code.
+            dashboard: the point's dashboard.
+            timeout: seconds before the point fails, or None.
+        """
         self._once(code, None, [], timeout, dashboard.mode, _Runs(dashboard))
 
     def _cell_ended(self, runs: _Runs) -> None:

@@ -181,11 +181,16 @@ class Session:
         progress: str | None = DashboardMode.AUTO,
         record: bool = True,
     ) -> RankValue | None:
-        """Run ``code`` on the ranks (all by default) at once; stream output; fail
-        on the first rank that raises; return rank 0's value of the last expression.
-        ``progress`` is the dashboard's mode (``config.DashboardMode``); ``record``: a cell that
-        completes is replayed by ``replay`` (``%%hvd --no-replay`` turns it off). The node's card
-        says the cluster is busy meanwhile; where its lease ran out during the cell, it stops after."""
+        """Run ``code`` on the ranks at once, streaming output; rank 0's value of the last expression (``busy``).
+
+        Args:
+            code: the cell's code.
+            ranks: the ranks that run it; None for all.
+            output_ranks: the ranks whose output is shown; None for all.
+            timeout: seconds before the cell fails, or None.
+            progress: the dashboard's mode (``config.DashboardMode``).
+            record: ``replay`` runs the cell again once it completed (``%%hvd --no-replay``: False).
+        """
         with self.busy():
             try:
                 return self.runner.run(code, ranks, output_ranks, timeout, progress, record)

@@ -51,6 +51,11 @@ class Target:
 
     @classmethod
     def parse(cls, text: str) -> Target:
+        """A target from ``--target``, such as ``val_accuracy>=0.9``.
+
+        Args:
+            text: the option's value.
+        """
         match = _TARGET.match(text)
         if not match:
             raise ValueError(f"--target {text!r}: write METRIC>=VALUE, e.g. val_accuracy>=0.95 (or <=, >, <, "
@@ -58,6 +63,11 @@ class Target:
         return cls(match[1], match[2], float(match[3]))
 
     def met(self, row: dict[str, float]) -> bool:
+        """Whether ``row``'s figures reach the target.
+
+        Args:
+            row: a point's figures.
+        """
         return self.metric in row and _OPS[self.op](row[self.metric], self.value)
 
     def __str__(self) -> str:
@@ -87,7 +97,12 @@ class Grid:
 
 class ResultsFile:
     """The sweep's JSON-lines file: a line per finished point, appended as it ends. Each line names the
-    digest of the cell's code and target, so that a file of another sweep is not taken for this one's."""
+    digest of the cell's code and target, so that a file of another sweep is not taken for this one's.
+
+    Args:
+        path: the file.
+        digest: ``digest`` of the cell's code and target.
+    """
 
     def __init__(self, path: Path, digest: str) -> None:
         self.path, self.digest = path, digest
@@ -118,7 +133,11 @@ class ResultsFile:
         return rows
 
     def append(self, row: dict[str, Any]) -> None:
-        """Add a finished point's line (an ``HvdError`` where the file cannot be written)."""
+        """Add a finished point's line (an ``HvdError`` where the file cannot be written).
+
+        Args:
+            row: the point's figures.
+        """
         try:
             private.append_text(self.path, (json.dumps(row) + "\n") if row else "")
         except OSError as exc:
@@ -126,13 +145,25 @@ class ResultsFile:
 
 
 def digest(code: str, target: Target | None) -> str:
+    """A short hash of the cell's code and target, naming the sweep in its results file.
+
+    Args:
+        code: the cell's code.
+        target: the sweep's target, or None.
+    """
     return hashlib.sha256(f"{code.strip()}\n{target or ''}".encode()).hexdigest()[:16]
 
 
 def measure(point: SweepPoint, model: ProgressModel, target: Target | None) -> dict[str, Any]:
     """A finished point's figures, from its dashboard's model: samples/s of its training steps, seconds and
     steps to ``target``, the last epoch's metrics, the noise scale, the share of a step in collectives and
-    the rank the others waited for."""
+    the rank the others waited for.
+
+    Args:
+        point: the grid's point.
+        model: its dashboard's model.
+        target: the sweep's target, or None.
+    """
     run = model.curve_run
     if run is None:
         raise HvdError("the cell's code trained nothing the sweep could measure: call fit, or report a custom "
@@ -162,7 +193,12 @@ def measure(point: SweepPoint, model: ProgressModel, target: Target | None) -> d
 
 def efficiency(row: dict[str, Any], rows: list[dict[str, Any]]) -> float | None:
     """``row``'s samples/s over its ranks times the samples/s of the 1-rank point of the same per-rank batch
-    (of the same rule and warm-up where there is one)."""
+    (of the same rule and warm-up where there is one).
+
+    Args:
+        row: a point's figures.
+        rows: every point's figures.
+    """
     if row.get("status") != OK or not row.get("samples_per_s"):
         return None
     singles = [r for r in rows if r.get("status") == OK and r["ranks"] == 1 and r["batch"] == row["batch"]
@@ -204,7 +240,18 @@ def run_sweep(session: Any, code: str, grid: Grid, target: Target | None, path: 
               display: Callable[..., Any] | None = None) -> list[dict[str, Any]]:
     """Run the points of ``grid`` not yet in ``path`` (and, with ``retry_failed``, those that failed), each on
     a fresh world of its ranks; the sweep's rows, in the grid's order. The world of the sweep's start (as many
-    ranks, the set-up cells replayed) is back at the end."""
+    ranks, the set-up cells replayed) is back at the end.
+
+    Args:
+        session: the kernel's session.
+        code: the cell's code.
+        grid: the points to run.
+        target: the figure that ends a point, or None.
+        path: the results file.
+        timeout: seconds per point, or None.
+        retry_failed: run again the points that failed.
+        display: shows the sweep's table, or None.
+    """
     points = grid.points()
     results = ResultsFile(path, digest(code, target))
     keys = {p.key for p in points}

@@ -28,7 +28,13 @@ WATCH_PERIOD_S = 30.0  # at most; shorter for a short idle_timeout
 
 
 def due(rules: Policy, card: registry.Card, now: float) -> str | None:
-    """Why the rules stop the cluster of ``card`` now, or None."""
+    """Why the rules stop the cluster of ``card`` now, or None.
+
+    Args:
+        rules: the node's policy.
+        card: the cluster's card.
+        now: the time, as ``time.time()``.
+    """
     if rules.max_lease_time is not None and now - card.started >= rules.max_lease_time:
         return (f"it had run for {format_duration(rules.max_lease_time)}, the longest this node allows "
                 f"({rules.source('max_lease_time')})")
@@ -40,7 +46,11 @@ def due(rules: Policy, card: registry.Card, now: float) -> str | None:
 
 class Tenancy:
     """The card of this kernel's cluster, and the watch that calls ``release(why)`` when it is due
-    (``release`` returns False where the cluster is in use: the watch tries again later)."""
+    (``release`` returns False where the cluster is in use: the watch tries again later).
+
+    Args:
+        release: stops the cluster, saying why; False where it is in use.
+    """
 
     def __init__(self, release: Callable[[str], bool]) -> None:
         self._release = release
@@ -52,7 +62,15 @@ class Tenancy:
     def begin(self, workdir: Path | None, ranks: int, gpus: list[str], rules: Policy,
               keep_start: bool = False) -> None:
         """A cluster started in ``workdir`` (or restarted: ``keep_start`` keeps the lease's start time): its
-        card, and a watch where the rules have a time limit."""
+        card, and a watch where the rules have a time limit.
+
+        Args:
+            workdir: the cluster's directory, or None.
+            ranks: its number of ranks.
+            gpus: the GPUs its lease holds.
+            rules: the node's policy.
+            keep_start: keep the lease's start time (a restart).
+        """
         started = self.card.started if keep_start and self.card is not None else time.time()
         me = psutil.Process()
         self.card = registry.Card(cluster=workdir.name if workdir else "", workdir=str(workdir or ""), kernel=me.pid,
@@ -69,7 +87,11 @@ class Tenancy:
             self._thread.start()
 
     def cell(self, busy: bool) -> None:
-        """A cell starts (``busy``) or ended."""
+        """A cell starts (``busy``) or ended.
+
+        Args:
+            busy: True as a cell starts, False as it ends.
+        """
         if self.card is not None:
             try:
                 self.card = registry.touch(self.card, busy)
@@ -102,7 +124,13 @@ class Tenancy:
 
 
 def released_message(why: str, when: float, gpus: list[str]) -> str:
-    """What the next ``%hvd`` or ``%%hvd`` says after the node's rules stopped the cluster."""
+    """What the next ``%hvd`` or ``%%hvd`` says after the node's rules stopped the cluster.
+
+    Args:
+        why: why the rules stopped it.
+        when: the time it was stopped.
+        gpus: the GPUs it held.
+    """
     freed = f" and its GPU(s) {','.join(gpus)} released" if gpus else ""
     return (f"This notebook's cluster was stopped at {time.strftime('%H:%M:%S', time.localtime(when))}{freed}: "
             f"{why}. %hvd restart starts it again (%hvd restart --replay also runs again the cells since "
