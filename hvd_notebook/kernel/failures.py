@@ -55,12 +55,11 @@ class CellTimeout(HvdError):
 
 
 class RankDied(HvdError):
-    """A rank's process is gone; the MPI world cannot go on without it. ``died``: rank -> how it
-    ended ("signal Kill"; "" where the launcher did not say).
+    """A rank's process is gone; the MPI world cannot go on without it.
 
     Args:
         message: what the user reads.
-        died: rank -> how it ended.
+        died: rank -> how it ended ("signal Kill"; "" where the launcher did not say).
     """
 
     def __init__(self, message: str, died: dict[int, str] | None = None) -> None:
@@ -92,7 +91,7 @@ def no_cluster() -> NoClusterError:
 
 
 def auto_without_cluster(released: str | None) -> NoClusterError:
-    """A cell of ``%hvd auto on`` found the cluster gone (``released``: why the node's rules stopped it).
+    """A cell of ``%hvd auto on`` found the cluster gone.
 
     Args:
         released: why the node's rules stopped the cluster, or None.
@@ -159,7 +158,7 @@ def controller_gone(ranks: list[int]) -> RankDied:
 
 
 def whereabouts(where: dict[int, str], verb: str = "was") -> str:
-    """Where each rank was (``where``: rank -> a line of ``stacks.where``), as one clause:
+    """Where each rank was, as one clause:
     "rank 0 was in hvd.barrier(), called from a cell, line 3; rank 1 was at a cell, line 5".
 
     Args:
@@ -175,12 +174,12 @@ def _running(running: list[int], where: dict[int, str]) -> str:
 
 
 def cell_timeout(timeout: float, running: list[int], where: dict[int, str], note: str) -> CellTimeout:
-    """``where``: rank -> where it was when time ran out (before it was interrupted).
+    """The error of a cell that ran out of time.
 
     Args:
         timeout: the cell's timeout in seconds.
         running: the ranks still running.
-        where: rank -> where it was.
+        where: rank -> where it was when time ran out (before it was interrupted).
         note: what stopping them did, or "".
     """
     return CellTimeout(f"The cell did not finish within --timeout {timeout:g} s; {_running(running, where)}. "

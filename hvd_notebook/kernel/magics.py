@@ -240,12 +240,12 @@ def _mib(nbytes: int | None) -> str:
 @magics_class
 class HvdMagics(Magics):
     """``%hvd COMMAND`` manages the cluster; ``%%hvd`` runs a cell on its ranks (and, after ``%hvd auto on``,
-    every cell that does not start with ``%``). ``auto``: the shell's ``AutoCells``, which ``%hvd auto`` turns
-    on and off (installed by ``load_ipython_extension``; None: ``%hvd auto`` says it needs a shell).
+    every cell that does not start with ``%``).
 
     Args:
         shell: the IPython shell.
-        auto: the shell's ``AutoCells``, or None.
+        auto: the shell's ``AutoCells``, which ``%hvd auto`` turns on and off (installed by
+            ``load_ipython_extension``; None: ``%hvd auto`` says it needs a shell).
         **kwargs: passed to IPython's ``Magics``.
     """
 
