@@ -5,7 +5,11 @@ from __future__ import annotations
 
 class ClusterError(RuntimeError):
     """The cluster could not be started, or broke; the message says what to do.
-    ``mpi_init_failed``: MPI_Init itself failed before any engine connected."""
+
+    Args:
+        message: what the user reads, saying what to do.
+        mpi_init_failed: MPI_Init failed before any engine connected.
+    """
 
     mpi_init_failed = False  # (LeaseDirError runs OSError's __init__, not this one)
 

@@ -38,7 +38,11 @@ class ControllerSilent(ClusterError):
 
 
 def is_busy(queue: Any) -> bool:
-    """Whether one engine's entry of the controller's queue report shows work running or queued."""
+    """Whether one engine's entry of the controller's queue report shows work running or queued.
+
+    Args:
+        queue: one engine's entry of ``queue_status``.
+    """
     return isinstance(queue, dict) and queue.get("tasks", 0) + queue.get("queue", 0) > 0
 
 
@@ -55,7 +59,11 @@ def without_signing_warning(encrypted: bool) -> Iterator[None]:
     """Within, jupyter_client's "Message signing is disabled" is not logged where the cluster is ``encrypted``:
     under CurveZMQ ipyparallel leaves HMAC signing off on purpose (CurveZMQ authenticates every peer and
     protects against replays, which makes the digest redundant), so the warning each new session gives is not
-    true of it (docs/sharing.md). An unencrypted cluster (the benchmark's baseline) keeps it."""
+    true of it (docs/sharing.md). An unencrypted cluster (the benchmark's baseline) keeps it.
+
+    Args:
+        encrypted: whether the cluster uses CurveZMQ.
+    """
     from traitlets.log import get_logger
 
     logger, quiet = get_logger(), _EncryptedNotUnsigned()
@@ -78,6 +86,15 @@ class RankChannel:
     4242
     >>> channel.busy([0, 1])
     {0: False, 1: False}
+
+    Args:
+        client: the world's ipyparallel client.
+
+    The methods share these parameters, described here once:
+
+    - ``ranks``: the MPI ranks addressed (None: every rank); ``rank``: one of them.
+    - ``func`` and ``*args``: a function the ranks run, and its arguments.
+    - ``timeout``: seconds to wait for the answer.
     """
 
     def __init__(self, client: Any) -> None:
@@ -96,16 +113,28 @@ class RankChannel:
         return set(self._client.ids)
 
     def on_engines(self, engine_ids: list[int], func: Any, *args: Any) -> Any:
-        """``func(*args)`` on each of ``engine_ids`` (before ``bind``: a bootstrap step); its AsyncResult."""
+        """``func(*args)`` on each of ``engine_ids`` (before ``bind``: a bootstrap step); its AsyncResult.
+
+        Args:
+            engine_ids: the engines to call.
+        """
         return self._client[engine_ids].apply_async(func, *args)
 
     def bind(self, engine_of_rank: dict[int, int]) -> None:
-        """From now on, rank ``r`` is the engine ``engine_of_rank[r]``."""
+        """From now on, rank ``r`` is the engine ``engine_of_rank[r]``.
+
+        Args:
+            engine_of_rank: rank -> engine id.
+        """
         self._engines = dict(engine_of_rank)
 
     def watch_routes(self, controller_pid: int) -> None:
         """Note the controller's schedulers (its children), which ``routes`` asks after; a ClusterError where
-        the controller is gone."""
+        the controller is gone.
+
+        Args:
+            controller_pid: the controller's process id.
+        """
         try:
             self._routers = psutil.Process(controller_pid).children(recursive=True)
         except psutil.Error:
@@ -130,7 +159,11 @@ class RankChannel:
 
     def execute(self, code: str, ranks: list[int]) -> CellRequest:
         """Send ``code`` to ``ranks`` as a cell, without waiting: the request, which tells what each rank
-        answered so far (``replies.CellRequest``)."""
+        answered so far (``replies.CellRequest``).
+
+        Args:
+            code: the cell's code.
+        """
         engine_ids = self.engine_ids(ranks)
         # one engine as an int: its AsyncResult is then a single result, as split() makes of several
         targets = engine_ids[0] if len(engine_ids) == 1 else engine_ids
@@ -153,11 +186,19 @@ class RankChannel:
 
     def pull(self, name: str, rank: int) -> Any:
         """The value of ``name`` on ``rank``, however long the rank takes while the controller answers;
-        ``ControllerSilent`` where it stops answering meanwhile."""
+        ``ControllerSilent`` where it stops answering meanwhile.
+
+        Args:
+            name: a variable in the rank's namespace.
+        """
         return self._answer(self._client[self.engine_ids([rank])[0]].pull(name, block=False))
 
     def push(self, namespace: dict[str, Any]) -> None:
-        """Set each name of ``namespace`` to its value on every rank (waiting as ``pull`` does)."""
+        """Set each name of ``namespace`` to its value on every rank (waiting as ``pull`` does).
+
+        Args:
+            namespace: name -> value, set on every rank.
+        """
         self._answer(self._client[self.engine_ids()].push(namespace, block=False))
 
     def interrupt(self, ranks: list[int]) -> None:
@@ -171,7 +212,12 @@ class RankChannel:
 
     def control(self, rank: int, msg_type: str, content: dict[str, Any], timeout: float) -> dict[str, Any]:
         """A control message of type ``msg_type`` to ``rank``'s engine (answered beside a running cell); the
-        content of its reply, or ``TimeoutError``."""
+        content of its reply, or ``TimeoutError``.
+
+        Args:
+            msg_type: the control message's type (``complete_request``, ...).
+            content: the message's content.
+        """
         future = self._client._send_control_request(targets=[self.engine_ids([rank])[0]], msg_type=msg_type,
                                                     content=content, block=False)
         return dict(future.result(timeout=timeout)[0]["content"])
@@ -191,7 +237,11 @@ class RankChannel:
     def settled_busy(self, settle_s: float = QUEUE_SETTLE_S) -> dict[int, bool]:
         """``busy()`` of every rank, asked again for up to ``settle_s`` while it shows work although this kernel
         awaits no reply: the controller hears of a finished task a moment after the client has its result (right
-        after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``."""
+        after a command, an idle rank read as busy). Work of another client still shows after ``settle_s``.
+
+        Args:
+            settle_s: seconds to ask again for.
+        """
         deadline = time.monotonic() + settle_s
         while True:
             busy = self.busy()

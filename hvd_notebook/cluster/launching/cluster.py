@@ -41,6 +41,9 @@ class MPICluster:
     >>> cluster.channel.call(0, os.getpid, timeout=10)
     4242
     >>> cluster.stop()                   # nothing of it is left running
+
+    Args:
+        options: what ``%hvd start`` asked for.
     """
 
     def __init__(self, options: ClusterOptions) -> None:

@@ -63,13 +63,21 @@ def diagnose_launch(output: str, exits: Mapping[int, str] | None = None) -> list
 
 
 def names_a_host(causes: list[str]) -> bool:
-    """Does any of ``diagnose_launch``'s sentences say which host failed?"""
+    """Does any of ``diagnose_launch``'s sentences say which host failed?
+
+    Args:
+        causes: ``diagnose_launch``'s sentences.
+    """
     return any(c.startswith("host ") for c in causes)
 
 
 def telling_line(output: str) -> str:
     """The line of a failed launch's output that says most: a missing file or
-    module, else an error, else the last line."""
+    module, else an error, else the last line.
+
+    Args:
+        output: the launch's output.
+    """
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     for needle in ("No such file or directory", "ModuleNotFoundError", "not found", "rror"):
         for line in lines:
@@ -79,7 +87,11 @@ def telling_line(output: str) -> str:
 
 
 def mpi_init_failed(output: str) -> bool:
-    """Did MPI_Init itself fail on a rank (as opposed to the launcher or our code)?"""
+    """Did MPI_Init itself fail on a rank (as opposed to the launcher or our code)?
+
+    Args:
+        output: the launch's output.
+    """
     return bool(_MPI_INIT_FAILED.search(output))
 
 
@@ -90,7 +102,13 @@ def tries_where_mpi_init_fails(start: Callable[[], T], init_failed: Callable[[T]
     """``start()`` again, up to ``MPI_INIT_TRIES`` starts in all, where ``init_failed`` says of what it
     returned that MPI_Init failed on a rank before ``before`` (before any engine connected, before the
     script started): under MPICH's gforker UCX's address exchange fails that way about once in 150
-    starts, and a start right after it rarely does. What the last start returned."""
+    starts, and a start right after it rarely does. What the last start returned.
+
+    Args:
+        start: starts the world; may raise.
+        init_failed: whether what ``start`` returned failed in MPI_Init.
+        before: what MPI_Init failed before, for the log.
+    """
     result = start()
     for _ in range(MPI_INIT_TRIES - 1):
         if not init_failed(result):
@@ -102,7 +120,12 @@ def tries_where_mpi_init_fails(start: Callable[[], T], init_failed: Callable[[T]
 
 
 def tail(text: str, lines: int = 20) -> str:
-    """The last non-blank lines of a launcher's output, indented for a message."""
+    """The last non-blank lines of a launcher's output, indented for a message.
+
+    Args:
+        text: the launcher's output.
+        lines: how many lines.
+    """
     kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
     return "\n".join("    " + line for line in kept) or "    (mpiexec printed nothing)"
 
@@ -131,13 +154,27 @@ def _is_sigbus(how: str) -> bool:
 
 
 def signal_name(how: str) -> str | None:
-    """The signal's name in an ``exit_reports`` entry ("signal Bus; a full ..." -> "Bus"); None for an exit."""
+    """The signal's name in an ``exit_reports`` entry ("signal Bus; a full ..." -> "Bus"); None for an exit.
+
+    Args:
+        how: an ``exit_reports`` entry.
+    """
     return how.removeprefix("signal ").split(";")[0] if how.startswith("signal ") else None
 
 
 def launcher_exited(launcher: str, code: object, n: int, connected: int, causes: list[str], command: str,
                     output: str) -> str:
-    """The message for a launcher that exited before every engine connected."""
+    """The message for a launcher that exited before every engine connected.
+
+    Args:
+        launcher: the launcher's name.
+        code: its exit code.
+        n: the ranks asked for.
+        connected: the engines that connected.
+        causes: ``diagnose_launch``'s sentences.
+        command: the launcher's command line.
+        output: its output.
+    """
     listed = "".join(f"\n  - {c}" for c in causes)
     return (f"{launcher} exited (code {code}) before all {n} engines connected ({connected} did).{listed}\n"
             f"Command: {command}\nLast lines of its output:\n{tail(output)}\n"
@@ -145,27 +182,49 @@ def launcher_exited(launcher: str, code: object, n: int, connected: int, causes:
 
 
 def engines_late(n: int, connected: int, timeout: float, command: str, output: str) -> str:
-    """The message for engines that did not all connect within ``--timeout``."""
+    """The message for engines that did not all connect within ``--timeout``.
+
+    Args:
+        n: the ranks asked for.
+        connected: the engines that connected.
+        timeout: the start's timeout in seconds.
+        command: the launcher's command line.
+        output: its output.
+    """
     return (f"Only {connected} of {n} engines connected within --timeout {timeout:g} s. Command: {command}\n"
             f"Last lines of mpiexec's output:\n{tail(output)}\n"
             "Raise --timeout on a slow or busy machine, or check the MPI set-up.")
 
 
 def setup_late(timeout: float) -> str:
-    """The message for engines that connected but did not finish their bootstrap in time."""
+    """The message for engines that connected but did not finish their bootstrap in time.
+
+    Args:
+        timeout: the start's timeout in seconds.
+    """
     return (f"The engines did not finish setting up (importing TensorFlow, initialising MPI) within "
             f"--timeout {timeout:g} s. Raise --timeout.")
 
 
 def setup_failed(error: BaseException) -> str:
     """The message for a bootstrap that raised on an engine (ipyparallel's CompositeError
-    has one entry per failed engine; the first is named)."""
+    has one entry per failed engine; the first is named).
+
+    Args:
+        error: what the bootstrap raised.
+    """
     ename, evalue, _tb, info = getattr(error, "elist", [(type(error).__name__, error, "", {})])[0]
     return f"Setting up engine {info.get('engine_id', '?')} failed: {ename}: {evalue}"
 
 
 def not_one_world(n: int, sizes: list[int], mpiexec: str) -> str:
-    """The message for ranks that did not form one MPI world of ``n``."""
+    """The message for ranks that did not form one MPI world of ``n``.
+
+    Args:
+        n: the ranks asked for.
+        sizes: the world size each rank saw.
+        mpiexec: the launcher's path.
+    """
     return (f"mpiexec started {n} processes but they did not form one MPI world of {n} ranks (they report "
             f"sizes {sizes}). This happens when mpiexec ({mpiexec}) belongs to a different MPI than the one "
             "mpi4py was built for; pass the matching --mpiexec.")

@@ -37,6 +37,9 @@ def parse_hosts(spec: str) -> list[Host]:
 
     >>> parse_hosts("node1:2,node2")
     [Host(name='node1', slots=2), Host(name='node2', slots=1)]
+
+    Args:
+        spec: the ``-H`` value.
     """
     hosts = []
     for item in (s.strip() for s in spec.split(",")):
@@ -53,7 +56,11 @@ def parse_hosts(spec: str) -> list[Host]:
 
 def read_hostfile(path: str) -> list[Host]:
     """A hostfile in MPICH's (``host:4``) or Open MPI's (``host slots=4``) form;
-    ``#`` starts a comment."""
+    ``#`` starts a comment.
+
+    Args:
+        path: the hostfile.
+    """
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -85,7 +92,12 @@ def _merge(hosts: list[Host]) -> list[Host]:
 
 
 def check_slots(hosts: list[Host], n: int | None) -> int:
-    """The number of ranks: ``n``, or every slot when None; too few slots is an error."""
+    """The number of ranks: ``n``, or every slot when None; too few slots is an error.
+
+    Args:
+        hosts: the hosts and their slots.
+        n: the ranks asked for, or None.
+    """
     total = sum(h.slots for h in hosts)
     if n is None:
         return total
@@ -97,7 +109,11 @@ def check_slots(hosts: list[Host], n: int | None) -> int:
 
 
 def resolve(host: str) -> str:
-    """The IPv4 address of ``host``; a clear error where the name does not resolve."""
+    """The IPv4 address of ``host``; a clear error where the name does not resolve.
+
+    Args:
+        host: a host name or address.
+    """
     try:
         return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
     except (socket.gaierror, IndexError, UnicodeError):
@@ -106,7 +122,11 @@ def resolve(host: str) -> str:
 
 
 def is_this_host(host: str) -> bool:
-    """Does ``host`` name this machine (loopback, its hostname, or one of its addresses)?"""
+    """Does ``host`` name this machine (loopback, its hostname, or one of its addresses)?
+
+    Args:
+        host: a host name or address.
+    """
     if host in ("localhost", socket.gethostname(), socket.getfqdn()):
         return True
     try:
@@ -131,7 +151,12 @@ def local_addresses() -> set[str]:
 def controller_address(hosts: list[str], requested: str | None) -> str:
     """The address the controller listens on so that engines on ``hosts`` reach it:
     ``--ip`` if given, else this machine's source address on the route to the
-    first host that is not this machine, else loopback (every host is this one)."""
+    first host that is not this machine, else loopback (every host is this one).
+
+    Args:
+        hosts: the engines' hosts.
+        requested: ``--ip``, or None.
+    """
     if requested:
         if requested not in local_addresses() and requested != "0.0.0.0":
             mine = ", ".join(sorted(local_addresses()))

@@ -23,7 +23,11 @@ class UntestedIpyparallel(ClusterError):
 
 
 def check(version: str) -> None:
-    """Raise ``UntestedIpyparallel`` where ipyparallel ``version`` is not a release of ``TESTED``."""
+    """Raise ``UntestedIpyparallel`` where ipyparallel ``version`` is not a release of ``TESTED``.
+
+    Args:
+        version: the installed ipyparallel's version.
+    """
     found = re.match(r"(\d+)\.(\d+)", version)
     if found is None or (int(found[1]), int(found[2])) not in TESTED:
         tested = ", ".join(f"{major}.{minor}.x" for major, minor in TESTED)

@@ -40,7 +40,13 @@ OPEN_MPI_AGENT = ("plm_rsh_agent", "plm_ssh_agent")
 
 def remote_shell(mpi_args: list[str] | tuple[str, ...], environ: dict[str, str], open_mpi: bool) -> list[str]:
     """The command that reaches another host the way the launcher does: hydra's ``-launcher-exec``
-    (``HYDRA_LAUNCHER_EXEC``) or its ``-launcher rsh``; Open MPI's ``plm_rsh_agent``; else ssh."""
+    (``HYDRA_LAUNCHER_EXEC``) or its ``-launcher rsh``; Open MPI's ``plm_rsh_agent``; else ssh.
+
+    Args:
+        mpi_args: the launcher's extra arguments (``--mpi-args``).
+        environ: the launcher's environment.
+        open_mpi: whether the launcher is Open MPI's.
+    """
     args = list(mpi_args)
     if open_mpi:
         agent = _mca_value(args, OPEN_MPI_AGENT) or environ.get("OMPI_MCA_plm_rsh_agent") or environ.get(
@@ -72,7 +78,14 @@ def _mca_value(args: list[str], params: tuple[str, ...]) -> str | None:
 
 
 def copy_command(shell: list[str], host: str, base: Path, relative: Path) -> list[str]:
-    """The command that copies the file (on its stdin) to ``base/relative`` on ``host``."""
+    """The command that copies the file (on its stdin) to ``base/relative`` on ``host``.
+
+    Args:
+        shell: the remote shell's command (``remote_shell``).
+        host: the host to copy to.
+        base: the private folder there.
+        relative: the file's path inside ``base``.
+    """
     flags = ["-x"] if Path(shell[0]).name == "ssh" else []  # (no X11 forwarding, as hydra asks of ssh)
     remote = shlex.join([sys.executable, "-m", __name__, str(base), str(relative)])
     return [*shell, *flags, host, remote]
@@ -81,7 +94,15 @@ def copy_command(shell: list[str], host: str, base: Path, relative: Path) -> lis
 def copy_to_hosts(path: Path, hosts: list[str], shell: list[str], base: Path | None = None,
                   timeout: float = COPY_TIMEOUT_S) -> None:
     """Copy the file ``path`` (inside ``base``, the user's private folder here) to the same path on
-    each of ``hosts``, all at once; a ClusterError naming the first host that failed, and why."""
+    each of ``hosts``, all at once; a ClusterError naming the first host that failed, and why.
+
+    Args:
+        path: the file to copy.
+        hosts: the hosts to copy to.
+        shell: the remote shell's command (``remote_shell``).
+        base: the private folder it lies in; None for the default.
+        timeout: seconds the copies may take.
+    """
     base = base or private.base_dir()
     try:
         relative = path.relative_to(base)
@@ -120,12 +141,21 @@ def _outcome(host: str, copy: subprocess.Popen, data: bytes, shell: list[str], t
 
 
 def other_hosts(names: list[str]) -> list[str]:
-    """The hosts of ``names`` that are not this one (those need a copy)."""
+    """The hosts of ``names`` that are not this one (those need a copy).
+
+    Args:
+        names: the cluster's host names.
+    """
     return [name for name in names if not hostlib.is_this_host(name)]
 
 
 def wait_for(path: Path, timeout: float = FILE_WAIT_S) -> None:
-    """Wait until the controller has written ``path``; a ClusterError at the timeout."""
+    """Wait until the controller has written ``path``; a ClusterError at the timeout.
+
+    Args:
+        path: the file to wait for.
+        timeout: seconds to wait.
+    """
     deadline = time.monotonic() + timeout
     while not path.exists():
         if time.monotonic() > deadline:
@@ -170,7 +200,13 @@ def engine_launcher_class() -> Any:
 def receive(base: Path, relative: Path, data: bytes) -> Path:
     """Write ``data`` to ``base/relative``, 0600: ``base`` must be one of this host's places for the
     user's private folder (made where it is missing, in a parent no one else can tamper with); it and the
-    folders below it are made owner-only or checked (``private.ensure_dir``); else ``UnsafePathError``."""
+    folders below it are made owner-only or checked (``private.ensure_dir``); else ``UnsafePathError``.
+
+    Args:
+        base: the private folder on this host.
+        relative: the file's path inside ``base``.
+        data: the file's content.
+    """
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         raise private.UnsafePathError(f"{relative}: not a path inside the private folder")
     if base not in private.candidate_bases():
@@ -186,6 +222,11 @@ def receive(base: Path, relative: Path, data: bytes) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    """``python -m hvd_notebook.cluster.launching.keycopy BASE RELATIVE``: ``receive`` the file on stdin; an exit code.
+
+    Args:
+        argv: the command line's arguments.
+    """
     base, relative = (Path(a) for a in argv)
     data = sys.stdin.buffer.read(MAX_BYTES + 1)
     try:

@@ -38,7 +38,11 @@ def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     for transparent huge pages (added to any ``GLIBC_TUNABLES`` already set), so that
     TensorFlow's tensors and MPI's buffers sit on 2 MiB pages as numpy's large arrays
     do. ``HVD_NOTEBOOK_HUGEPAGES=0`` leaves malloc alone; a ``glibc.malloc.hugetlb``
-    already set wins."""
+    already set wins.
+
+    Args:
+        environ: the launching environment; None for this process's.
+    """
     environ = dict(os.environ) if environ is None else environ
     tunables = environ.get("GLIBC_TUNABLES", "")
     if not config.HUGEPAGES.flag(environ) or "glibc.malloc.hugetlb" in tunables:
@@ -48,7 +52,11 @@ def rank_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
 
 def world_environment(placement: Placement) -> dict[str, str]:
     """What the launcher of the ranks gets on top of this process's environment: the
-    placement's defaults and ``rank_environment``, under the user's own ``--env``."""
+    placement's defaults and ``rank_environment``, under the user's own ``--env``.
+
+    Args:
+        placement: the world's placement.
+    """
     user_env = dict(placement.options.env)
     environ = {**os.environ, **user_env}
     # (the launcher reports how each rank ended: no rank watcher needed)
@@ -56,7 +64,15 @@ def world_environment(placement: Placement) -> dict[str, str]:
 
 
 def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n: int, controller_ip: str) -> Any:
-    """An ipyparallel ``Cluster`` (not started) whose engines are one world of the placement's launcher."""
+    """An ipyparallel ``Cluster`` (not started) whose engines are one world of the placement's launcher.
+
+    Args:
+        placement: the world's placement.
+        cluster_id: the cluster directory's name.
+        profile_dir: ipyparallel's profile folder.
+        n: the number of ranks.
+        controller_ip: the address the controller listens on.
+    """
     import ipyparallel as ipp
     from traitlets.config import Config
 
@@ -80,7 +96,11 @@ def make_ipp_cluster(placement: Placement, cluster_id: str, profile_dir: Path, n
 
 
 class EngineWorld:
-    """The launcher process (``mpiexec`` or ``srun``) of one world of engines."""
+    """The launcher process (``mpiexec`` or ``srun``) of one world of engines.
+
+    Args:
+        launcher: ipyparallel's engine-set launcher.
+    """
 
     def __init__(self, launcher: Any) -> None:
         self._launcher = launcher
@@ -111,7 +131,11 @@ class EngineWorld:
             return ""
 
     def wait(self, timeout: float) -> None:
-        """Give the launcher up to ``timeout`` seconds to exit."""
+        """Give the launcher up to ``timeout`` seconds to exit.
+
+        Args:
+            timeout: seconds to wait.
+        """
         deadline = time.monotonic() + timeout
         while self.exit_code() is None and time.monotonic() < deadline:
             time.sleep(0.05)

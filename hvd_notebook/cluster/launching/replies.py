@@ -67,7 +67,11 @@ class RankReply:
 
 
 def failure_of(error: BaseException | None) -> RankFailure | None:
-    """``error`` (ipyparallel's RemoteError, or EngineError where the engine died) as a ``RankFailure``."""
+    """``error`` (ipyparallel's RemoteError, or EngineError where the engine died) as a ``RankFailure``.
+
+    Args:
+        error: ipyparallel's error, or None.
+    """
     if error is None:
         return None
     from ipyparallel.error import EngineError
@@ -79,7 +83,14 @@ def failure_of(error: BaseException | None) -> RankFailure | None:
 
 
 def reply_of(rank: int, metadata: Mapping[str, Any], done: bool, error: BaseException | None) -> RankReply:
-    """A ``RankReply`` from ipyparallel's record of one engine's request (``AsyncResult.metadata``)."""
+    """A ``RankReply`` from ipyparallel's record of one engine's request (``AsyncResult.metadata``).
+
+    Args:
+        rank: the rank.
+        metadata: ipyparallel's record of its request.
+        done: whether it finished.
+        error: its error, or None.
+    """
     return RankReply(rank, metadata.get("stdout") or "", metadata.get("stderr") or "",
                      tuple(metadata.get("outputs") or ()), MappingProxyType(metadata.get("data") or {}),
                      metadata.get("execute_result") or None, done, failure_of(error) if done else None)
@@ -104,7 +115,11 @@ class CellRequest:
         self.ranks = list(ranks)
 
     def reply(self, rank: int) -> RankReply:
-        """What ``rank`` has answered so far."""
+        """What ``rank`` has answered so far.
+
+        Args:
+            rank: the rank.
+        """
         part = self._parts[rank]
         done = part.done()
         return reply_of(rank, self._records[rank], done, part.exception() if done else None)
@@ -114,16 +129,28 @@ class CellRequest:
         return [self.reply(rank) for rank in self.ranks]
 
     def done(self, rank: int) -> bool:
-        """Has ``rank`` finished (a value, or an error)?"""
+        """Has ``rank`` finished (a value, or an error)?
+
+        Args:
+            rank: the rank.
+        """
         return self._parts[rank].done()
 
     def wait_any(self, timeout: float) -> None:
-        """Wait until a rank still running finishes, at most ``timeout`` seconds."""
+        """Wait until a rank still running finishes, at most ``timeout`` seconds.
+
+        Args:
+            timeout: seconds to wait at most.
+        """
         pending = [part for part in self._parts.values() if not part.done()]
         if pending:
             futures_wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def await_output(self, timeout: float) -> None:
         """Wait at most ``timeout`` seconds for output that is still on its way (results can overtake the last
-        lines of output)."""
+        lines of output).
+
+        Args:
+            timeout: seconds to wait at most.
+        """
         self._whole.wait_for_output(timeout)

@@ -70,7 +70,11 @@ class Job:
 def split_python(command: tuple[str, ...]) -> tuple[list[str], list[str]] | None:
     """``python -u train.py a`` as the interpreter with its own options (``python -u``) and what
     it runs (``train.py a``, or ``-m mod ...``, ``-c code ...``); None for any other command, or
-    for a Python line this cannot read (options such as ``-uc`` that take what follows)."""
+    for a Python line this cannot read (options such as ``-uc`` that take what follows).
+
+    Args:
+        command: the job's command line.
+    """
     if not command or not _PYTHON.fullmatch(Path(command[0]).name):
         return None
     i = 1
@@ -85,7 +89,11 @@ def split_python(command: tuple[str, ...]) -> tuple[list[str], list[str]] | None
 
 
 def same_environment(program: str) -> bool:
-    """Is ``program`` an interpreter of this environment (where hvd_notebook imports)?"""
+    """Is ``program`` an interpreter of this environment (where hvd_notebook imports)?
+
+    Args:
+        program: the command's first word.
+    """
     found = shutil.which(program)
     return found is not None and Path(found).absolute().parent == Path(sys.executable).absolute().parent
 
@@ -94,7 +102,11 @@ def fail_fast(command: tuple[str, ...]) -> list[str]:
     """The ranks' command line: a Python script of this environment runs under ``SCRIPT_MAIN``
     (``python -m hvd_notebook.engine.script_main train.py``), so that a rank that raises or exits
     non-zero ends at once with its code instead of waiting in MPI_Finalize for ranks that wait
-    for it; the launcher then names it and ends the others."""
+    for it; the launcher then names it and ends the others.
+
+    Args:
+        command: the job's command line.
+    """
     split = split_python(command)
     if split is None or not same_environment(command[0]):
         return list(command)
@@ -105,7 +117,11 @@ def fail_fast(command: tuple[str, ...]) -> list[str]:
 
 
 def check_command(command: tuple[str, ...]) -> None:
-    """A clear error, before anything starts, for a command the ranks could not run."""
+    """A clear error, before anything starts, for a command the ranks could not run.
+
+    Args:
+        command: the job's command line.
+    """
     if not command:
         raise ClusterError("give the command to run after the options, e.g. hvd-notebook run -np 2 python train.py")
     if shutil.which(command[0]) is None:
@@ -118,7 +134,11 @@ def check_command(command: tuple[str, ...]) -> None:
 # ------------------------------------------------------------------ how the job ended
 def failed_ranks(reports: dict[int, str]) -> dict[int, str]:
     """The ranks that ended the job: those that failed by themselves, not those the launcher
-    stopped because another one failed (all that failed, where the launcher said no more)."""
+    stopped because another one failed (all that failed, where the launcher said no more).
+
+    Args:
+        reports: rank -> how it ended (``exit_reports``).
+    """
     failed = {rank: how for rank, how in reports.items() if how != "exit code 0"}
     causes = {rank: how for rank, how in failed.items() if how not in ENDED_BY_LAUNCHER}
     return causes or failed
@@ -126,7 +146,11 @@ def failed_ranks(reports: dict[int, str]) -> dict[int, str]:
 
 def rank_status(how: str) -> int | None:
     """The exit status a shell would report for a rank that ended ``how`` ("exit code 3": 3,
-    "signal Killed": 137, "MPI_Abort with code 5": 5); None where that cannot be read."""
+    "signal Killed": 137, "MPI_Abort with code 5": 5); None where that cannot be read.
+
+    Args:
+        how: an ``exit_reports`` entry.
+    """
     m = re.fullmatch(r"(?:exit code|MPI_Abort with code) (-?\d+)", how)
     if m:
         return int(m.group(1)) & 0xFF
@@ -137,7 +161,12 @@ def rank_status(how: str) -> int | None:
 def exit_status(code: int, failed: dict[int, str]) -> int:
     """The job's exit code: that of the first rank that failed, where the launcher said how it
     ended; else the launcher's (1 where it said 0 although a rank failed; 128+N where the
-    launcher itself was killed by signal N)."""
+    launcher itself was killed by signal N).
+
+    Args:
+        code: the launcher's exit code.
+        failed: rank -> how it ended, for the ranks that failed.
+    """
     for rank in sorted(failed):
         status = rank_status(failed[rank])
         if status:
@@ -148,7 +177,14 @@ def exit_status(code: int, failed: dict[int, str]) -> int:
 
 
 def ending_message(launcher: str, code: int, reports: dict[int, str], causes: list[str]) -> str | None:
-    """What the job's end says to the user (None for a job whose every rank succeeded)."""
+    """What the job's end says to the user (None for a job whose every rank succeeded).
+
+    Args:
+        launcher: the launcher's name.
+        code: its exit code.
+        reports: rank -> how it ended.
+        causes: ``diagnose``'s sentences.
+    """
     failed = failed_ranks(reports)
     status = exit_status(code, failed)
     if status == 0:
@@ -167,7 +203,13 @@ TAIL_CHARS = 64 * 1024  # how much of the launcher's output ``diagnosis`` reads 
 class StderrPump(threading.Thread):
     """Copies the launcher's stderr (or stdout) to ours as it comes (a partial line too: progress bars),
     keeping back its reports for ``Placement.rank_exits`` where ``hold_back`` (gforker's exit lines), and
-    remembers what ``diagnosis`` and the placement read afterwards."""
+    remembers what ``diagnosis`` and the placement read afterwards.
+
+    Args:
+        stream: the launcher's stderr (or stdout).
+        sink: where it is copied to.
+        hold_back: keep the launcher's report lines from ``sink``.
+    """
 
     def __init__(self, stream: IO[bytes], sink: IO[bytes], hold_back: bool = True) -> None:
         super().__init__(daemon=True)
@@ -217,7 +259,11 @@ class StderrPump(threading.Thread):
 
 
 class Stopped(Exception):
-    """A signal asked the job to stop."""
+    """A signal asked the job to stop.
+
+    Args:
+        signum: the signal's number.
+    """
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -242,7 +288,11 @@ def stop_on_signals() -> Iterator[None]:
 @contextmanager
 def job_directory(job: Job) -> Iterator[WorkDir]:
     """The job's cluster directory, owned by this process, with its command line; and its reaper, which
-    ends every process the directory lists should this process be killed. Both gone at the end."""
+    ends every process the directory lists should this process be killed. Both gone at the end.
+
+    Args:
+        job: the job.
+    """
     workdir = WorkDir.create(new_cluster_id(), job=shlex.join(job.command))
     reaper = start_reaper(workdir)
     try:
@@ -256,7 +306,13 @@ def job_directory(job: Job) -> Iterator[WorkDir]:
 class RunningJob:
     """The launcher of one world, in a session of its own so that its process group holds
     every rank started here: nothing is left of it when it ends or is stopped. The job's
-    directory lists the launcher and its descendants, at most ``TRACK_S`` late."""
+    directory lists the launcher and its descendants, at most ``TRACK_S`` late.
+
+    Args:
+        argv: the launcher's command line.
+        env: its environment.
+        workdir: the job's cluster directory.
+    """
 
     def __init__(self, argv: list[str], env: dict[str, str], workdir: WorkDir) -> None:
         self.process = subprocess.Popen(argv, env={**os.environ, **env}, stdin=subprocess.DEVNULL,
@@ -339,7 +395,11 @@ class RunningJob:
 
 def prepare(job: Job) -> tuple[Placement, list[str], dict[str, str]]:
     """The placement, the launcher's command line and the ranks' environment; a ClusterError
-    saying what to change where any of them cannot work."""
+    saying what to change where any of them cannot work.
+
+    Args:
+        job: the job.
+    """
     check_command(job.command)
     placement = choose_placement(job.options)
     n = placement.ranks([])  # a script pins its own GPU by hvd.local_rank(), as under horovodrun
@@ -383,7 +443,11 @@ def _launch(argv: list[str], env: dict[str, str], workdir: WorkDir) -> tuple[int
 def run_job(job: Job) -> int:
     """Run ``job`` to its end (or until a signal stops it); its exit code. Call from the main thread.
     A job that fails after ``hvd.elastic`` committed is launched again, up to ``options.max_resets``
-    times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's)."""
+    times: its ``hvd.elastic.run`` resumes from rank 0's last commit (kept in a folder of the job's).
+
+    Args:
+        job: the job.
+    """
     with ExitStack() as held:
         elastic = held.enter_context(tempfile.TemporaryDirectory(prefix=f"elastic-{os.getpid()}-", dir=clusters_dir()))
         job = replace(job, options=replace(job.options, env=(*job.options.env, (ELASTIC_DIR.name, elastic))))

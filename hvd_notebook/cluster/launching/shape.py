@@ -35,13 +35,25 @@ class ClusterShape:
     @classmethod
     def resolve(cls, ranks: int | None, gpus: list[str], min_np: int | None) -> ClusterShape:
         """The shape of a cluster starting now: ``ranks`` asked for (None: one per GPU of ``gpus``, which are
-        leased), ``min_np`` as ``--min-np`` gave it (None: every rank)."""
+        leased), ``min_np`` as ``--min-np`` gave it (None: every rank).
+
+        Args:
+            ranks: the ranks asked for, or None.
+            gpus: the GPUs leased.
+            min_np: ``--min-np``, or None.
+        """
         n = len(gpus) if ranks is None else ranks
         return cls(n, tuple(gpus), min_np or n)
 
     def smaller(self, ranks: int, why: str, gone: tuple[str, ...] = ()) -> ClusterShape:
         """This shape on ``ranks`` ranks without the GPUs ``gone``; a ClusterError saying ``why`` where
-        ``--min-np`` allows no fewer than it had."""
+        ``--min-np`` allows no fewer than it had.
+
+        Args:
+            ranks: the ranks left.
+            why: what went wrong, for the error.
+            gone: the GPUs lost.
+        """
         if ranks < self.min_ranks:
             raise ClusterError(f"{why}: {ranks} rank(s) could go on, fewer than the {self.min_ranks} that "
                                f"--min-np asks for. Start again with what is left (%hvd start --restart -n {ranks}), "
@@ -66,7 +78,15 @@ class Holding:
     def take(self, placement: Placement, host_gpus: list[str], asked: int | None, owner: str,
              rules: Policy) -> ClusterShape:
         """The shape, resolved at the first call from the ranks ``asked`` for (None: one per free GPU) and the GPUs
-        ``placement`` leases for ``owner`` under the node's ``rules``; the same shape afterwards."""
+        ``placement`` leases for ``owner`` under the node's ``rules``; the same shape afterwards.
+
+        Args:
+            placement: the cluster's placement.
+            host_gpus: the GPU ids this host has for the cluster.
+            asked: the ranks asked for, or None.
+            owner: the lease's owner.
+            rules: the node's policy.
+        """
         if self.shape is None:
             gpus, self.lease = placement.take_gpus(host_gpus, asked, owner, rules)
             self.shape = ClusterShape.resolve(None if self.lease is not None else asked, gpus, self.min_np)
@@ -80,7 +100,13 @@ class Holding:
 
     def shrink(self, n: int, why: str, gone: tuple[str, ...] = ()) -> None:
         """Go on with ``n`` ranks (without the GPUs ``gone``, which the lease drops), where ``--min-np`` allows
-        it, and say so; else a ClusterError saying ``why``."""
+        it, and say so; else a ClusterError saying ``why``.
+
+        Args:
+            n: the ranks left.
+            why: what went wrong, for the error.
+            gone: the GPUs lost.
+        """
         old = self.current()
         self.shape = old.smaller(n, why, gone)
         if gone and self.lease is not None:

@@ -27,7 +27,12 @@ CANCEL_WAIT_S = 60.0  # a standby being launched stops at its next step; ipypara
 
 
 def choose(options: ClusterOptions, placement: Placement) -> Standby:
-    """What ``--standby`` (else ``HVD_NOTEBOOK_STANDBY``) asks for, checked against the placement."""
+    """What ``--standby`` (else ``HVD_NOTEBOOK_STANDBY``) asks for, checked against the placement.
+
+    Args:
+        options: the cluster's options.
+        placement: its placement.
+    """
     text = options.standby or config.STANDBY.text() or Standby.AUTO.value
     choice = config.parse_choice(
         Standby, text, f"--standby {text!r} (or HVD_NOTEBOOK_STANDBY): use auto, on or off.", ClusterError)
@@ -39,7 +44,13 @@ def choose(options: ClusterOptions, placement: Placement) -> Standby:
 
 def wanted(choice: Standby, placement: Placement, n: int) -> bool:
     """Whether a cluster of ``n`` ranks keeps a standby: ``on``; or ``auto`` for ranks on this host
-    whose free memory holds the standby's ranks twice over."""
+    whose free memory holds the standby's ranks twice over.
+
+    Args:
+        choice: what ``choose`` returned.
+        placement: the cluster's placement.
+        n: its number of ranks.
+    """
     if choice is not Standby.AUTO:
         return choice is Standby.ON
     return placement.standby_by_default(n)
@@ -51,6 +62,9 @@ class WarmStandby:
     >>> standby = WarmStandby(lambda: LaunchedWorld(placement, shape, options))
     >>> standby.state                   # "starting", then "ready"
     >>> world = standby.take(timeout)   # the launched world, or None (then it is stopped)
+
+    Args:
+        make_world: makes the world to launch.
     """
 
     def __init__(self, make_world: Callable[[], LaunchedWorld]) -> None:
@@ -74,7 +88,11 @@ class WarmStandby:
         return f"failed: {self.error}" if self.error is not None else "ready"
 
     def settle(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for its launch to end (``state`` is then ready or failed)."""
+        """Wait up to ``timeout`` seconds for its launch to end (``state`` is then ready or failed).
+
+        Args:
+            timeout: seconds to wait at most.
+        """
         self._thread.join(timeout)
 
     def pids(self) -> set[int]:
@@ -83,7 +101,11 @@ class WarmStandby:
 
     def take(self, timeout: float) -> LaunchedWorld | None:
         """The standby's world, once launched (waiting up to ``timeout`` seconds for a standby still
-        starting), where all of it still runs; else None, and nothing of it is left running."""
+        starting), where all of it still runs; else None, and nothing of it is left running.
+
+        Args:
+            timeout: seconds to wait at most.
+        """
         self._thread.join(timeout)
         if self._thread.is_alive() or self.error is not None or not self.world.engines_whole():
             self.cancel()

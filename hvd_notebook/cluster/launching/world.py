@@ -57,7 +57,12 @@ class RankInfo:
 
     @classmethod
     def from_bootstrap(cls, engine_id: int, report: RankReport) -> RankInfo:
-        """The rank that ``engine.bootstrap.bootstrap`` described in ``report``, on engine ``engine_id``."""
+        """The rank that ``engine.bootstrap.bootstrap`` described in ``report``, on engine ``engine_id``.
+
+        Args:
+            engine_id: the rank's engine.
+            report: what its bootstrap reported.
+        """
         reported = {k: getattr(report, k) for k in cls.__dataclass_fields__ if k not in ("engine_id", "here")}
         return cls(engine_id=engine_id, here=report.host == socket.gethostname(), **reported)
 
@@ -268,7 +273,16 @@ class LaunchedWorld:
 def on_engines(channel: RankChannel, engine_ids: list[int], deadline: tuple[float, float],
                cancelled: threading.Event | None, func: Any, *args: Any) -> list[Any]:
     """``func(*args)`` on each engine (a bootstrap step): their results, or a ClusterError where one fails,
-    the ``deadline`` (its time, and the start timeout it came from) passes or ``cancelled`` is set first."""
+    the ``deadline`` (its time, and the start timeout it came from) passes or ``cancelled`` is set first.
+
+    Args:
+        channel: the world's channel.
+        engine_ids: the engines to call.
+        deadline: (its time, the start timeout it came from).
+        cancelled: set to give up early, or None.
+        func: the function they run.
+        *args: its arguments.
+    """
     ar = channel.on_engines(engine_ids, func, *args)
     while not ar.wait(0.1):
         if cancelled is not None and cancelled.is_set():

@@ -23,7 +23,11 @@ def detect_gpus() -> list[str]:
 
 
 def resolve_gpus(spec: str) -> list[str]:
-    """Turn ``--gpus auto|none|0,1`` into the list of GPU ids to pin ranks to."""
+    """Turn ``--gpus auto|none|0,1`` into the list of GPU ids to pin ranks to.
+
+    Args:
+        spec: ``--gpus``'s value.
+    """
     spec = spec.strip()
     if spec == "auto":
         return detect_gpus()
@@ -44,7 +48,11 @@ def gpu_memory_by_pid() -> dict[int, int]:
 
 
 def parse_gpu_memory(csv_text: str) -> dict[int, int]:
-    """``nvidia-smi --query-compute-apps=pid,used_memory`` output (MiB) as pid -> bytes."""
+    """``nvidia-smi --query-compute-apps=pid,used_memory`` output (MiB) as pid -> bytes.
+
+    Args:
+        csv_text: nvidia-smi's output.
+    """
     used: dict[int, int] = {}
     for line in csv_text.splitlines():
         pid, _, mib = line.partition(",")

@@ -50,7 +50,11 @@ class Lease:
     owner: str = ""  # what holds it, in this process's words (others read who from /proc/locks)
 
     def drop(self, gpus: list[str]) -> None:
-        """Free these of the lease's GPUs (gone from the host), keep the others."""
+        """Free these of the lease's GPUs (gone from the host), keep the others.
+
+        Args:
+            gpus: the GPUs to free.
+        """
         kept = [(g, fd) for g, fd in zip(self.gpus, self.fds) if g not in gpus]
         for gpu, fd in zip(self.gpus, self.fds):
             if gpu in gpus:
@@ -117,7 +121,14 @@ def acquire(gpus: list[str], n: int | None, owner: str, at_most: int | None = No
     names the lease in this process (``Lease.owner``).
 
     Raises ``LeaseError`` naming who holds the busy ones when fewer than ``n`` (or none at all) are free,
-    or where the lease folder or a lock file is not to be trusted; nothing stays held then."""
+    or where the lease folder or a lock file is not to be trusted; nothing stays held then.
+
+    Args:
+        gpus: the GPUs to lease from.
+        n: how many, or None for every free one.
+        owner: names the lease in this process.
+        at_most: a cap where ``n`` is None.
+    """
     folder, dir_fd, folder_st = opened_folder(create=True)
     lease = Lease(gpus=[], owner=owner)
     busy: dict[str, tuple[int, int]] = {}  # GPU -> its lock file's device and inode
@@ -282,7 +293,12 @@ def setup_node(gpus: list[str], path: Path | None = None) -> list[str]:
     """Make the node's lease folder (``path``, else the configured one) as leases need it: this user's
     (root's, at install) and 0755, a 0644 lock file of theirs per GPU of ``gpus``, and the sticky
     ``register/``. A folder that was not so (another user's, one others may write, a link) is moved
-    aside, and a lock file that was not so replaced: lines saying what was done."""
+    aside, and a lock file that was not so replaced: lines saying what was done.
+
+    Args:
+        gpus: the node's GPU ids.
+        path: the lease folder; None for the configured one.
+    """
     path = path or configured_dir()
     check_parent(path)
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -45,7 +45,11 @@ def _refusal(path: Path, what: str) -> str:
 
 
 def check_parent(path: Path) -> None:
-    """No one but root and this user can rename or replace ``path``: its parent folder ``guards_entries``."""
+    """No one but root and this user can rename or replace ``path``: its parent folder ``guards_entries``.
+
+    Args:
+        path: the folder to check.
+    """
     try:
         st = os.stat(path.parent)
     except FileNotFoundError:
@@ -58,7 +62,14 @@ def check_parent(path: Path) -> None:
 def open_dir(path: Path, owners: tuple[int, ...], refuse=_refusal, sticky: bool = False) -> tuple[int, os.stat_result]:
     """A descriptor of the directory ``path`` (not a link) and its stat, where one of ``owners`` owns it
     and no one else may write it (or, with ``sticky``, only with the sticky bit: no one removes another's
-    files); ``LeaseDirError`` (``refuse(path, what)``) else, ``FileNotFoundError`` where it does not exist."""
+    files); ``LeaseDirError`` (``refuse(path, what)``) else, ``FileNotFoundError`` where it does not exist.
+
+    Args:
+        path: the directory.
+        owners: the uids that may own it.
+        refuse: makes the error, from a sentence.
+        sticky: allow others' writes under the sticky bit.
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
     except FileNotFoundError:
@@ -77,7 +88,13 @@ def open_dir(path: Path, owners: tuple[int, ...], refuse=_refusal, sticky: bool 
 
 
 def make_dir(path: Path, mode: int, dir_fd: int | None = None) -> None:
-    """``path`` made with ``mode`` whatever the umask (made already, by whoever, is fine: it is checked next)."""
+    """``path`` made with ``mode`` whatever the umask (made already, by whoever, is fine: it is checked next).
+
+    Args:
+        path: the directory.
+        mode: its mode.
+        dir_fd: a directory ``path`` is relative to, or None.
+    """
     try:
         os.mkdir(path, 0o700, dir_fd=dir_fd)
     except FileExistsError:
@@ -91,7 +108,11 @@ def make_dir(path: Path, mode: int, dir_fd: int | None = None) -> None:
 
 def opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
     """The lease folder, a descriptor of it and its stat, checked; made (this user's, 0755) where absent and
-    ``create``, else None where absent."""
+    ``create``, else None where absent.
+
+    Args:
+        create: make it where absent.
+    """
     path = configured_dir()
     check_parent(path)
     try:
@@ -112,7 +133,11 @@ def opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
 def register_dir(create: bool = True) -> Path:
     """The register's folder inside the lease folder (sticky: every user writes their own cards), checked:
     the folder owner's, and writable by others only with the sticky bit. Made where absent and ``create``
-    by the folder's owner; others get ``LeaseDirError`` then, as they do for a bad one."""
+    by the folder's owner; others get ``LeaseDirError`` then, as they do for a bad one.
+
+    Args:
+        create: make it where absent.
+    """
     opened = opened_folder(create)
     if opened is None:
         return configured_dir() / REGISTER

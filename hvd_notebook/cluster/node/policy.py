@@ -56,7 +56,11 @@ class Policy:
     sources: tuple[tuple[str, str], ...] = ()  # (rule, where it was set), for messages
 
     def source(self, rule: str) -> str:
-        """Where ``rule`` was set, for an error message."""
+        """Where ``rule`` was set, for an error message.
+
+        Args:
+            rule: the rule's name.
+        """
         return dict(self.sources).get(rule, "the node's policy")
 
     def describe(self) -> str:
@@ -76,7 +80,12 @@ class Policy:
     def room(self, gpus: bool, asked: int | None) -> int | None:
         """How many GPUs (``gpus``) or CPU ranks a new cluster of this kernel may take beside the
         user's other clusters on this node (None: no cap); ``PolicyError`` naming those clusters
-        where ``asked`` (or, with None, even one) is more than that."""
+        where ``asked`` (or, with None, even one) is more than that.
+
+        Args:
+            gpus: whether the new cluster's ranks have GPUs.
+            asked: the GPUs or ranks asked for, or None.
+        """
         rule = "max_gpus_per_user" if gpus else "max_cpu_ranks_per_user"
         cap = getattr(self, rule)
         if cap is None:
@@ -102,7 +111,12 @@ _RULES = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user
 
 
 def parse_duration(value: object, where: str) -> float:
-    """Seconds from ``90``, ``"90s"``, ``"30m"``, ``"8h"`` or ``"1d"``."""
+    """Seconds from ``90``, ``"90s"``, ``"30m"``, ``"8h"`` or ``"1d"``.
+
+    Args:
+        value: the rule's value.
+        where: where it was set, for the error.
+    """
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", str(value).lower())
     if isinstance(value, bool) or not match or float(match.group(1)) <= 0:
         raise PolicyError(f"{where}: {value!r} is not a duration; write seconds or a number with s, m, h or d, "
@@ -111,7 +125,11 @@ def parse_duration(value: object, where: str) -> float:
 
 
 def format_duration(seconds: float) -> str:
-    """``30 min``, ``8 h``, ``45 s``."""
+    """``30 min``, ``8 h``, ``45 s``.
+
+    Args:
+        seconds: the duration.
+    """
     for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g} {unit}"
@@ -166,7 +184,12 @@ def _read_file(path: Path, required: bool) -> dict[str, object]:
 
 def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FILE) -> Policy:
     """The rules in force: the tightest of the system file, ``$HVD_NOTEBOOK_POLICY_FILE``'s and the
-    environment's. ``PolicyError`` for a rule that cannot be read."""
+    environment's. ``PolicyError`` for a rule that cannot be read.
+
+    Args:
+        environ: the environment; None for this process's.
+        system_file: the node's policy file.
+    """
     environ = os.environ if environ is None else environ
     found: list[tuple[str, object, str]] = []  # (rule, value, where)
     named = config.POLICY_FILE.text(environ)

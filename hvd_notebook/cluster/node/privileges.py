@@ -21,7 +21,12 @@ from pathlib import Path
 
 def as_user(user: str, work: Callable[[], int]) -> int:
     """Run ``work`` in a child process that is ``user`` alone (root only); its return value, or 1
-    where it raised (the traceback on stderr)."""
+    where it raised (the traceback on stderr).
+
+    Args:
+        user: the login name to run as.
+        work: what the child runs; its exit code.
+    """
     entry = pwd.getpwnam(user)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -43,7 +48,11 @@ def as_user(user: str, work: Callable[[], int]) -> int:
 
 def become(entry: pwd.struct_passwd) -> None:
     """Drop this process to the user of ``entry`` for good, with the environment that user's own
-    commands would see (HOME, USER, LOGNAME, and XDG_RUNTIME_DIR where the system gives them one)."""
+    commands would see (HOME, USER, LOGNAME, and XDG_RUNTIME_DIR where the system gives them one).
+
+    Args:
+        entry: the user's password entry.
+    """
     os.initgroups(entry.pw_name, entry.pw_gid)
     os.setresgid(entry.pw_gid, entry.pw_gid, entry.pw_gid)
     os.setresuid(entry.pw_uid, entry.pw_uid, entry.pw_uid)

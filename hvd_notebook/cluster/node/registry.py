@@ -82,21 +82,34 @@ class Card:
 
 
 def card_path(kernel: int | None = None) -> Path:
-    """Where the card of this user's cluster of ``kernel`` (this process by default) lies."""
+    """Where the card of this user's cluster of ``kernel`` (this process by default) lies.
+
+    Args:
+        kernel: the kernel's PID; None for this process.
+    """
     pid = os.getpid() if kernel is None else kernel
     return nodedir.configured_dir() / nodedir.REGISTER / f"{CARD_PREFIX}{os.geteuid()}-{pid}.json"
 
 
 def write(card: Card) -> None:
     """Write (or replace) this user's card, readable by all: whole, through a fresh name and a rename
-    (never through a link or into a file someone else made)."""
+    (never through a link or into a file someone else made).
+
+    Args:
+        card: the card.
+    """
     path = nodedir.register_dir(create=True) / card_path(card.kernel).name
     text = json.dumps({k: v for k, v in asdict(card).items() if k not in _FILLED_IN})
     private.write_text(path, text, 0o644)
 
 
 def touch(card: Card, busy: bool) -> Card:
-    """The card after a cell started (``busy``) or ended, written."""
+    """The card after a cell started (``busy``) or ended, written.
+
+    Args:
+        card: the card.
+        busy: whether a cell runs.
+    """
     updated = replace(card, busy=busy, last_cell=time.time())
     write(updated)
     return updated
@@ -104,7 +117,12 @@ def touch(card: Card, busy: bool) -> Card:
 
 def remove(kernel: int | None = None, path: str | Path | None = None) -> None:
     """Remove this user's card of ``kernel``'s cluster (this process's by default), or the card at
-    ``path``; gone already (or no register) is fine."""
+    ``path``; gone already (or no register) is fine.
+
+    Args:
+        kernel: the kernel's PID; None for this process.
+        path: the card's path, in place of ``kernel``.
+    """
     try:
         (Path(path) if path else card_path(kernel)).unlink()
     except OSError:
@@ -143,7 +161,11 @@ _FIELDS = {"cluster": (_text, "a text"), "workdir": (_text, "a text"),
 
 def parse_card(data: object) -> Card:
     """The card that JSON ``data`` describes; ``BadCard`` where a field is missing, of the wrong type,
-    or out of range (a reader must not crash on what another user wrote)."""
+    or out of range (a reader must not crash on what another user wrote).
+
+    Args:
+        data: the card's parsed JSON.
+    """
     if not isinstance(data, dict):
         raise BadCard("it is not a JSON object")
     values = {}
@@ -163,7 +185,11 @@ def parse_card(data: object) -> Card:
 
 def read_card(path: Path) -> Card:
     """The card at ``path`` (``cluster-UID-PID.json``): a regular file owned by UID, of at most
-    ``MAX_CARD_BYTES``, for kernel PID; ``BadCard`` else, ``FileNotFoundError`` where it was just removed."""
+    ``MAX_CARD_BYTES``, for kernel PID; ``BadCard`` else, ``FileNotFoundError`` where it was just removed.
+
+    Args:
+        path: the card's file.
+    """
     match = _CARD_NAME.fullmatch(path.name)
     if not match:
         raise BadCard("its name is not cluster-UID-PID.json")
@@ -260,5 +286,10 @@ def _read_some(folder: Path, names: list[str], examined: int) -> tuple[list[Card
 
 def held_by(user: str, besides: int | None = None) -> list[Card]:
     """``user``'s cards whose kernel still runs, other than that of the kernel ``besides`` (for the caps:
-    ``nodedir.LeaseDirError`` where the register cannot be trusted, rather than no cards)."""
+    ``nodedir.LeaseDirError`` where the register cannot be trusted, rather than no cards).
+
+    Args:
+        user: the login name.
+        besides: a kernel PID to leave out, or None.
+    """
     return [c for c in read_all(strict=True) if c.user == user and c.kernel != besides and c.kernel_alive]

@@ -62,13 +62,23 @@ def guard_command() -> list[str]:
 
 def world_segments(launcher_pid: int, nodes: int = 1) -> list[Path]:
     """Where gforker ``launcher_pid``'s world's ranks make (or find) their MPICH segments (node ids below
-    ``nodes``: see ``shmguard.world_segment_names``)."""
+    ``nodes``: see ``shmguard.world_segment_names``).
+
+    Args:
+        launcher_pid: the gforker launcher's PID.
+        nodes: MPICH's node count.
+    """
     return [SHM_DIR / name for name in shmguard.world_segment_names(launcher_pid, nodes)]
 
 
 def foreign_world_segments(launcher_pid: int, nodes: int = 1) -> list[str]:
     """A sentence for each of gforker ``launcher_pid``'s segment names that exists and is not this user's
-    private file."""
+    private file.
+
+    Args:
+        launcher_pid: the gforker launcher's PID.
+        nodes: MPICH's node count.
+    """
     found = (shmguard.foreign(str(path), os.geteuid()) for path in world_segments(launcher_pid, nodes))
     return [why for why in found if why is not None]
 
@@ -142,7 +152,11 @@ def foreign_mappings(pids: Iterable[int]) -> list[str]:
     user's, not a regular file, or this user's own but open to others under its name; and for each SysV
     segment one maps that another user owns or made (the user's own SysV segments cannot be made first by
     anyone; UCX's are open to the group, see ``placement.LOOPBACK_ENV``). Processes that are gone, or not
-    this user's, are skipped."""
+    this user's, are skipped.
+
+    Args:
+        pids: the world's processes.
+    """
     uid = os.geteuid()
     found: dict[tuple[str, int], str] = {}
     sysv = None
@@ -177,7 +191,14 @@ def check_world(launcher_pid: int | None, pids: Iterable[int] = (), gforker: boo
     """``ShmError`` where a process of the world (the launcher ``launcher_pid``, its descendants, and
     ``pids``) has another user's shared memory (or memory others may read) open or mapped, or, for a
     ``gforker`` world of ``n`` ranks, where its predicted segment names are another user's. Cheap enough
-    to call every fraction of a second while a world starts."""
+    to call every fraction of a second while a world starts.
+
+    Args:
+        launcher_pid: the launcher's PID, or None.
+        pids: other processes of the world.
+        gforker: whether the launcher is gforker.
+        n: the world's number of ranks.
+    """
     tree = set(pids)
     findings = []
     if launcher_pid is not None:
@@ -198,7 +219,14 @@ class StartWatch(threading.Thread):
     """Looks at the shared memory of a launcher's world (``check_world``) while the launcher runs, four
     times a second for the first minute and every 2 seconds after, and calls
     ``on_foreign(message)`` once where it finds another user's: for a launch that nothing else watches
-    while its ranks start (``hvd-notebook run``), where a rank on a planted segment would wait for ever."""
+    while its ranks start (``hvd-notebook run``), where a rank on a planted segment would wait for ever.
+
+    Args:
+        launcher_pid: the launcher's PID.
+        gforker: whether the launcher is gforker.
+        n: the world's number of ranks.
+        on_foreign: called with the message, once.
+    """
 
     def __init__(self, launcher_pid: int, gforker: bool, n: int, on_foreign: Callable[[str], None]) -> None:
         super().__init__(daemon=True)
@@ -207,7 +235,13 @@ class StartWatch(threading.Thread):
 
     @classmethod
     def for_launch(cls, launcher_pid: int, argv: list[str], on_foreign: Callable[[str], None]) -> StartWatch:
-        """The watch of the launch of ``argv`` (through ``shmguard`` or not), started."""
+        """The watch of the launch of ``argv`` (through ``shmguard`` or not), started.
+
+        Args:
+            launcher_pid: the launcher's PID.
+            argv: its command line.
+            on_foreign: called with the message, once.
+        """
         guard = guard_command()
         watch = cls(launcher_pid, argv[:len(guard)] == guard, shmguard.ranks_of(argv), on_foreign)
         watch.start()
@@ -240,7 +274,11 @@ class StartWatch(threading.Thread):
 
 
 def refused_by_guard(output: str) -> str | None:
-    """What ``shmguard`` said where it refused to start the launcher (in the launcher's ``output``)."""
+    """What ``shmguard`` said where it refused to start the launcher (in the launcher's ``output``).
+
+    Args:
+        output: the launcher's output.
+    """
     for line in output.splitlines():
         if line.startswith(shmguard.REFUSED_PREFIX):
             return line[len(shmguard.REFUSED_PREFIX):].strip()
@@ -286,7 +324,11 @@ def space_note() -> str:
 
 def check_space(n: int) -> None:
     """``ClusterError`` where /dev/shm has less room than ``n`` ranks on this host need (``BYTES_PER_RANK``
-    each): they would die of SIGBUS in ``MPI_Init`` or at their first message."""
+    each): they would die of SIGBUS in ``MPI_Init`` or at their first message.
+
+    Args:
+        n: the ranks on this host.
+    """
     try:
         free, size = free_bytes()
     except OSError:
@@ -305,7 +347,13 @@ def check_space(n: int) -> None:
 # ------------------------------------------------------------------ what killed ranks leave
 def remove_world(launcher_pid: int, nodes: int = 1, uid: int | None = None) -> list[Path]:
     """Remove gforker ``launcher_pid``'s world's segments (once its ranks are gone), where they are
-    ``uid``'s (this process's effective uid) own regular files; those removed."""
+    ``uid``'s (this process's effective uid) own regular files; those removed.
+
+    Args:
+        launcher_pid: the gforker launcher's PID.
+        nodes: MPICH's node count.
+        uid: the segments' owner; None for this process's.
+    """
     uid = os.geteuid() if uid is None else uid
     removed = []
     for path in world_segments(launcher_pid, nodes):
@@ -332,7 +380,12 @@ def _mapped(paths: set[str]) -> set[str]:
 
 def remove_orphaned(min_age: float = MIN_AGE_S, uid: int | None = None) -> list[Path]:
     """Remove this user's (or, for root, user ``uid``'s) ``mpich_shm_*`` segments in /dev/shm that no
-    process maps and that are older than ``min_age`` seconds; those removed."""
+    process maps and that are older than ``min_age`` seconds; those removed.
+
+    Args:
+        min_age: seconds a segment must be old.
+        uid: the segments' owner; None for this process's.
+    """
     now, uid = time.time(), os.getuid() if uid is None else uid
     candidates = {}
     for path in SHM_DIR.glob(f"{PREFIX}*"):

@@ -36,7 +36,11 @@ _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
 
 
 def fnv1a_32(data: bytes) -> int:
-    """The 32-bit FNV-1a hash of ``data`` (MPICH's ``HASH_FNV``, which names a world's segments)."""
+    """The 32-bit FNV-1a hash of ``data`` (MPICH's ``HASH_FNV``, which names a world's segments).
+
+    Args:
+        data: the bytes to hash.
+    """
     h = _FNV_OFFSET
     for byte in data:
         h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
@@ -44,7 +48,11 @@ def fnv1a_32(data: bytes) -> int:
 
 
 def gforker_kvsname(launcher_pid: int) -> str:
-    """The PMI kvsname that ``mpiexec.gforker`` with pid ``launcher_pid`` gives its (first) world."""
+    """The PMI kvsname that ``mpiexec.gforker`` with pid ``launcher_pid`` gives its (first) world.
+
+    Args:
+        launcher_pid: the launcher's PID.
+    """
     return f"kvs_{launcher_pid}_0"
 
 
@@ -54,13 +62,21 @@ def world_segment_names(launcher_pid: int, nodes: int = 1) -> list[str]:
 
     >>> world_segment_names(6126)
     ['mpich_shm_f22c3768_0', 'mpich_vci_f22c3768_0']
+
+    Args:
+        launcher_pid: the launcher's PID.
+        nodes: MPICH's node count.
     """
     world = fnv1a_32(gforker_kvsname(launcher_pid).encode())
     return [f"mpich_{kind}_{world:x}_{node}" for node in range(max(1, nodes)) for kind in ("shm", "vci")]
 
 
 def ranks_of(argv: list[str]) -> int:
-    """The number of ranks a launcher's command line asks for (``-n N`` or ``-np N``; 1 where it does not say)."""
+    """The number of ranks a launcher's command line asks for (``-n N`` or ``-np N``; 1 where it does not say).
+
+    Args:
+        argv: the launcher's command line.
+    """
     for flag, value in zip(argv, argv[1:]):
         if flag in ("-n", "-np") and value.isdigit():
             return int(value)
@@ -76,7 +92,12 @@ def _owner(uid: int) -> str:
 
 def foreign(path: str, uid: int) -> str | None:
     """Why ``path`` may not be a segment of ``uid``'s world (another user's, open to others, not a
-    regular file), in a sentence; None where it does not exist or is ``uid``'s own private file."""
+    regular file), in a sentence; None where it does not exist or is ``uid``'s own private file.
+
+    Args:
+        path: a segment's path.
+        uid: the world's owner.
+    """
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -95,7 +116,13 @@ def foreign(path: str, uid: int) -> str | None:
 def prepare(launcher_pid: int, uid: int, nodes: int = 1) -> str | None:
     """Make ``launcher_pid``'s world's segment names (``world_segment_names``) free for ``uid``'s ranks: None
     where they are (a stale file of ``uid``'s own is removed: its world's launcher had this pid and is
-    gone), else the sentence that ``foreign`` says of the first one that is not."""
+    gone), else the sentence that ``foreign`` says of the first one that is not.
+
+    Args:
+        launcher_pid: the launcher's PID.
+        uid: the world's owner.
+        nodes: MPICH's node count.
+    """
     for name in world_segment_names(launcher_pid, nodes):
         path = os.path.join(SHM_DIR, name)
         why = foreign(path, uid)
@@ -109,7 +136,11 @@ def prepare(launcher_pid: int, uid: int, nodes: int = 1) -> str | None:
 
 
 def main(argv: list[str]) -> int:
-    """Check this process's world names, then exec ``argv`` (the launcher and its arguments)."""
+    """Check this process's world names, then exec ``argv`` (the launcher and its arguments).
+
+    Args:
+        argv: the launcher and its arguments.
+    """
     if not argv:
         print("usage: python -I -S shmguard.py LAUNCHER [ARGS...]", file=sys.stderr)
         return 2

@@ -23,7 +23,11 @@ from .workdir import Record, WorkDir
 
 
 def same_process(record: Record) -> psutil.Process | None:
-    """The process ``record`` names, if it still exists, is that process, and runs as this user."""
+    """The process ``record`` names, if it still exists, is that process, and runs as this user.
+
+    Args:
+        record: the recorded process.
+    """
     pid, created = record
     try:
         proc = psutil.Process(pid)
@@ -33,13 +37,21 @@ def same_process(record: Record) -> psutil.Process | None:
 
 
 def is_alive(record: Record) -> bool:
-    """Is the recorded process still there (``same_process``) and ``alive``?"""
+    """Is the recorded process still there (``same_process``) and ``alive``?
+
+    Args:
+        record: the recorded process.
+    """
     proc = same_process(record)
     return proc is not None and alive(proc)
 
 
 def live_processes(records: Iterable[Record]) -> list[psutil.Process]:
-    """Those of ``records`` that are still the processes recorded."""
+    """Those of ``records`` that are still the processes recorded.
+
+    Args:
+        records: the recorded processes.
+    """
     return [p for p in map(same_process, records) if p is not None]
 
 
@@ -50,7 +62,11 @@ def interrupt_this_process() -> None:
 
 def ask_to_end(record: Record) -> psutil.Process | None:
     """SIGTERM to the recorded process where it still is that process of this user (a launcher such as
-    ``hvd-notebook run`` then ends its ranks and itself); the process, or None where it had ended."""
+    ``hvd-notebook run`` then ends its ranks and itself); the process, or None where it had ended.
+
+    Args:
+        record: the recorded process.
+    """
     process = same_process(record)
     if process is not None:
         try:
@@ -62,7 +78,13 @@ def ask_to_end(record: Record) -> psutil.Process | None:
 
 def kill_all(processes: Iterable[psutil.Process | int], grace: float, wait: float | None = None) -> None:
     """SIGTERM every process, SIGKILL those still there after ``grace`` seconds,
-    then wait up to ``wait`` seconds (default ``grace``) for them to be gone."""
+    then wait up to ``wait`` seconds (default ``grace``) for them to be gone.
+
+    Args:
+        processes: the processes, or their PIDs.
+        grace: seconds between SIGTERM and SIGKILL.
+        wait: seconds to wait after; None for ``grace``.
+    """
     procs = []
     for p in processes:
         try:
@@ -92,7 +114,11 @@ class PidRegistry:
         self._lock = threading.Lock()  # a standby is launched in a thread while the kernel may ask
 
     def add(self, *pids: int) -> None:
-        """Remember these processes, and their descendants."""
+        """Remember these processes, and their descendants.
+
+        Args:
+            *pids: the processes' PIDs.
+        """
         with self._lock:
             self._pids.update(pids)
         self.remember_descendants()

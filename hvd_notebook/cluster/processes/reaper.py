@@ -28,7 +28,11 @@ POLL_S = 1.0
 
 
 def start_reaper(workdir: WorkDir) -> subprocess.Popen:
-    """Start the watchdog of the cluster in ``workdir``, owned by this process (the kernel)."""
+    """Start the watchdog of the cluster in ``workdir``, owned by this process (the kernel).
+
+    Args:
+        workdir: the cluster's directory.
+    """
     return subprocess.Popen(
         [sys.executable, "-m", "hvd_notebook.cluster.processes.reaper", str(os.getpid()), str(workdir.path)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -38,7 +42,11 @@ def start_reaper(workdir: WorkDir) -> subprocess.Popen:
 
 def reap(workdir: WorkDir) -> int:
     """Kill the cluster's processes, with their descendants (started since the PID file was last written),
-    and remove its directory; return how many were killed."""
+    and remove its directory; return how many were killed.
+
+    Args:
+        workdir: the cluster's directory.
+    """
     procs = {p.pid: p for p in live_processes(workdir.read_pids())}
     for listed in list(procs.values()):
         try:
@@ -52,7 +60,12 @@ def reap(workdir: WorkDir) -> int:
 
 
 def watch(kernel_pid: int, workdir: WorkDir) -> None:
-    """Reap the cluster once the kernel is gone; return when either is."""
+    """Reap the cluster once the kernel is gone; return when either is.
+
+    Args:
+        kernel_pid: the kernel's PID.
+        workdir: the cluster's directory.
+    """
     try:
         kernel = psutil.Process(kernel_pid)
     except psutil.NoSuchProcess:
@@ -68,7 +81,11 @@ def watch(kernel_pid: int, workdir: WorkDir) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR``."""
+    """``python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR``.
+
+    Args:
+        argv: ``KERNEL_PID CLUSTER_DIR``.
+    """
     if len(argv) != 3:
         print("usage: python -m hvd_notebook.cluster.processes.reaper KERNEL_PID CLUSTER_DIR", file=sys.stderr)
         return 2

@@ -35,7 +35,11 @@ def registered_pids() -> list[int]:
 
 
 def ranks_of(pids: list[int]) -> dict[int, int]:
-    """The rank that each process of ``pids`` registered as (those that registered and still run)."""
+    """The rank that each process of ``pids`` registered as (those that registered and still run).
+
+    Args:
+        pids: the processes.
+    """
     folder, found = stacks_dir(), {}
     for pid in pids:
         who = _who(folder, pid) if (folder / f"{pid}.who").exists() else None
@@ -46,7 +50,12 @@ def ranks_of(pids: list[int]) -> dict[int, int]:
 
 
 def collect(pids: list[int], timeout: float = 2.0) -> dict[int, tuple[str, str]]:
-    """Each registered process of ``pids``: (who, its stacks); "" where it did not answer in time."""
+    """Each registered process of ``pids``: (who, its stacks); "" where it did not answer in time.
+
+    Args:
+        pids: the processes.
+        timeout: seconds to wait for their dumps.
+    """
     folder = stacks_dir()
     asked: dict[int, Path] = {}
     whos: dict[int, str] = {}
@@ -99,14 +108,23 @@ _TELLING = ("<ipython-input", "/ipykernel_", "hvd_notebook/runtime/", "<string>"
 
 
 def threads(dump: str) -> list[str]:
-    """One faulthandler dump split into its threads' stacks."""
+    """One faulthandler dump split into its threads' stacks.
+
+    Args:
+        dump: a faulthandler dump.
+    """
     starts = [m.start() for m in _THREAD.finditer(dump)] + [len(dump)]
     return [dump[a:b].rstrip() for a, b in zip(starts, starts[1:])]
 
 
 def format_stacks(collected: dict[int, tuple[str, str]], all_threads: bool = False) -> str:
     """What ``collect`` found, rank by rank. Without ``all_threads``, each rank's threads that run a
-    cell, a script or a collective (the engine's own threads, which wait on sockets, left out)."""
+    cell, a script or a collective (the engine's own threads, which wait on sockets, left out).
+
+    Args:
+        collected: what ``collect`` returned.
+        all_threads: show every thread.
+    """
     def rank_of(item: tuple[int, tuple[str, str]]) -> tuple[int, int]:
         m = re.match(r"rank (\d+)", item[1][0])
         return (int(m.group(1)) if m else 1 << 30, item[0])
@@ -131,7 +149,11 @@ _NOT_USER = ("/site-packages/", "/hvd_notebook/", "/lib/python3", "<frozen ")
 def where(dump: str) -> str:
     """Where one rank is, in a line: the ``hvd`` call it waits in and the cell or script line that
     made it ("in hvd.barrier(), called from a cell, line 2"), else the innermost line of the user's
-    code, else the innermost frame."""
+    code, else the innermost frame.
+
+    Args:
+        dump: the rank's faulthandler dump.
+    """
     best = ""
     for thread in threads(dump):
         frames = _FRAME.findall(thread)  # the most recent call first

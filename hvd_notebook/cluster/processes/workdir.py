@@ -58,12 +58,20 @@ def new_cluster_id() -> str:
 
 
 def format_record(record: Record) -> str:
-    """A record as a line of the owner or PID file."""
+    """A record as a line of the owner or PID file.
+
+    Args:
+        record: the process's record.
+    """
     return f"{record[0]} {record[1]}"
 
 
 def parse_record(line: str) -> Record | None:
-    """``"pid create_time"`` as a record; None for a line that is not one."""
+    """``"pid create_time"`` as a record; None for a line that is not one.
+
+    Args:
+        line: a line of the file.
+    """
     try:
         pid, created = line.split()
         return int(pid), float(created)
@@ -101,11 +109,21 @@ class Activity:
     actions: list[str] = field(default_factory=list)  # what the kernel answers (``Request``)
 
     def changed(self, state: ActivityState, detail: str = "") -> Activity:
-        """This activity in ``state`` from now on."""
+        """This activity in ``state`` from now on.
+
+        Args:
+            state: the new state.
+            detail: a word on it, or "".
+        """
         return replace(self, state=state, detail=detail, since=time.time())
 
     @classmethod
     def from_dict(cls, data: dict) -> Activity:
+        """The activity that the activity file's JSON ``data`` describes.
+
+        Args:
+            data: the file's parsed JSON.
+        """
         return cls(kernel=int(data["kernel"]), notebook=data.get("notebook"), framework=str(data["framework"]),
                    backend=str(data["backend"]), ranks=list(data["ranks"]), state=ActivityState(data["state"]),
                    since=float(data["since"]), detail=str(data.get("detail", "")),
@@ -122,7 +140,11 @@ class Request:
     action: str
 
     def reply(self, answer: str) -> None:
-        """Answer the request (the asking side reads and removes both files)."""
+        """Answer the request (the asking side reads and removes both files).
+
+        Args:
+            answer: what happened, in a sentence.
+        """
         private.write_text(self.path.with_suffix(".answer"), answer)
         self.path.unlink(missing_ok=True)
 
@@ -138,7 +160,12 @@ class WorkDir:
         """Make the directory (owner only) and record this process as the owning kernel (or, with ``job``, its
         command line, as the launcher of a job of ``hvd-notebook run``). It gets its name with its owner
         recorded already: ``hvd-notebook clean`` stops a cluster whose directory names no live owner, and must
-        never find one that is only starting."""
+        never find one that is only starting.
+
+        Args:
+            cluster_id: the directory's name.
+            job: the job's command line, or None for a kernel's cluster.
+        """
         path = clusters_dir() / cluster_id
         making = path.with_name(f".{cluster_id}.making")  # (not a cluster's name: no one looks here)
         making.mkdir(mode=0o700)
@@ -170,7 +197,11 @@ class WorkDir:
             return None
 
     def write_pids(self, records: list[Record]) -> None:
-        """Replace the PID file at once (the reaper may read it at any moment)."""
+        """Replace the PID file at once (the reaper may read it at any moment).
+
+        Args:
+            records: the cluster's processes.
+        """
         self._write(PID_FILE, "\n".join(format_record(r) for r in records))
 
     def read_pids(self) -> list[Record]:
@@ -182,7 +213,11 @@ class WorkDir:
         return [r for r in map(parse_record, lines) if r is not None]
 
     def mark_standby(self, standby: bool = True) -> None:
-        """Say (or no longer say) that this cluster is another's warm standby."""
+        """Say (or no longer say) that this cluster is another's warm standby.
+
+        Args:
+            standby: True to say so, False to stop saying so.
+        """
         if standby:
             self._write(STANDBY_FILE, "")
         else:
@@ -194,7 +229,11 @@ class WorkDir:
         return (self.path / STANDBY_FILE).exists()
 
     def write_activity(self, activity: Activity) -> None:
-        """Replace the activity file at once (the panel may read it at any moment)."""
+        """Replace the activity file at once (the panel may read it at any moment).
+
+        Args:
+            activity: the cluster's activity.
+        """
         self._write(ACTIVITY_FILE, json.dumps(asdict(activity)))
 
     def read_activity(self) -> Activity | None:
@@ -206,7 +245,11 @@ class WorkDir:
             return None
 
     def ask(self, action: str) -> Path:
-        """Put a request for ``action`` to the kernel; the path of the answer to wait for."""
+        """Put a request for ``action`` to the kernel; the path of the answer to wait for.
+
+        Args:
+            action: the panel's request ("stop", ...).
+        """
         folder = self.path.parent / REQUESTS_DIR
         folder.mkdir(mode=0o700, exist_ok=True)
         private.check_dir(folder)
@@ -245,7 +288,11 @@ class WorkDir:
 
 def find_workdirs(base: Path | None = None) -> list[WorkDir]:
     """Every cluster directory of this user in ``base`` (the private folder by default), by name: real
-    directories this user owns with no access for others (nothing reached through a link)."""
+    directories this user owns with no access for others (nothing reached through a link).
+
+    Args:
+        base: the folder; None for the private folder.
+    """
     base = base or clusters_dir()
     # (beside them: the ranks' stack files, and the hvd.elastic commits of sessions and jobs)
     return [WorkDir(base / name) for name in _private_subdirs(base, CLUSTER_PREFIX)]
@@ -259,7 +306,11 @@ def _private_subdirs(base: Path, prefix: str) -> list[str]:
 def remove_leftovers(base: Path | None = None) -> list[Path]:
     """What killed processes left, removed: the ``elastic-PID-*`` folders (hvd.elastic commits of a session
     or a job) whose process is gone, and the ``.ID.making`` folders of cluster directories whose making (a
-    matter of milliseconds) began over a minute ago; those removed."""
+    matter of milliseconds) began over a minute ago; those removed.
+
+    Args:
+        base: the folder; None for the private folder.
+    """
     removed = []
     base = base or clusters_dir()
     for path in (base / name for name in _private_subdirs(base, "elastic-")):

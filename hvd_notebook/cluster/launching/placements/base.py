@@ -65,7 +65,11 @@ def launcher_names() -> list[str]:
 
 
 def is_report_line(line: str) -> bool:
-    """Is ``line`` one a registered placement's launcher wrote for ``rank_exits`` alone (kept from the user)?"""
+    """Is ``line`` one a registered placement's launcher wrote for ``rank_exits`` alone (kept from the user)?
+
+    Args:
+        line: a line of the launcher's output.
+    """
     return any(cls.report_line(line) for cls in registered())
 
 
@@ -99,6 +103,9 @@ def find_mpiexec(requested: str | None) -> str:
 
     Raises:
         ClusterError: the one asked for, or any, is not there.
+
+    Args:
+        requested: ``--mpiexec``, or None.
     """
     if requested:
         found = shutil.which(requested)
@@ -124,7 +131,11 @@ def find_mpiexec(requested: str | None) -> str:
 
 @functools.cache
 def is_open_mpi(mpiexec: str) -> bool:
-    """Open MPI's mpiexec takes --host; MPICH's hydra takes -hosts."""
+    """Open MPI's mpiexec takes --host; MPICH's hydra takes -hosts.
+
+    Args:
+        mpiexec: the launcher's path.
+    """
     try:
         out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=20).stdout
     except (subprocess.SubprocessError, OSError):
@@ -133,7 +144,11 @@ def is_open_mpi(mpiexec: str) -> bool:
 
 
 def at_least_one(n: int) -> int:
-    """``n``, or a ClusterError where it is under one."""
+    """``n``, or a ClusterError where it is under one.
+
+    Args:
+        n: a number of ranks.
+    """
     if n < 1:
         raise ClusterError(f"-n {n}: a cluster needs at least one rank; try -n 2.")
     return n
@@ -170,6 +185,9 @@ class Placement:
     - ``output``: what the launcher and the ranks printed (the launcher's log; the job's stderr).
     - ``environ``: the environment the ranks would inherit; ``names``: environment variables' names.
     - ``timeout``: seconds a check may take; ``cfg``: ipyparallel's configuration for the cluster.
+    - ``owner``: who a GPU lease is for; ``rules``: the node's policy (None: no rules).
+    - ``variables``: the names of variables forwarded to every rank; ``command``: what each rank runs.
+    - ``line``: one line of the launcher's output.
     """
 
     name: ClassVar[str] = ""  # the registry's key

@@ -62,7 +62,11 @@ class HostList(Placement):
 
     def without(self, hosts: list[str]) -> HostList:
         """The same placement on the other hosts only (``-n`` then their slots); none where every host is
-        left out (its ``slots`` then 0)."""
+        left out (its ``slots`` then 0).
+
+        Args:
+            hosts: the host names to leave out.
+        """
         rest = copy.copy(self)
         rest.hosts = [h for h in self.hosts if h.name not in hosts]
         rest.options = replace(self.options, hosts=",".join(f"{h.name}:{h.slots}" for h in rest.hosts),
@@ -174,7 +178,11 @@ class HostList(Placement):
 
 
 def wait_status(status: int) -> str:
-    """A rank's wait status as ``exit_reports`` says it: "exit code 7", or "signal Kill" for a signal."""
+    """A rank's wait status as ``exit_reports`` says it: "exit code 7", or "signal Kill" for a signal.
+
+    Args:
+        status: the wait status, as ``os.waitpid`` gives it.
+    """
     if status & 0x7F == 0:
         return f"exit code {status >> 8}"
     number = status & 0x7F
