@@ -71,7 +71,13 @@ from .engine import scaling_worker
 
 def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float) -> str:
     """``list --all``: a row per cluster of the node's register, then its GPUs' leases (``held``:
-    ``leases.holders()``, who holds each as the lock table and the holder's process say)."""
+    ``leases.holders()``, who holds each as the lock table and the holder's process say).
+
+    Args:
+        cards: the register's cards.
+        held: GPU -> (holder's PID, who it is), from ``leases.holders()``.
+        now: the time, as ``time.time()``.
+    """
     rows = [("user", "cluster", "kernel", "ranks", "GPUs", "since", "idle")]
     for c in cards:
         alive = c.kernel_alive
@@ -100,7 +106,14 @@ def kernel_source() -> Path:
 
 
 def install_kernel(name: str, display_name: str | None, env: list[tuple[str, str]], prefix: str | None) -> Path:
-    """Install the kernelspec (this Python, the extension preloaded, ``env`` set) under ``prefix``, else the user's."""
+    """Install the kernelspec (this Python, the extension preloaded, ``env`` set) under ``prefix``, else the user's.
+
+    Args:
+        name: the kernelspec's name.
+        display_name: the name Jupyter shows, or None.
+        env: variables the kernel gets.
+        prefix: the install prefix, or None for the user's.
+    """
     from jupyter_client.kernelspec import KernelSpecManager
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -117,7 +130,13 @@ def install_kernel(name: str, display_name: str | None, env: list[tuple[str, str
 
 
 def print_stacks(cluster: str | None, all_threads: bool, timeout: float) -> int:
-    """``stacks``: every registered rank's stack (of ``cluster`` only where named); 1 where none answered."""
+    """``stacks``: every registered rank's stack (of ``cluster`` only where named); 1 where none answered.
+
+    Args:
+        cluster: the cluster's id, or None for all.
+        all_threads: show every thread.
+        timeout: seconds to wait for each rank.
+    """
     pids = stacks.registered_pids()
     if cluster is not None:
         found = [c for c in find_clusters() if c.path.name == cluster]
@@ -145,7 +164,11 @@ NEGATIVE = "{value} is negative; give 0 or more"
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """``horovodrun``'s common options (same spellings), then hvd-notebook's own launcher options: those of
-    ``ClusterOptions`` that a job takes, as ``RunSpelling`` spells them, and the Horovod settings."""
+    ``ClusterOptions`` that a job takes, as ``RunSpelling`` spells them, and the Horovod settings.
+
+    Args:
+        parser: the ``run`` subcommand's parser.
+    """
     launcher = parser.add_argument_group("hvd-notebook's launcher options (as %hvd start's)")
     ClusterOptions.add_arguments(parser, run=True, launcher_group=launcher)
     parser.add_argument("--disable-cache", action="store_true",
@@ -175,7 +198,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def horovod_environment(args: argparse.Namespace) -> dict[str, str]:
-    """The HOROVOD_* variables that ``args``' Horovod settings give every rank (as horovodrun sets them)."""
+    """The HOROVOD_* variables that ``args``' Horovod settings give every rank (as horovodrun sets them).
+
+    Args:
+        args: the parsed ``run`` line.
+    """
     env = {}
     if args.fusion_threshold_mb is not None:
         env[FUSION_THRESHOLD.name] = str(args.fusion_threshold_mb * 1024 * 1024)
@@ -197,7 +224,11 @@ def horovod_environment(args: argparse.Namespace) -> dict[str, str]:
 
 
 def job_from_arguments(args: argparse.Namespace) -> Job:
-    """The job a parsed ``run`` line asks for; a ClusterError where it cannot be run."""
+    """The job a parsed ``run`` line asks for; a ClusterError where it cannot be run.
+
+    Args:
+        args: the parsed ``run`` line.
+    """
     if args.n is None:
         raise ClusterError("give the number of ranks with -np, e.g. -np 2")
     if args.timeline_mark_cycles and not args.timeline_filename:
@@ -207,7 +238,13 @@ def job_from_arguments(args: argparse.Namespace) -> Job:
 
 
 def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:
-    """``run``: the job's exit code; 2 with a message for a line that cannot be run."""
+    """``run``: the job's exit code; 2 with a message for a line that cannot be run.
+
+    Args:
+        args: the parsed ``run`` line.
+        unknown: the words the parser did not take.
+        prog: the program's name, for messages.
+    """
     try:
         if unknown:
             raise ClusterError(f"{unknown[0]}: not an option of {prog} (see {prog} --help). {UNSUPPORTED}.")
@@ -218,7 +255,11 @@ def run_command(args: argparse.Namespace, unknown: list[str], prog: str) -> int:
 
 
 def scaling_command(args: argparse.Namespace) -> int:
-    """``scaling``: the points measured and projected (``scaling.run``); 2 with a message for bad input."""
+    """``scaling``: the points measured and projected (``scaling.run``); 2 with a message for bad input.
+
+    Args:
+        args: the parsed ``scaling`` line.
+    """
     gpus = len(detect_gpus())
     try:
         ranks = scaling.ranks_list(args.ranks or str(gpus or 2))
@@ -323,7 +364,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def install_kernel_command(args: argparse.Namespace) -> int:
-    """``install-kernel``: the kernelspec installed where ``args`` say."""
+    """``install-kernel``: the kernelspec installed where ``args`` say.
+
+    Args:
+        args: the parsed ``install-kernel`` line.
+    """
     prefix = sys.prefix if args.sys_prefix else args.prefix
     path = install_kernel(args.name, args.display_name, args.env, prefix)
     print(f"Installed kernelspec {args.name} in {path}")
@@ -331,7 +376,11 @@ def install_kernel_command(args: argparse.Namespace) -> int:
 
 
 def list_command(args: argparse.Namespace) -> int:
-    """``list``: this user's clusters (``--all``: the node's register, every user's)."""
+    """``list``: this user's clusters (``--all``: the node's register, every user's).
+
+    Args:
+        args: the parsed ``list`` line.
+    """
     if args.all:
         try:
             print(format_node(registry.read_all(strict=True), leases.holders(), time.time()))
@@ -348,7 +397,11 @@ def list_command(args: argparse.Namespace) -> int:
 
 
 def clean_command(args: argparse.Namespace) -> int:
-    """``clean``: this user's orphaned clusters stopped (``--user U``, root only: U's, as U)."""
+    """``clean``: this user's orphaned clusters stopped (``--user U``, root only: U's, as U).
+
+    Args:
+        args: the parsed ``clean`` line.
+    """
     if args.user:
         if os.geteuid() != 0:
             print(f"hvd-notebook clean --user {args.user}: only root may stop another user's clusters; as "

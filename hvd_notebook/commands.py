@@ -67,7 +67,11 @@ COMMANDS: tuple[Command, ...] = (
 
 
 def names(front: str) -> list[str]:
-    """The commands ``front`` (``MAGIC`` or ``CLI``) offers, in the table's order."""
+    """The commands ``front`` (``MAGIC`` or ``CLI``) offers, in the table's order.
+
+    Args:
+        front: ``MAGIC`` or ``CLI``.
+    """
     return [c.name for c in COMMANDS if front in c.fronts]
 
 

@@ -70,13 +70,24 @@ class DashboardMode(enum.StrEnum):
 
 
 def choices(kind: type[enum.Enum]) -> list[str]:
-    """An enum's values, for argparse's ``choices`` and for error messages."""
+    """An enum's values, for argparse's ``choices`` and for error messages.
+
+    Args:
+        kind: the enum.
+    """
     return [m.value for m in kind]
 
 
 def parse_choice(kind: type[_Member], text: Any, complaint: str, error: type[Exception] = ValueError) -> _Member:
     """``kind``'s member named by ``text``, else ``error(complaint)``: the enum's own ValueError would only
-    say that the text is not one of them, not which option it came from."""
+    say that the text is not one of them, not which option it came from.
+
+    Args:
+        kind: the enum.
+        text: the value given.
+        complaint: the error's message.
+        error: the error's type.
+    """
     try:
         return kind(text)
     except ValueError:
@@ -92,17 +103,30 @@ class EnvSetting:
     help: str
 
     def text(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The variable's value, else the default.
+
+        Args:
+            environ: the environment; None for this process's.
+        """
         return (os.environ if environ is None else environ).get(self.name, self.default)
 
     def flag(self, environ: Mapping[str, str] | None = None) -> bool:
         """1/true/yes/on or 0/false/no/off (any case; empty means false); unset, or a value that is
-        neither, gives the default."""
+        neither, gives the default.
+
+        Args:
+            environ: the environment; None for this process's.
+        """
         value = (os.environ if environ is None else environ).get(self.name)
         value = value.strip().lower() if value is not None else None
         return True if value in _TRUE else False if value in _FALSE else self.default
 
     def number(self, environ: Mapping[str, str] | None = None) -> Any:
-        """The value as a number of the default's type; unset or unreadable gives the default."""
+        """The value as a number of the default's type; unset or unreadable gives the default.
+
+        Args:
+            environ: the environment; None for this process's.
+        """
         try:
             return type(self.default)(self.text(environ))
         except ValueError:
@@ -175,7 +199,13 @@ ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_P
 # ------------------------------------------------------------ option parsers
 def at_least(minimum: int, complaint: str, kind: type = int) -> Any:
     """An argparse type: a whole number (or another ``kind``, e.g. float) of at least ``minimum``,
-    else ``complaint``."""
+    else ``complaint``.
+
+    Args:
+        minimum: the smallest value taken.
+        complaint: the error's message.
+        kind: the number's type.
+    """
 
     def parse(text: str) -> Any:
         try:
@@ -194,7 +224,11 @@ non_negative_int = at_least(0, "{value} is negative; ranks start at 0")
 
 
 def seconds(text: str) -> float:
-    """An argparse type: a positive number of seconds."""
+    """An argparse type: a positive number of seconds.
+
+    Args:
+        text: the option's value.
+    """
     try:
         value = float(text)
     except ValueError:
@@ -205,7 +239,11 @@ def seconds(text: str) -> float:
 
 
 def rank_list(text: str) -> list[int]:
-    """An argparse type: distinct ranks, comma-separated."""
+    """An argparse type: distinct ranks, comma-separated.
+
+    Args:
+        text: the option's value.
+    """
     try:
         ranks = [int(r) for r in text.split(",") if r.strip()]
     except ValueError:
@@ -216,7 +254,11 @@ def rank_list(text: str) -> list[int]:
 
 
 def env_pair(text: str) -> tuple[str, str]:
-    """An argparse type: KEY=VALUE."""
+    """An argparse type: KEY=VALUE.
+
+    Args:
+        text: the option's value.
+    """
     key, sep, value = text.partition("=")
     if not sep or not key.isidentifier():
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
@@ -334,7 +376,11 @@ class ClusterOptions:
     @classmethod
     def from_arguments(cls, args: argparse.Namespace) -> ClusterOptions:
         """The options of a parsed ``%hvd start`` (or ``hvd-notebook run``) line; a field its parser did not
-        take keeps its default."""
+        take keeps its default.
+
+        Args:
+            args: the parsed line.
+        """
         values = {}
         for f in fields(cls):
             if not hasattr(args, f.name):

@@ -44,7 +44,11 @@ class UnsafePathError(PermissionError):
 
 def user_name(uid: int | None = None) -> str:
     """The login name of ``uid`` (this process's real uid by default), from the password database,
-    not from ``$USER`` or ``$LOGNAME``."""
+    not from ``$USER`` or ``$LOGNAME``.
+
+    Args:
+        uid: the uid; None for this process's real uid.
+    """
     uid = os.getuid() if uid is None else uid
     try:
         return pwd.getpwuid(uid).pw_name
@@ -57,7 +61,11 @@ def _owner(st: os.stat_result) -> str:
 
 
 def describe(st: os.stat_result) -> str:
-    """What a stat says of a file, for an error: its kind, owner and mode."""
+    """What a stat says of a file, for an error: its kind, owner and mode.
+
+    Args:
+        st: the file's stat.
+    """
     kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
             else "a regular file" if stat.S_ISREG(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
             else "a socket" if stat.S_ISSOCK(st.st_mode) else "a special file")
@@ -69,7 +77,12 @@ def check_dir(path: Path, narrow: bool = False) -> os.stat_result:
     end) that this process's effective uid owns and that no one else may enter; else
     ``UnsafePathError``. ``FileNotFoundError`` where it does not exist. With ``narrow``, a folder of
     this user's that others could read but never write (as earlier versions made them) is made owner-only
-    first: nobody else can have put anything in it."""
+    first: nobody else can have put anything in it.
+
+    Args:
+        path: the directory.
+        narrow: remove others' read access where that is all they have.
+    """
     uid = os.geteuid()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
@@ -94,7 +107,11 @@ def check_dir(path: Path, narrow: bool = False) -> os.stat_result:
 
 
 def is_private_dir(path: Path) -> bool:
-    """Does ``check_dir`` pass ``path`` (this user's own folder, with no access for others)?"""
+    """Does ``check_dir`` pass ``path`` (this user's own folder, with no access for others)?
+
+    Args:
+        path: the directory.
+    """
     try:
         check_dir(path)
     except OSError:
@@ -110,7 +127,11 @@ def _advice(path: Path) -> str:
 
 def ensure_dir(path: Path) -> Path:
     """``path``, made owner-only where it does not exist (its parent must), and checked
-    (``check_dir``, narrowing a folder of this user's that others could only read) either way."""
+    (``check_dir``, narrowing a folder of this user's that others could only read) either way.
+
+    Args:
+        path: the directory.
+    """
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -121,12 +142,20 @@ def ensure_dir(path: Path) -> Path:
 
 def guards_entries(st: os.stat_result) -> bool:
     """Does the folder of stat ``st`` keep everyone but root and this user from renaming or replacing what
-    is in it: it is theirs, and writable by no one else unless sticky (as /tmp)?"""
+    is in it: it is theirs, and writable by no one else unless sticky (as /tmp)?
+
+    Args:
+        st: the folder's stat.
+    """
     return st.st_uid in (0, os.geteuid()) and (not st.st_mode & 0o022 or bool(st.st_mode & stat.S_ISVTX))
 
 
 def check_parent(path: Path) -> None:
-    """``UnsafePathError`` unless ``path``'s parent folder ``guards_entries``."""
+    """``UnsafePathError`` unless ``path``'s parent folder ``guards_entries``.
+
+    Args:
+        path: the file or folder whose parent is checked.
+    """
     try:
         safe = guards_entries(os.stat(path.parent))
     except OSError:
@@ -173,7 +202,12 @@ def base_dir() -> Path:
 
 
 def subdir(name: str, base: Path | None = None) -> Path:
-    """A private folder ``name`` inside the base folder (made, or checked where it exists)."""
+    """A private folder ``name`` inside the base folder (made, or checked where it exists).
+
+    Args:
+        name: the folder's name.
+        base: the base folder; None for the user's private folder.
+    """
     return ensure_dir((base or base_dir()) / name)
 
 
@@ -181,7 +215,14 @@ def open_regular(path: Path, uid: int | None = None, max_bytes: int = MAX_READ, 
     """A descriptor of ``path`` (read-only unless ``mode`` says otherwise), where it is a regular file
     (not a symbolic link, FIFO or device: neither redirects nor hangs the reader) owned by ``uid``
     (this process's effective uid; -1: anyone) and at most ``max_bytes`` long; else
-    ``UnsafePathError``."""
+    ``UnsafePathError``.
+
+    Args:
+        path: the file.
+        uid: its owner; None for this process's effective uid, -1 for anyone.
+        max_bytes: the largest size taken.
+        mode: ``os.open``'s flags.
+    """
     uid = os.geteuid() if uid is None else uid
     try:
         fd = os.open(path, mode | OPEN_FLAGS, 0o666)  # (with O_CREAT: a new file's mode, less the umask)
@@ -201,20 +242,38 @@ def open_regular(path: Path, uid: int | None = None, max_bytes: int = MAX_READ, 
 
 
 def read_bytes(path: Path, uid: int | None = None, max_bytes: int = MAX_READ) -> bytes:
-    """The whole of a regular file that ``uid`` owns (``open_regular``)."""
+    """The whole of a regular file that ``uid`` owns (``open_regular``).
+
+    Args:
+        path: the file.
+        uid: its owner; None for this process's effective uid, -1 for anyone.
+        max_bytes: the largest size taken.
+    """
     fd = open_regular(path, uid, max_bytes)
     with os.fdopen(fd, "rb") as f:
         return f.read(max_bytes + 1)[:max_bytes]
 
 
 def read_text(path: Path, uid: int | None = None, max_bytes: int = MAX_READ) -> str:
-    """``read_bytes`` as text."""
+    """``read_bytes`` as text.
+
+    Args:
+        path: the file.
+        uid: its owner, as ``read_bytes`` takes it.
+        max_bytes: the largest size taken.
+    """
     return read_bytes(path, uid, max_bytes).decode(errors="replace")
 
 
 def write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Replace ``path`` whole: written to a fresh name beside it (``O_EXCL``: never through a link
-    or into a file someone made), then renamed over it, so a reader sees the old file or the new."""
+    or into a file someone made), then renamed over it, so a reader sees the old file or the new.
+
+    Args:
+        path: the file.
+        data: its new content.
+        mode: its mode.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, mode)
     try:
@@ -231,13 +290,24 @@ def write_bytes(path: Path, data: bytes, mode: int = 0o600) -> None:
 
 
 def write_text(path: Path, text: str, mode: int = 0o600) -> None:
-    """``write_bytes`` of text."""
+    """``write_bytes`` of text.
+
+    Args:
+        path: the file.
+        text: its new content.
+        mode: its mode.
+    """
     write_bytes(path, text.encode(), mode)
 
 
 def append_text(path: Path, text: str) -> None:
     """Append ``text`` to ``path`` (made where it is missing), where it is this user's own regular file (no
-    symbolic link is followed); flushed to disk, so that a crash right after loses nothing of it."""
+    symbolic link is followed); flushed to disk, so that a crash right after loses nothing of it.
+
+    Args:
+        path: the file.
+        text: what to append.
+    """
     fd = open_regular(path, max_bytes=UNLIMITED, mode=os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         os.write(fd, text.encode())

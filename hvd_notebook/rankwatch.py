@@ -42,7 +42,13 @@ CLAIM_STALE_S = 60.0  # a claim or note this old was left by a watcher that was 
 
 
 class RankWatch:
-    """This rank's end of the pipe to its watcher."""
+    """This rank's end of the pipe to its watcher.
+
+    Args:
+        job: the job's id.
+        rank: this rank.
+        size: the world's size.
+    """
 
     def __init__(self, job: str, rank: int, size: int) -> None:
         read, self.pipe = os.pipe()  # (neither end is inherited by later child processes)
@@ -70,7 +76,11 @@ class RankWatch:
 
 def how_it_ended(pid: int) -> str:
     """", killed by signal 9 (Killed)" or ", exit code 3" where the kernel still shows the
-    ended process's status (before its parent collects it), else ""."""
+    ended process's status (before its parent collects it), else "".
+
+    Args:
+        pid: the ended process.
+    """
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rpartition(")")[2].split()
@@ -86,7 +96,14 @@ def how_it_ended(pid: int) -> str:
 
 
 def message(rank: int, size: int, pid: int, ended: str) -> str:
-    """What the watcher prints when its rank ended without a goodbye."""
+    """What the watcher prints when its rank ended without a goodbye.
+
+    Args:
+        rank: the rank that ended.
+        size: the world's size.
+        pid: its process.
+        ended: ``how_it_ended``'s words.
+    """
     return (f"{PREFIX} rank {rank} of {size} (pid {pid} on {socket.gethostname()}) ended without a word"
             f"{ended}: os._exit, a signal (the out-of-memory killer's SIGKILL?) or a crash in native code. "
             "mpiexec now ends the other ranks.")
@@ -101,7 +118,14 @@ def folder() -> Path | None:
 
 
 def note_woken(where: Path, job: str, rank: int, woke_ns: int) -> Path:
-    """Note in ``where`` that ``rank``'s watcher found it ended at ``woke_ns`` (``time.monotonic_ns``)."""
+    """Note in ``where`` that ``rank``'s watcher found it ended at ``woke_ns`` (``time.monotonic_ns``).
+
+    Args:
+        where: the notes' folder.
+        job: the job's id.
+        rank: the rank.
+        woke_ns: when its watcher found it ended.
+    """
     path = where / f"woke-{_safe(job)}-{rank}"
     private.write_text(path, str(woke_ns))
     return path
@@ -109,7 +133,12 @@ def note_woken(where: Path, job: str, rank: int, woke_ns: int) -> Path:
 
 def first_woken(where: Path, job: str) -> int | None:
     """The rank whose watcher found it ended first, by the notes of ``job`` in ``where`` (ties: the lower
-    rank); None where there is none. Notes older than ``CLAIM_STALE_S`` were left by killed watchers."""
+    rank); None where there is none. Notes older than ``CLAIM_STALE_S`` were left by killed watchers.
+
+    Args:
+        where: the notes' folder.
+        job: the job's id.
+    """
     notes = []
     prefix = f"woke-{_safe(job)}-"
     for path in where.glob(prefix + "*"):
@@ -128,7 +157,12 @@ def claim(job: str, where: Path | None = None) -> Path | None:
     another watcher of the job holds it. The file is made with ``O_EXCL`` in the user's private
     ``rankwatch`` folder (``where``), so only this user's watchers can take it; one left by a killed
     watcher goes stale after ``CLAIM_STALE_S``. Where no private folder can be had, every watcher
-    reports (a report twice rather than none)."""
+    reports (a report twice rather than none).
+
+    Args:
+        job: the job's id.
+        where: the claims' folder; None for the private one.
+    """
     where = where or folder()
     if where is None:
         return Path(os.devnull)
@@ -156,12 +190,21 @@ def _stale(path: Path) -> bool:
 
 
 def release(path: Path) -> None:
-    """Remove a claim or a note (its holder's, after ``CLAIM_HOLD_S``)."""
+    """Remove a claim or a note (its holder's, after ``CLAIM_HOLD_S``).
+
+    Args:
+        path: the claim or note.
+    """
     if path != Path(os.devnull):
         path.unlink(missing_ok=True)
 
 
 def main(argv: list[str]) -> int:
+    """The watcher: waits for its rank's pipe to close, and says so where the rank ended without a goodbye.
+
+    Args:
+        argv: ``JOB RANK SIZE PID``.
+    """
     job, (rank, size, pid) = argv[0], (int(a) for a in argv[1:])
     said = b""
     while True:

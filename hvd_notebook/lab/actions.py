@@ -21,7 +21,12 @@ _CLUSTER_ID = re.compile(r"hvd-[0-9]+-[0-9]+")
 
 
 class ActionError(Exception):
-    """An action that cannot be carried out: its HTTP status and what to do."""
+    """An action that cannot be carried out: its HTTP status and what to do.
+
+    Args:
+        status: the HTTP status to answer with.
+        message: what to do.
+    """
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -30,7 +35,12 @@ class ActionError(Exception):
 
 def carry_out(cluster_id: str, action: str) -> str:
     """Carry out ``action`` on this user's cluster ``cluster_id`` (blocking: up to ``ANSWER_WITHIN_S``); what
-    happened, in a sentence, or the stacks' text; ``ActionError`` where it cannot be done."""
+    happened, in a sentence, or the stacks' text; ``ActionError`` where it cannot be done.
+
+    Args:
+        cluster_id: the cluster directory's name.
+        action: the panel's request ("stop", "restart", "stacks", ...).
+    """
     if action not in ACTIONS:
         raise ActionError(404, f"{action!r} is not an action of the panel: use one of {', '.join(ACTIONS)}.")
     found = _find(cluster_id)

@@ -90,6 +90,12 @@ class ActionHandler(APIHandler):
     @tornado.web.authenticated
     @authorized("write")
     async def post(self, cluster: str, action: str) -> None:
+        """Carry out ``action`` on this user's ``cluster``: its answer as JSON, or an error status saying what to do.
+
+        Args:
+            cluster: the cluster's id, from the URL.
+            action: the action, from the URL.
+        """
         try:
             text = await asyncio.get_running_loop().run_in_executor(None, carry_out, cluster, action)
         except ActionError as exc:
@@ -100,7 +106,11 @@ class ActionHandler(APIHandler):
 
 
 def setup_handlers(web_app: tornado.web.Application) -> None:
-    """Add the handlers under the server's base URL."""
+    """Add the handlers under the server's base URL.
+
+    Args:
+        web_app: the Jupyter server's application.
+    """
     base = url_path_join(web_app.settings["base_url"], ROUTE)
     web_app.settings["hvd_notebook_snapshots"] = Snapshots(Readings())
     web_app.add_handlers(".*$", [
