@@ -115,7 +115,7 @@ def main() -> None:
     torch_on, torch_off = torch_setup(True), torch_setup(False)
     result["torch"] = alternate(lambda s: torch_step_s(s, tx, ty), torch_on, torch_off, rounds)
     result["torch"]["noise_scale"] = torch_on[1].noise_scale(BATCH)
-    result["torch"]["steps_measured"] = (torch_on[1]._noise.steps, torch_off[1]._noise.steps)
+    result["torch"]["steps_measured"] = (torch_on[1]._noise.estimator.steps, torch_off[1]._noise.estimator.steps)
     if hvd.rank() == 0:
         with open(out_path, "w") as f:
             json.dump(result, f, indent=2)
