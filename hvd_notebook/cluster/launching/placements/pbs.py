@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+from .... import private
 from ....config import ClusterOptions
 from ...errors import ClusterError
 from .. import hosts as hostlib
@@ -31,7 +32,8 @@ def read_node_file(path: str) -> list[hostlib.Host]:
         ClusterError: the file cannot be read, lists no host, or has a line that is not one host name.
     """
     try:
-        text = Path(path).read_text()
+        with os.fdopen(private.open_regular(Path(path), uid=-1), "rb") as f:  # (no FIFO, no link, no huge file)
+            text = f.read().decode()
     except (OSError, UnicodeDecodeError) as exc:
         raise ClusterError(f"PBS_NODEFILE={path}: cannot read it ({getattr(exc, 'strerror', None) or exc}). "
                            "Start the notebook inside the PBS job (qsub -I), or give the hosts with -H.") from None
