@@ -162,6 +162,9 @@ NOISE_SCALE_DECAY = EnvSetting("HVD_NOTEBOOK_NOISE_SCALE_DECAY", 0.99, "per opti
 REDUCE_ALONE = EnvSetting("HVD_NOTEBOOK_REDUCE_ALONE", False, "for measuring on one GPU: PyTorch's "
                           "DistributedOptimizer reduces its gradients on one rank too, as it does on more (an "
                           "allreduce of one rank is a copy), so that its cost compares with DDP's")
+TORCH_TRANSPORT = EnvSetting("HVD_NOTEBOOK_TORCH_TRANSPORT", "mpi", "how PyTorch's CPU tensors travel: mpi "
+                             "(the MPI library) or dist (torch.distributed's gloo); CUDA tensors always take "
+                             "torch.distributed (NCCL)")
 SHM_AGREEMENT = EnvSetting("HVD_NOTEBOOK_SHM_AGREEMENT", True, "ranks of one host agree on each collective "
                            "in shared memory; off: through a small MPI allreduce")
 RANK_WATCH = EnvSetting("HVD_NOTEBOOK_RANK_WATCH", True, "each rank of a plain mpiexec run has a watcher that "
@@ -193,7 +196,7 @@ ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_P
                 IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
                 CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
                 HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY,
-                REDUCE_ALONE)
+                REDUCE_ALONE, TORCH_TRANSPORT)
 
 
 # ------------------------------------------------------------ option parsers

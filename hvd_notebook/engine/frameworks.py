@@ -8,14 +8,10 @@ they are.
 
 from __future__ import annotations
 
-import atexit
-import datetime
 import importlib.abc
 import importlib.metadata
 import importlib.util
 import os
-import secrets
-import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -234,75 +230,26 @@ def open_device(framework: Framework, device: str) -> str:
     return device
 
 
-# one host: gloo's and NCCL's sockets (NCCL's bootstrap included) on loopback only, and no NCCL RAS
-# thread answering every local user on localhost:28028; whatever the environment or /etc/nccl.conf says
-ONE_HOST_TORCH_ENV = {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo", "NCCL_RAS_ENABLE": "0"}
-STORE_PREFIX = "store-"  # the rendezvous files in the private folder: store-PID-RANDOM, PID rank 0's
-
-
 def init_torch_distributed(hvd: Any, address: str, timeout_s: float = 1800.0) -> str:
-    """``torch.distributed``'s default process group over the MPI world's ranks: gloo on CPU ranks,
-    NCCL on GPU ranks. Where every rank is on one host, the rendezvous is a ``FileStore`` in the
-    user's private folder (no port at all: torch's TCPStore listens on every interface, whatever
-    address it is given, and lets anyone in) and gloo and NCCL use the loopback interface only.
-    Across hosts, rank 0 serves a TCPStore bound to ``address`` alone (its address on the route to
-    the controller, which the other hosts reach), on a port the system picks. Sets ``MASTER_ADDR``,
-    ``MASTER_PORT`` (across hosts only: on one host no port serves the store), ``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` as torchrun does. Returns the group's
-    backend. A collective call: every rank makes it.
+    """``torch.distributed``'s default process group over the MPI world's ranks (the runtime's
+    ``torch/group.init_default_group``: gloo on CPU ranks, NCCL on GPU ranks; a ``FileStore`` in the user's
+    private folder on one host, a TCPStore bound to ``address`` alone across hosts), after rank 0 has removed
+    the rendezvous files of worlds that ended. Returns the group's backend. A collective call: every rank
+    makes it.
 
     Args:
         hvd: this rank's ``hvd`` module (its rank, size and local rank).
         address: this rank's address on the route to the controller; rank 0's serves the store across hosts.
         timeout_s: how long the rendezvous and each collective may wait.
     """
-    import torch
-    import torch.distributed as dist
+    from ..runtime.torch import group as torch_group  # (a TensorFlow rank never imports PyTorch)
 
-    if not dist.is_available():
-        return "none"
-    backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
-    if dist.is_initialized():
-        return dist.get_backend()
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if hvd.local_size() == hvd.size():
-        os.environ.update(ONE_HOST_TORCH_ENV)
-        store, master = _file_store(hvd), {"MASTER_ADDR": "127.0.0.1"}
-        os.environ.pop("MASTER_PORT", None)
-    else:
-        store, host, port = _tcp_store(hvd, address, timeout)
-        master = {"MASTER_ADDR": host, "MASTER_PORT": str(port)}
-    dist.init_process_group(backend, store=store, rank=hvd.rank(), world_size=hvd.size(), timeout=timeout)
-    os.environ.update(master, RANK=str(hvd.rank()), WORLD_SIZE=str(hvd.size()), LOCAL_RANK=str(hvd.local_rank()),
-                      LOCAL_WORLD_SIZE=str(hvd.local_size()))
-    return backend
-
-
-def _file_store(hvd: Any) -> Any:
-    """A ``FileStore`` for this world, in a file that rank 0 names afresh (a file left by an earlier
-    world is never read again) inside the user's private ``torch`` folder; the others check that
-    folder before they use it."""
-    import torch.distributed as dist
-
-    path = problem = None
     if hvd.rank() == 0:
         try:
-            folder = private.subdir("torch")
-            remove_stale_stores(folder)
-            path = str(folder / f"{STORE_PREFIX}{os.getpid()}-{secrets.token_hex(8)}")
-            atexit.register(_unlink, path)  # (FileStore removes it too, where every rank closes it)
-        except OSError as exc:
-            problem = str(exc)
-    path, problem = hvd.broadcast_object((path, problem), root_rank=0, name="hvd_notebook.torch_distributed")
-    if problem is None and hvd.rank() != 0:
-        try:
-            private.check_dir(Path(path).parent)
-        except OSError as exc:
-            problem = str(exc)
-    if problem is not None:
-        raise RuntimeError(f"torch.distributed on rank {hvd.rank()}: no private folder for its rendezvous file "
-                           f"({problem}).")
-    return dist.FileStore(path, hvd.size())
+            remove_stale_stores(private.subdir("torch"))
+        except OSError:
+            pass  # (the group's own rendezvous says what is wrong with the folder)
+    return torch_group.init_default_group(hvd, address, timeout_s)
 
 
 def remove_stale_stores(folder: Path) -> None:
@@ -311,42 +258,15 @@ def remove_stale_stores(folder: Path) -> None:
     Args:
         folder: the user's private folder of rendezvous files.
     """
+    from ..runtime.torch.group import STORE_PREFIX as prefix
+
     for entry in os.scandir(folder):
-        pid = entry.name[len(STORE_PREFIX):].split("-", 1)[0]
-        if entry.name.startswith(STORE_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
-            _unlink(entry.path)
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _tcp_store(hvd: Any, address: str, timeout: datetime.timedelta) -> tuple[Any, str, int]:
-    """Across hosts: rank 0 serves a TCPStore on a socket bound to ``address`` alone (torch itself
-    would bind every interface) and tells the others where; (the store, its host, its port)."""
-    import torch.distributed as dist
-
-    store, port, problem = None, 0, None
-    if hvd.rank() == 0:
-        try:
-            listener = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
-            listener.bind((address, 0))
-            listener.listen(socket.SOMAXCONN)
-            port, fd = listener.getsockname()[1], listener.detach()  # (the store owns the descriptor now)
-            store = dist.TCPStore(address, port, hvd.size(), is_master=True, timeout=timeout,
-                                  wait_for_workers=False, master_listen_fd=fd)
-        except (OSError, RuntimeError) as exc:
-            problem = f"rank 0 could not serve it on {address}: {exc}"
-    host, port, problem = hvd.broadcast_object((address, port, problem), root_rank=0,
-                                               name="hvd_notebook.torch_distributed")
-    if problem is not None:
-        raise RuntimeError(f"torch.distributed on rank {hvd.rank()}: no rendezvous store ({problem}).")
-    if store is None:
-        store = dist.TCPStore(host, port, hvd.size(), is_master=False, timeout=timeout)
-    return store, host, port
+        pid = entry.name[len(prefix):].split("-", 1)[0]
+        if entry.name.startswith(prefix) and pid.isdigit() and not pid_alive(int(pid)):
+            try:
+                os.unlink(entry.path)
+            except OSError:
+                pass
 
 
 __all__ = ["init_torch_distributed", "installed", "label", "open_device", "resolve", "size_thread_pools",

@@ -18,6 +18,7 @@ torch.set_num_threads(1)
 OPS = ("Sum", "Average", "Min", "Max", "Product")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8)
 SHAPES = ((), (5,), (3, 4), (2, 3, 2))
+ALLREDUCE_PHASES = ("MPI_ALLREDUCE", "GLOO_ALLREDUCE")  # (the MPI library, or torch.distributed: the transport)
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def _one_fusion_attempt(thvd, path: str, attempt: int) -> list[str]:  # (attempt
     calls = []
     if thvd.rank() == 0:
         events = json.loads(open(path).read())["traceEvents"]
-        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"]
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] in ALLREDUCE_PHASES]
     return [c for c in thvd.broadcast_object(calls, root_rank=0) if not c.startswith("gate")]
 
 
@@ -414,7 +415,7 @@ def test_gradients_travel_in_buckets_in_backward_order(thvd, tmp_path_factory, s
     calls = []
     if r == 0:
         events = json.loads(open(path).read())["traceEvents"]
-        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] == "MPI_ALLREDUCE"
+        calls = [e["args"]["tensors"] for e in events if e.get("pid") == 0 and e["name"] in ALLREDUCE_PHASES
                  and not e["args"]["tensors"].startswith("noise_scale")]
     calls = thvd.broadcast_object(calls, root_rank=0)
     names = {q: name for name, q in model.named_parameters()}

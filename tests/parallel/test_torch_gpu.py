@@ -1,4 +1,5 @@
-"""The framework-neutral NCCL core from PyTorch CUDA tensors and cupy arrays, under mpiexec, one GPU per rank.
+"""PyTorch CUDA tensors through torch.distributed's NCCL group, and cupy arrays through the framework-neutral
+NCCL core, under mpiexec, one GPU per rank.
 
 Every test here is a `gpu` test: without NCCL on every rank it skips, saying why (or fails, under
 HVD_PARALLEL_REQUIRE_NCCL=1, as benchmarks/gpu_check.sh runs it). Checked: every collective on CUDA
@@ -6,7 +7,7 @@ tensors through NCCL with the right values, dtypes and device; no trip through t
 conversion is never called, the timeline shows NCCL phases and no MPI data phase, in-place results
 stay in the tensor's memory); stream ordering (a result reflects a kernel that wrote the input just
 before on the caller's stream, held back by a sleep kernel); cupy arrays through hvd_notebook.runtime;
-DistributedOptimizer on a CUDA model.
+DistributedOptimizer on a CUDA model (its reduction forced on one rank too).
 
     HVD_PARALLEL=1 HVD_PARALLEL_MIN_RANKS=1 HVD_PARALLEL_REQUIRE_NCCL=1 CUDA_VISIBLE_DEVICES=0 \\
         mpiexec -n 1 python -m pytest -m gpu tests/parallel/test_torch_gpu.py
@@ -31,9 +32,11 @@ def thvd(hvd):
     """horovod.torch's API where every rank has NCCL; elsewhere a skip with the reason (a failure under
     HVD_PARALLEL_REQUIRE_NCCL=1: a check that skips everything proves nothing)."""
     import hvd_notebook.runtime.torch as thvd
+    from hvd_notebook.runtime.torch import group
 
-    if not (hvd.nccl_enabled() and torch.cuda.is_available()):
-        why = ("needs one NVIDIA GPU per rank, PyTorch's CUDA build and cupy; benchmarks/gpu_check.sh runs these "
+    thvd.init()  # (torch.distributed's default group: NCCL where a GPU is)
+    if not (torch.cuda.is_available() and group.has_nccl(None)):
+        why = ("needs one NVIDIA GPU per rank and PyTorch's CUDA build; benchmarks/gpu_check.sh runs these "
                "tests on the lent GPU machine")
         if os.environ.get("HVD_PARALLEL_REQUIRE_NCCL") == "1":
             pytest.fail(f"NCCL is not enabled: {why}")
@@ -132,6 +135,8 @@ def test_nccl_phases_and_no_mpi_data_phase_in_the_timeline(thvd, no_host_trips, 
 
 @gpu
 def test_cupy_arrays_through_hvd_notebook_runtime(hvd, thvd):
+    if not hvd.nccl_enabled():
+        pytest.skip("cupy's NCCL is not enabled on every rank (cupy is for TensorFlow and cupy arrays only)")
     import cupy as cp
 
     n, r = hvd.size(), hvd.rank()
@@ -148,7 +153,8 @@ def test_cupy_arrays_through_hvd_notebook_runtime(hvd, thvd):
 
 
 @gpu
-def test_distributed_optimizer_on_a_cuda_model(thvd, no_host_trips):
+def test_distributed_optimizer_on_a_cuda_model(thvd, no_host_trips, monkeypatch):
+    monkeypatch.setenv("HVD_NOTEBOOK_REDUCE_ALONE", "1")  # (one rank reduces too: the hooks' path runs)
     torch.manual_seed(thvd.rank())  # different weights on every rank until the broadcast (through NCCL)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)).cuda()
     opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
@@ -165,15 +171,14 @@ def test_distributed_optimizer_on_a_cuda_model(thvd, no_host_trips):
 
 def test_without_nccl_nothing_of_cuda_is_touched(hvd):
     """(Runs everywhere.) A world without NCCL sends CUDA tensors through the host, and the binding
-    imports nothing of cupy to decide it."""
+    imports nothing of cupy."""
     import sys
 
     import hvd_notebook.runtime.torch as thvd
-    from hvd_notebook.runtime.core import world
-    from hvd_notebook.runtime.torch import gpu as torch_gpu
+    from hvd_notebook.runtime.torch import group
 
-    if hvd.nccl_enabled():
+    thvd.init()
+    if group.has_nccl(None):
         pytest.skip("this world has NCCL: the CPU-only behaviour is checked where there is none")
-    assert not torch_gpu.on_nccl([torch.ones(1)], world.current())
     assert thvd.allreduce(torch.ones(2), op=thvd.Sum).tolist() == [hvd.size()] * 2
     assert "cupy" not in sys.modules

@@ -938,3 +938,40 @@ def test_another_prefix_is_found(tmp_path):
                                    'y = "[hvd_notebook] fine"\n'})
     assert prefix_violations(pkg) == ["pkg.kernel.say (line 1): '[hvd] sweep:'", "pkg.kernel.say (line 2): "
                                       "'[hvd] late'"]
+
+
+# ------------------------------------------------------------------ one device module in the PyTorch binding
+TORCH_BINDING = PACKAGE / "runtime" / "torch"
+# what only the binding's device module says: CUDA's calls, cupy, and a host wait on a stream or an event
+# (``self.synchronize(`` and ``optimizer.synchronize(`` are DistributedOptimizer's own method, Horovod's API)
+DEVICE_ONLY = (r"torch\.cuda", r"cupy", r"(?<!self)(?<!optimizer)\.synchronize\(")
+
+
+def device_violations(binding_dir: Path, home: str = "device.py") -> list[str]:
+    """The lines of ``binding_dir``'s modules other than ``home`` that say one of ``DEVICE_ONLY``."""
+    import re
+
+    pattern = re.compile("|".join(DEVICE_ONLY))
+    found = []
+    for path in sorted(binding_dir.glob("*.py")):
+        if path.name == home:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            match = pattern.search(line)
+            if match:
+                found.append(f"{path.name} (line {number}) says {match.group(0)}")
+    return found
+
+
+def test_every_cuda_call_of_the_torch_binding_is_in_its_device_module():
+    violations = device_violations(TORCH_BINDING)
+    assert not violations, "\n".join(violations) + "\n(move them into hvd_notebook/runtime/torch/device.py)"
+
+
+def test_a_cuda_call_outside_the_device_module_is_found(tmp_path):
+    for name, text in {"device.py": "torch.cuda.synchronize()\nimport cupy\n",
+                       "ops.py": "def f(t):\n    return t.cuda()\nsynchronize(handle)\nself.synchronize()\n",
+                       "bad.py": "s = torch.cuda.current_stream()\nevent.synchronize()\n# cupy\n"}.items():
+        (tmp_path / name).write_text(text)
+    assert device_violations(tmp_path) == ["bad.py (line 1) says torch.cuda", "bad.py (line 2) says .synchronize(",
+                                           "bad.py (line 3) says cupy"]

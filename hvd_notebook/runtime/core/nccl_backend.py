@@ -5,7 +5,7 @@ the world: rank 0 makes NCCL's unique id, MPI broadcasts it, every rank joins
 (``bootstrap_unique_id``). The backend takes and returns cupy arrays: the
 framework bindings hand it their tensors' device memory through DLPack (no copy,
 no trip through the host) and adopt its results the same way
-(``tensorflow/nccl.py`` for TensorFlow, ``torch/gpu.py`` for PyTorch). The agreement
+(``tensorflow/nccl.py`` for TensorFlow; PyTorch's go through ``torch.distributed``). The agreement
 check (``negotiation``) still runs over MPI first, so a mismatch raises instead of
 hanging NCCL. Built from (communicator, negotiator, timeline); ``world.World``
 owns one.

@@ -41,6 +41,7 @@ class Backends:
         self.mpi = MpiBackend(comm, self.negotiator, timeline)
         # NCCL joins every rank too (collective): where each rank has a GPU, GPU tensors reduce there
         self.nccl = nccl_backend.start(comm, local_rank, self.negotiator, timeline) if nccl else None
+        self.serving: dict[str, Any] = {}  # a binding's own backends, by the ``via`` their signatures name (join)
 
     def root(self, root_rank: int) -> int:
         """This communicator's rank of the global rank ``root_rank`` (collectives take global ranks, as Horovod's)."""
@@ -115,7 +116,8 @@ class World(Backends):
 
         def serve(sig: Signature) -> None:
             call = AllreduceCall.of(sig)
-            (self.nccl if call.via == "NCCL" else self.mpi).allreduce_zeros(call)
+            backend = self.serving.get(call.via) or (self.nccl if call.via == "NCCL" else self.mpi)
+            backend.allreduce_zeros(call)
 
         start = time.monotonic()
         last = self.negotiator.join(serve)

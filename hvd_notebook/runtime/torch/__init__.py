@@ -13,7 +13,8 @@ gives it too where no real Horovod is installed. It also works in a plain script
 
 The process queries, process sets, timeline and ops are the core's, shared with the TensorFlow side
 (one world per process, whichever framework's names started it). Modules: ``tensors`` (torch <->
-numpy), ``mpi_ops`` (the collectives, their async forms and handles), ``functions`` (parameters,
+numpy), ``mpi_ops`` (the collectives, their async forms and handles), ``dist_backend`` (the collectives
+through ``torch.distributed``), ``group`` (its process groups), ``device`` (every CUDA call), ``functions`` (parameters,
 optimizer state, objects), ``optimizer`` (``DistributedOptimizer``), ``compression``,
 ``sync_batch_norm`` (``SyncBatchNorm``). TensorFlow is never imported here.
 """

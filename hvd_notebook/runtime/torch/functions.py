@@ -18,7 +18,7 @@ import torch
 from ..core import objects as _objects
 from ..core import process_sets as _process_sets
 from ..core.process_sets import global_process_set
-from . import gpu
+from .mpi_ops import _finished, _route
 from .tensors import as_tensor, host_array
 
 
@@ -43,11 +43,13 @@ def _broadcast_into(tensors: list[torch.Tensor], names: list[str], root_rank: in
         return
     backends = _process_sets.backends(process_set, "hvd.broadcast_parameters")
     root = backends.root(root_rank)
-    if gpu.on_nccl(tensors, backends):  # CUDA tensors stay on the GPU: NCCL's broadcast
-        results = gpu.broadcast(backends.nccl, gpu.Ready(tensors, reducing=False), tensors, root, names)
-    else:
-        received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
-        results = [as_tensor(r, t, t.shape) for r, t in zip(received, tensors)]
+    route = _route(tensors, process_set, "hvd.broadcast_parameters")
+    if route is not None:  # (torch.distributed's broadcast writes them in place, with one batched copy)
+        with torch.no_grad():
+            _finished(route.dist.broadcast(tensors, root, names, route.marked, in_place=True))
+        return
+    received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
+    results = [as_tensor(r, t, t.shape) for r, t in zip(received, tensors)]
     if backends.rank == root:
         return
     with torch.no_grad():

@@ -1,9 +1,11 @@
 """``horovod.torch``'s collectives on PyTorch tensors, over the runtime's framework-neutral core.
 
 Each collective is the core's (agreement by name, fusion, timeline, stall and mismatch errors):
-``mpi_backend`` on a CPU tensor's memory read as numpy (``tensors``), ``nccl_backend`` on a CUDA
-tensor's device memory where every rank has NCCL (``gpu``). The synchronous forms run their call in
-the calling thread. The ``_async`` forms return a handle at once and run the call in a worker thread:
+``mpi_backend`` on a CPU tensor's memory read as numpy (``tensors``), or ``torch.distributed``
+(``dist_backend``) for CUDA tensors where the group has NCCL and for CPU tensors under
+``HVD_NOTEBOOK_TORCH_TRANSPORT=dist``; a call on that route is issued in its turn and finished by its
+caller (``_finished``: here, or in ``synchronize``). The synchronous forms run their call in the calling
+thread. The ``_async`` forms return a handle at once and run the call in a worker thread:
 the core's coordinator takes calls from any thread in any order and matches them by name across
 ranks, so reductions started from several threads (``DistributedOptimizer``'s gradient hooks) that
 are ready in the same agreement round share one fused call. ``synchronize(handle)`` waits and
@@ -22,6 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import threading
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import basics as _basics
 from ..core import coordinator as _coordinator
 from ..core import gradients as _gradients
 from ..core import objects as _objects
@@ -41,7 +45,6 @@ from ..core.basics import (  # (Horovod's mpi_ops holds the process queries too:
     ddl_built,
     gloo_built,
     gloo_enabled,
-    init,
     is_initialized,
     local_rank,
     local_size,
@@ -60,9 +63,19 @@ from ..core.process_sets import backends as _backends
 from ..core.process_sets import global_process_set
 from ..core.rules import names as _names
 from ..core.rules import resolve_op
-from . import gpu
+from . import device, dist_backend
+from . import group as _group
 from .compression import Compression
 from .tensors import as_tensor, check_same_kind, check_tensor, host_array
+
+
+@functools.wraps(_basics.init)
+def init(comm: Any = None, process_sets: Any = None) -> None:  # noqa: D103 (the core's docstring)
+    _basics.init(comm, process_sets)
+    # the default torch.distributed group, where tensors travel through it and none is there (a script's)
+    _group.ensure_default_group(types.SimpleNamespace(rank=rank, size=size, local_rank=local_rank,
+                                                      local_size=local_size,
+                                                      broadcast_object=_objects.broadcast_object))
 
 
 # ------------------------------------------------------------------ errors
@@ -152,7 +165,14 @@ class _Call:
 
     def first(self) -> _Call:
         """The same call, giving the first of its results (the forms that take one tensor)."""
-        return _Call(lambda: self.run()[0], self.names)
+        return _Call(lambda: _first(self.run()), self.names)
+
+
+def _first(results: Any) -> Any:
+    """The first of a call's results (a ``dist_backend.Deferred``'s, once finished)."""
+    if isinstance(results, dist_backend.Deferred):
+        return results.then(lambda finished: finished[0])
+    return results[0]
 
 
 _in_flight: set[str] = set()  # names of this rank's calls not finished yet
@@ -171,21 +191,51 @@ def _claimed(call: _Call) -> Callable[[], Any]:
                              "another name.")
         _in_flight.update(names)
 
+    def release() -> None:
+        with _in_flight_lock:
+            _in_flight.difference_update(names)
+
     def claimed() -> Any:
         try:
-            return run()
+            result = run()
         except (MismatchError, RefusedError) as exc:
+            release()
             raise _ERRORS.convert(exc) from None
-        finally:
-            with _in_flight_lock:
-                _in_flight.difference_update(names)
+        except BaseException:
+            release()
+            raise
+        if isinstance(result, dist_backend.Deferred):  # (its names stay taken until its caller finishes it)
+            return _Finishing(result, release)
+        release()
+        return result
 
     return claimed
 
 
+class _Finishing:
+    """A call issued through ``torch.distributed``: its caller finishes it (``finish``), and its names are
+    taken until then."""
+
+    __slots__ = ("deferred", "release")
+
+    def __init__(self, deferred: dist_backend.Deferred, release: Callable[[], None]) -> None:
+        self.deferred, self.release = deferred, release
+
+    def finish(self) -> Any:
+        try:
+            return self.deferred.finish()
+        finally:
+            self.release()
+
+
+def _finished(result: Any) -> Any:
+    """A call's result, finished where it was issued through ``torch.distributed``."""
+    return result.finish() if isinstance(result, (_Finishing, dist_backend.Deferred)) else result
+
+
 def _now(call: _Call) -> Any:
     """Make ``call`` in this thread; its result."""
-    return _claimed(call)()
+    return _finished(_claimed(call)())
 
 
 def _start(call: _Call) -> int:
@@ -213,7 +263,9 @@ def poll(handle: int) -> bool:
     if pending is None:
         raise ValueError(f"hvd.poll: {handle!r} is not a handle of a running call (synchronize() takes each "
                          "handle once).")
-    return pending.done.is_set()
+    if not pending.done.is_set():
+        return False
+    return not isinstance(pending.result, _Finishing) or pending.result.deferred.ready()
 
 
 def synchronize(handle: int) -> Any:
@@ -240,7 +292,7 @@ def synchronize(handle: int) -> Any:
     del _handles[handle]
     if pending.error is not None:
         raise pending.error
-    return pending.result
+    return _finished(pending.result)
 
 
 # ------------------------------------------------------------------ the calls
@@ -267,16 +319,33 @@ def _differentiable(tensors: list[torch.Tensor], make: Callable[[Any], _Call], r
     return [compression.decompress(o, c) for o, c in zip(outs, ctxs)]
 
 
-def _ready(tensors: list[torch.Tensor], process_set: Any, call: str, reducing: bool) -> gpu.Ready | None:
-    """For CUDA tensors in a world with NCCL, the point in the caller's stream the call waits for
-    (recorded now, in the calling thread); None where the tensors go through the host."""
-    if not tensors or not tensors[0].is_cuda:
+class _Route:
+    """A call that goes through ``torch.distributed``: its backend, and the point in the caller's stream its
+    inputs are written by (``device.mark``, recorded in the calling thread; None on the CPU)."""
+
+    __slots__ = ("dist", "marked")
+
+    def __init__(self, dist: dist_backend.DistBackend, marked: Any) -> None:
+        self.dist, self.marked = dist, marked
+
+
+def _route(tensors: list[torch.Tensor], process_set: Any, call: str) -> _Route | None:
+    """``torch.distributed``'s way for these tensors (CUDA tensors where the group has NCCL; CPU tensors under
+    ``HVD_NOTEBOOK_TORCH_TRANSPORT=dist``), decided now, in the calling thread; None: the MPI library's."""
+    if not tensors:
+        return None
+    if device.is_cuda(tensors) and not _group.has_nccl(None):
+        return None  # (through the host)
+    if not device.is_cuda(tensors) and _group.transport() != "dist":
         return None
     try:
         backends = _backends(process_set, call)
     except ValueError:
         return None  # (the call itself raises it, in its turn)
-    return gpu.Ready(tensors, reducing) if gpu.on_nccl(tensors, backends) else None
+    if not _group.has_default():
+        raise RuntimeError(f"{call}: torch.distributed has no default process group on rank "
+                           f"{_world.current().rank}; call hvd.init() (it makes one where the binding needs it).")
+    return _Route(dist_backend.of(backends, _world.current()), device.mark(tensors))
 
 
 def _reduce_op(op: int | None, average: bool | None) -> int:
@@ -291,19 +360,26 @@ def _checked(tensors: list[Any], call: str) -> list[torch.Tensor]:
     return checked
 
 
-def _collective(kind: str, tensors: list[Any], name: str | None, process_set: Any, call: str, reducing: bool,
-                run: Callable[[Any, list[torch.Tensor], list[str], gpu.Ready | None], list[torch.Tensor]],
+def _collective(kind: str, tensors: list[Any], name: str | None, process_set: Any, call: str,
+                run: Callable[[Any, list[torch.Tensor], list[str], _Route | None], Any],
                 in_place: bool = False, prescale: float = 1.0) -> _Call:
-    """A ``kind`` collective of ``tensors`` (their results, a list), checked and named now, and for CUDA
-    tensors ordered after the caller's stream now (scaled by ``prescale`` first): ``run(backends, tensors,
-    names, ready)`` makes it on the world or ``process_set``; ``in_place`` writes the results into ``tensors``."""
+    """A ``kind`` collective of ``tensors`` (their results, a list), checked, named and routed now (for
+    ``torch.distributed``, ordered after the caller's stream now): ``run(backends, tensors, names, route)`` makes
+    it on the world or ``process_set`` (a ``dist_backend.Deferred`` on that route, which writes the results into
+    ``tensors`` itself where ``in_place``); ``in_place`` writes the results into ``tensors``. On that route the
+    tensors are scaled by ``prescale`` now, before the mark (the MPI library's ``run`` scales them itself)."""
     tensors = _checked(list(tensors), call)
     names = _names(name, kind, len(tensors))
-    ready = _ready(_scaled(tensors, prescale), process_set, call, reducing)
+    route = _route(tensors, process_set, call)
+    if route is not None and prescale != 1.0:
+        tensors = [scale(t, prescale) for t in tensors]
+        route.marked = device.mark(tensors)
 
-    def make() -> list[torch.Tensor]:
-        results = run(_backends(process_set, call), tensors, names, ready)
-        return [t.copy_(r) for t, r in zip(tensors, results)] if in_place else results
+    def make() -> Any:
+        results = run(_backends(process_set, call), tensors, names, route)
+        if route is not None or not in_place:
+            return results
+        return [t.copy_(r) for t, r in zip(tensors, results)]
 
     return _Call(make, tuple(names))
 
@@ -313,15 +389,15 @@ def _allreduce_call(tensors: list[Any], average: bool | None, name: str | None, 
     """An allreduce of ``tensors``."""
     op = _reduce_op(op, average)
 
-    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
-        if ready is not None:
-            return gpu.allreduce(backends.nccl, ready, tensors, op, prescale, postscale, names)
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], route: _Route | None) -> Any:
+        if route is not None:
+            return route.dist.allreduce(tensors, op, prescale, postscale, names, route.marked, in_place)
         # (one tensor takes the backend's cached single-tensor path, where it can)
         reduced = backends.mpi.allreduce([host_array(t, reducing=True) for t in tensors], op, prescale, postscale,
                                         names)
         return [as_tensor(r, t) for r, t in zip(reduced, tensors)]
 
-    return _collective("allreduce", tensors, name, process_set, call, True, run, in_place)
+    return _collective("allreduce", tensors, name, process_set, call, run, in_place)
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -670,15 +746,15 @@ def grouped_allreduce(tensors: list[torch.Tensor], average: bool | None = None, 
 
 # ------------------------------------------------------------------ allgather
 def _allgather(backends: Any, tensors: list[torch.Tensor], names: list[str],
-               ready: gpu.Ready | None = None) -> list[torch.Tensor]:
-    if ready is not None:
-        return gpu.allgather(backends.nccl, ready, tensors, names)
+               route: _Route | None = None) -> Any:
+    if route is not None:
+        return route.dist.allgather(tensors, names, route.marked)
     gathered = backends.mpi.allgather([host_array(t, reducing=False) for t in tensors], names)
     return [as_tensor(g, t) for g, t in zip(gathered, tensors)]
 
 
 def _allgather_call(tensors: list[Any], name: str | None, process_set: Any, call: str) -> _Call:
-    return _collective("allgather", tensors, name, process_set, call, False, _allgather)
+    return _collective("allgather", tensors, name, process_set, call, _allgather)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: Any = global_process_set) -> int:
@@ -813,14 +889,14 @@ def _broadcast_call(tensor: Any, root_rank: int, name: str | None, process_set: 
                     call: str) -> _Call:
     """A broadcast of ``tensor`` (its result, a list of one)."""
 
-    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], route: _Route | None) -> Any:
         root = backends.root(root_rank)
-        if ready is not None:
-            return gpu.broadcast(backends.nccl, ready, tensors, root, names)
+        if route is not None:
+            return route.dist.broadcast(tensors, root, names, route.marked, in_place)
         received = backends.mpi.broadcast([host_array(t, reducing=False) for t in tensors], root, names)
         return [as_tensor(r, t) for r, t in zip(received, tensors)]
 
-    return _collective("broadcast", [tensor], name, process_set, call, False, run, in_place)
+    return _collective("broadcast", [tensor], name, process_set, call, run, in_place)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -966,7 +1042,10 @@ def _splits(splits: Any) -> np.ndarray | None:
     return np.asarray(splits, dtype=np.int64).reshape(-1)
 
 
-def _alltoall_now(tensor: torch.Tensor, splits: np.ndarray | None, name: str, process_set: Any) -> Any:
+def _alltoall_now(tensor: torch.Tensor, splits: np.ndarray | None, name: str, process_set: Any,
+                  route: _Route | None) -> Any:
+    if route is not None:
+        return route.dist.alltoall(tensor, splits, name, route.marked)
     backends = _backends(process_set, "hvd.alltoall")
     out, received = backends.mpi.alltoall(host_array(tensor, reducing=False), splits, name)
     return as_tensor(out, tensor), torch.from_numpy(np.asarray(received, dtype=np.int32))
@@ -1003,7 +1082,8 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: str | None = 
 def _alltoall_call(tensor: Any, splits: Any, name: str | None, process_set: Any, call: str) -> _Call:
     (tensor,) = _checked([tensor], call)
     names, split_array = _names(name, "alltoall", 1), _splits(splits)
-    return _Call(lambda: _alltoall_now(tensor, split_array, names[0], process_set), tuple(names))
+    route = _route([tensor], process_set, call)
+    return _Call(lambda: _alltoall_now(tensor, split_array, names[0], process_set, route), tuple(names))
 
 
 class _Alltoall(torch.autograd.Function):
@@ -1074,13 +1154,6 @@ def scale(t: torch.Tensor, factor: float) -> torch.Tensor:
     return t * factor
 
 
-def _scaled(tensors: list[torch.Tensor], prescale: float) -> list[torch.Tensor]:
-    """CUDA tensors scaled before their reduction, on the caller's stream (host tensors are scaled later)."""
-    if prescale == 1.0 or not tensors or not tensors[0].is_cuda:
-        return tensors
-    return [scale(t, prescale) for t in tensors]
-
-
 def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int = Average,
                         process_set: Any = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> int:
@@ -1118,16 +1191,15 @@ def _reducescatter_call(tensors: list[Any], name: str | None, op: int, process_s
                         postscale: float, call: str) -> _Call:
     check_op(op)
 
-    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], ready: gpu.Ready | None) -> list[Any]:
-        if ready is not None:  # (the prescale was applied before the event: see _scaled)
-            results = gpu.reducescatter(backends.nccl, ready, tensors, op, names)
-        else:
-            outs = backends.mpi.reducescatter([host_array(scale(t, prescale), reducing=True) for t in tensors], op,
-                                              names)
-            results = [as_tensor(o, t) for o, t in zip(outs, tensors)]
-        return [scale(r, postscale) for r in results]
+    def run(backends: Any, tensors: list[torch.Tensor], names: list[str], route: _Route | None) -> Any:
+        if route is not None:  # (scaled already, before its mark: see _collective)
+            return route.dist.reducescatter(tensors, op, names, route.marked).then(
+                lambda results: [scale(r, postscale) for r in results])
+        outs = backends.mpi.reducescatter([host_array(scale(t, prescale), reducing=True) for t in tensors], op,
+                                          names)
+        return [scale(as_tensor(o, t), postscale) for o, t in zip(outs, tensors)]
 
-    return _collective("reducescatter", tensors, name, process_set, call, True, run, prescale=prescale)
+    return _collective("reducescatter", tensors, name, process_set, call, run, prescale=prescale)
 
 
 def grouped_reducescatter_async(tensors: list[torch.Tensor], name: str | None = None, op: int = Average,
@@ -1297,10 +1369,11 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
     grad = tensor.coalesce()
     names = [f"{name}.values", f"{name}.indices"]
     values, indices = grad.values(), grad.indices().t().contiguous()
+    route = _route([values, indices], process_set, "hvd.sparse_allreduce_async")
 
     def run() -> torch.Tensor:
         backends = _backends(process_set, "hvd.sparse_allreduce_async")
-        v, i = _allgather(backends, [values, indices], names)
+        v, i = _finished(_allgather(backends, [values, indices], names, route))
         out = torch.sparse_coo_tensor(i.t(), v, grad.shape, check_invariants=False).coalesce()  # (valid: coalesced)
         return out / backends.size if op == Average else out
 
