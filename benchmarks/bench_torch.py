@@ -5,6 +5,10 @@
 - a training step with hvd.DistributedOptimizer vs the same step under DistributedDataParallel
   (gloo) on the same MLP (1.6 M parameters): target within 1.1x; and on a model with ResNet-18's shape of
   gradients (62 tensors, 11 M parameters, half of them tiny): target within 1.05x;
+- over each transport of the binding's CPU tensors (the default, MPI; and torch.distributed's gloo with
+  HVD_NOTEBOOK_TORCH_TRANSPORT=dist, in a second run): hvd.allreduce of 4 KiB and 1 MiB against a raw
+  `dist.all_reduce` (a report), and the step on ResNet-18's shape of gradients against DDP (target within
+  1.05x, issue 51); where the dist transport is missing its rows say so instead of a figure;
 - overlap: a backward pass with a 15 ms delay per layer (compute that leaves the CPU free, as a GPU's
   does) and 8 MiB of gradient per layer: backward under DistributedOptimizer until every gradient is
   reduced, against backward alone, the reduction alone and their sum. Target: closer to
@@ -13,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -22,12 +27,43 @@ HERE = Path(__file__).resolve().parent
 LARGE_TARGET, SMALL_TARGET, DDP_TARGET, MANY_SMALL_TARGET = 1.1, 2.0, 1.1, 1.05  # (the last: issue 42)
 
 
+def over_dist(ctx: Context, mpiexec: str, env: dict[str, str]) -> dict:
+    """The rows compared across transports, again with HVD_NOTEBOOK_TORCH_TRANSPORT=dist; where that transport
+    is missing (the run fails, or hvd.allreduce issues no torch.distributed collective), why."""
+    try:
+        res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=mpiexec,
+                         env={**env, "HVD_NOTEBOOK_TORCH_TRANSPORT": "dist"}, args=("--transport-rows",))
+    except RuntimeError as exc:
+        return {"unavailable": f"the run failed: {str(exc).strip().splitlines()[-1][:200]}"}
+    if res["transport"] != "dist":
+        return {"unavailable": "hvd.allreduce issued no torch.distributed collective", **res}
+    return res
+
+
+def transport_rows(res: dict, transport: str) -> list[Row]:
+    """hvd.allreduce against raw dist.all_reduce, and the 62-tensor step against DDP, over one transport."""
+    what = f"over transport {transport}"
+    measures = [(f"allreduce {label}, {what}: hvd vs raw dist.all_reduce (gloo)", "us", key, None)
+                for label, key in (("4 KiB", str(4 << 10)), ("1 MiB", str(1 << 20)))]
+    step = f"training step, 62 tensors (ResNet-18's shape), {what}: DistributedOptimizer vs DDP (gloo)"
+    if "unavailable" in res:
+        why = f"transport {transport} not available: {res['unavailable']}"
+        return [Row(m, unit, math.nan, math.nan, target, skipped=why)
+                for m, unit, _, target in measures + [(step, "ms", "", MANY_SMALL_TARGET)]]
+    rows = [Row(m, unit, res["raw_dist"][key]["hvd_s"] * 1e6, res["raw_dist"][key]["raw_dist_s"] * 1e6, target)
+            for m, unit, key, target in measures]
+    d = res["ddp_many_small"]
+    return rows + [Row(step, "ms", d["hvd_step_s"] * 1e3, d["ddp_step_s"] * 1e3, MANY_SMALL_TARGET)]
+
+
 def run(ctx: Context) -> Report:
     sys.path.insert(0, str(HERE.parent))
     from hvd_notebook.cluster.launching.launch import rank_environment
     from hvd_notebook.cluster.launching.placements import find_mpiexec
 
-    res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
+    mpiexec, env = find_mpiexec(None), rank_environment()
+    res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=mpiexec, env=env)
+    res["over_dist"] = over_dist(ctx, mpiexec, env)
     us = 1e6
     rows = []
     for nbytes, r in res["sizes"].items():
@@ -38,10 +74,7 @@ def run(ctx: Context) -> Report:
     d = res["ddp"]
     rows.append(Row(f"training step, MLP of {d['parameters'] / 1e6:.1f} M parameters: DistributedOptimizer vs "
                     "DistributedDataParallel (gloo)", "ms", d["hvd_step_s"] * 1e3, d["ddp_step_s"] * 1e3, DDP_TARGET))
-    d = res["ddp_many_small"]
-    rows.append(Row(f"training step, {d['tensors']} tensors of {d['parameters'] / 1e6:.1f} M parameters (ResNet-18's "
-                    "shape): DistributedOptimizer vs DDP (gloo)", "ms", d["hvd_step_s"] * 1e3, d["ddp_step_s"] * 1e3,
-                    MANY_SMALL_TARGET))
+    rows += transport_rows(res, "mpi") + transport_rows(res["over_dist"], "dist")
     o = res["overlap"]
     longer, total = max(o["compute_s"], o["communication_s"]), o["compute_s"] + o["communication_s"]
     rows.append(Row("overlap: backward + reduction under DistributedOptimizer vs the midpoint of max and sum", "ms",
@@ -54,7 +87,8 @@ def run(ctx: Context) -> Report:
         f"{o['communication_s'] * 1e3:.0f} ms ({o['gradient_mib']:.0f} MiB of gradients), both under "
         f"DistributedOptimizer "
         f"{o['step_s'] * 1e3:.0f} ms: {hidden:.0%} of the shorter one hidden behind the longer",
-        f"torch {res['torch']}; medians, ours and the baseline interleaved, each after a barrier",
+        f"torch {res['torch']}; medians, ours and the baseline interleaved, each after a barrier; the transport "
+        f"rows of dist from a second run with HVD_NOTEBOOK_TORCH_TRANSPORT=dist",
     ]
     if ctx.quick:
         notes.append("--quick: few samples, figures are rough")

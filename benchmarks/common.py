@@ -61,7 +61,8 @@ class Row:
     """One line of a report: our figure against the baseline's.
 
     ``target`` is the largest acceptable ratio ours/baseline; None marks a row
-    shown for information only (no PASS/FAIL).
+    shown for information only (no PASS/FAIL). ``skipped`` says why a row could
+    not be measured here (no GPU, a transport missing) instead of a figure.
     """
 
     measure: str
@@ -69,6 +70,7 @@ class Row:
     ours: float
     baseline: float
     target: float | None = None
+    skipped: str | None = None
 
     @property
     def ratio(self) -> float:
@@ -76,6 +78,8 @@ class Row:
 
     @property
     def verdict(self) -> str:
+        if self.skipped:
+            return "skipped"
         if self.target is None:
             return "info"
         return "PASS" if self.ratio <= self.target else "FAIL"
@@ -89,6 +93,7 @@ class Row:
             "ratio": self.ratio,
             "target_max_ratio": self.target,
             "verdict": self.verdict,
+            **({"skipped": self.skipped} if self.skipped else {}),
         }
 
 
@@ -126,16 +131,46 @@ class Context:
 
 # ------------------------------------------------------------------ processes
 def run_worker(worker: Path, ranks: int, ctx: Context, mpiexec: str, python: str = sys.executable,
-               env: dict[str, str] | None = None) -> dict:
+               env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> dict:
     """Run ``worker`` under ``mpiexec -n ranks``; it writes its figures as JSON to the
     path it is given, which this returns (an error with the worker's output if it fails)."""
     out = Path(tempfile.mkdtemp()) / f"{worker.stem}-{ranks}.json"
-    cmd = [mpiexec, "-n", str(ranks), python, str(worker), str(out)] + (["--quick"] if ctx.quick else [])
+    cmd = [mpiexec, "-n", str(ranks), python, str(worker), str(out), *args] + (["--quick"] if ctx.quick else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{worker.name} on {ranks} rank(s) failed (exit {proc.returncode}):\n"
                            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     return json.loads(out.read_text())
+
+
+def torch_collectives_during(fn: Any) -> int:
+    """How many collectives ``fn()`` issues on any ``torch.distributed`` process group, from any thread
+    (counted on the methods of ``ProcessGroup``, through which every collective call goes): tells
+    whether the PyTorch binding's data really travels through ``torch.distributed``."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    collectives = ("broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather", "all_gather_single",
+                   "_allgather_base", "allgather_coalesced", "all_gather_single_coalesced",
+                   "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_single",
+                   "_reduce_scatter_base", "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced",
+                   "all_to_all_single", "alltoall_base", "alltoall")
+    names = [n for n in collectives if n in vars(ProcessGroup)]
+    saved, count = {n: vars(ProcessGroup)[n] for n in names}, [0]  # the class's own entries, put back as they were
+
+    def counted(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            count[0] += 1
+            return method(*args, **kwargs)
+        return call
+
+    for n in names:
+        setattr(ProcessGroup, n, counted(saved[n]))
+    try:
+        fn()
+    finally:
+        for n in names:
+            setattr(ProcessGroup, n, saved[n])
+    return count[0]
 
 
 def descendants() -> dict[int, str]:

@@ -7,12 +7,13 @@
    (the dashboard, in text mode here), timed on the rank.
 
 Rounds of the two alternate (plain, cell, plain, ...; medians), as one step's time drifts by a third from
-run to run on the lent machine. On one rank `DistributedOptimizer` reduces nothing (Horovod's rule), so
-this is the notebook's own cost: engine, pinning, dashboard; `benchmarks/run.py gpu` times the reductions.
+run to run on the lent machine. On one rank `DistributedOptimizer` reduces nothing (Horovod's rule) unless
+`HVD_NOTEBOOK_REDUCE_ALONE=1`, which the device check sets: then the cell's step reduces its gradients as on
+more ranks, and `reduce_alone` in the JSON says what the rank saw.
 Target (issue 18): the cell's step at most 3 % slower than the plain one. Writes JSON to argv[1].
 
     python benchmarks/gpu_cell_check.py OUT.json [--quick]
-    python benchmarks/gpu_cell_check.py OUT.json --cpu      # a dry run of the whole path on CPUs (tiny)
+    python benchmarks/gpu_cell_check.py OUT.json --cpu      # a dry run of the whole path on CPUs (32x32 images)
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ MODEL = textwrap.dedent("""
         model_name = "resnet50-sized convolutions"
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
-    x = torch.randn({batch}, 3, 224, 224, device="{device}")
+    x = torch.randn({batch}, 3, {side}, {side}, device="{device}")
     y = torch.randint(0, 1000, ({batch},), device="{device}")
 
     def sync():
@@ -91,6 +92,8 @@ ROUND = "%%hvd --progress text\n" + textwrap.dedent("""
         if i % 10 == 0:
             bar.set_postfix(loss=float(loss.detach()))
     sync()
+    import os
+    print("REDUCE_ALONE", os.environ.get("HVD_NOTEBOOK_REDUCE_ALONE", "unset"))
     print("CELL_STEP_S", (time.perf_counter() - t0) / {steps}, model_name, hvd.nccl_built(),
           torch.distributed.get_backend(), torch.cuda.get_device_name(0) if x.is_cuda else "CPU")
 """)
@@ -101,7 +104,7 @@ def main() -> None:
     steps = 2 if cpu else QUICK_STEPS if quick else STEPS
     rounds = 2 if cpu or quick else ROUNDS
     fill = {"batch": 2 if cpu else BATCH, "warmup": 1 if cpu else WARMUP, "steps": steps,
-            "device": "cpu" if cpu else "cuda"}
+            "device": "cpu" if cpu else "cuda", "side": 32 if cpu else 224}
     from IPython.testing.globalipapp import start_ipython
 
     shell = start_ipython()
@@ -145,6 +148,7 @@ def main() -> None:
         "plain_rounds_s": plain_s, "cell_rounds_s": cell_s, "target": 1.03,
         "start_s": start_s, "rank_device": rank.device, "framework": rank.framework,
         "nccl": found.group(3) == "True", "torch_distributed": found.group(4),
+        "reduce_alone": (re.findall(r"REDUCE_ALONE (\S+)", out) or ["?"])[0],
         "dashboard_lines": [line for line in out.splitlines() if line.startswith("[hvd_notebook]")],
     }
     with open(out_path, "w") as f:

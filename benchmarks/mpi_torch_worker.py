@@ -1,7 +1,11 @@
-"""Runs inside `mpiexec -n 2` for bench_torch.py: the PyTorch binding against raw MPI, against
-DistributedDataParallel, and its overlap of communication with backward; rank 0 writes JSON.
+"""Runs inside `mpiexec -n 2` for bench_torch.py: the PyTorch binding against raw MPI, against raw
+`dist.all_reduce`, against DistributedDataParallel, and its overlap of communication with backward; rank 0
+writes JSON, with the transport the binding's data really took (`dist` where `hvd.allreduce` issued a
+`torch.distributed` collective, else `mpi`).
 
     mpiexec -n 2 python benchmarks/mpi_torch_worker.py OUT.json [--quick]
+    HVD_NOTEBOOK_TORCH_TRANSPORT=dist mpiexec -n 2 python benchmarks/mpi_torch_worker.py OUT.json --transport-rows
+        # only the rows compared across transports: raw dist.all_reduce, the 62-tensor step against DDP
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "-1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from common import torch_collectives_during  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from mpi_timing import median_pair  # noqa: E402
 
@@ -34,6 +39,23 @@ def allreduce_sizes(comm, quick: bool) -> dict:
         ours, raw = median_pair(lambda t=t: hvd.allreduce(t, op=hvd.Sum, name="bench"),
                                 lambda s=send, r=recv: comm.Allreduce(s, r, op=MPI.SUM), reps, comm)
         out[str(nbytes)] = {"hvd_s": ours, "raw_mpi_s": raw}
+    return out
+
+
+def transport() -> str:
+    """``dist`` where an ``hvd.allreduce`` of a CPU tensor issues a torch.distributed collective, else ``mpi``."""
+    issued = torch_collectives_during(lambda: hvd.allreduce(torch.ones(4), op=hvd.Sum, name="transport.probe"))
+    return "dist" if issued else "mpi"
+
+
+def raw_dist(comm, quick: bool) -> dict:
+    """hvd.allreduce against a raw ``dist.all_reduce`` (gloo) of a tensor of the same size, 4 KiB and 1 MiB."""
+    out = {}
+    for nbytes in (4 << 10, 1 << 20):
+        ours, theirs = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        hvd_s, raw_s = median_pair(lambda t=ours: hvd.allreduce(t, op=hvd.Sum, name="bench.raw_dist"),
+                                   lambda t=theirs: dist.all_reduce(t), 20 if quick else 200, comm)
+        out[str(nbytes)] = {"hvd_s": hvd_s, "raw_dist_s": raw_s}
     return out
 
 
@@ -140,9 +162,11 @@ def main() -> None:
     hvd.init()
     comm = MPI.COMM_WORLD
     init_torch_distributed(hvd, "127.0.0.1")  # gloo, as a --framework torch cluster's ranks have it
-    result = {"sizes": allreduce_sizes(comm, quick), "ddp": optimizer_vs_ddp(comm, quick),
-              "ddp_many_small": optimizer_vs_ddp(comm, quick, many_small, width=860, batch=32),
-              "overlap": overlap(comm, quick), "torch": torch.__version__}
+    result = {"transport": transport(), "torch": torch.__version__, "raw_dist": raw_dist(comm, quick),
+              "ddp_many_small": optimizer_vs_ddp(comm, quick, many_small, width=860, batch=32)}
+    if "--transport-rows" not in sys.argv:
+        result.update(sizes=allreduce_sizes(comm, quick), ddp=optimizer_vs_ddp(comm, quick),
+                      overlap=overlap(comm, quick))
     if hvd.rank() == 0:
         with open(out_path, "w") as f:
             json.dump(result, f)

@@ -104,7 +104,7 @@ BENCHMARKS: list[Benchmark] = [
     ),
     Benchmark(
         "gpu",
-        "one GPU: hvd.allreduce of a torch CUDA tensor vs raw NCCL, 1 .. 256 MiB (needs a GPU, PyTorch and cupy)",
+        "one GPU, the reduction forced: hvd vs raw dist.all_reduce, cupy NCCL and DDP (needs a GPU and PyTorch)",
         bench_gpu.run,
         by_default=False,
     ),
@@ -126,9 +126,9 @@ def format_report(report: Report) -> str:
             f"{r.measure} [{r.unit}]",
             _fmt(r.ours),
             _fmt(r.baseline),
-            f"{r.ratio:.2f}x",
+            "-" if r.skipped else f"{r.ratio:.2f}x",
             "-" if r.target is None else f"<= {r.target:g}x",
-            r.verdict,
+            f"skipped: {r.skipped}" if r.skipped else r.verdict,
         )
         for r in report.rows
     ]
