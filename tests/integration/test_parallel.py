@@ -24,7 +24,10 @@ SHARED_WORLDS = {
                    "test_horovod_semantics.py", "test_keras.py", "test_nccl.py", "test_process_sets.py",
                    "test_progress_callback.py", "test_timeline_and_stall.py"],
     "torch": ["test_torch.py", "test_torch_gpu.py"],
+    # PyTorch's CPU tensors through torch.distributed's gloo: the data path CUDA tensors take through NCCL
+    "torch-dist": ["test_torch.py", "test_torch_dist.py"],
 }
+WORLD_ENV = {"torch-dist": {"HVD_NOTEBOOK_TORCH_TRANSPORT": "dist"}}  # a world's own environment
 _SHARED = {f for files in SHARED_WORLDS.values() for f in files}
 WORLDS = {**SHARED_WORLDS, **{f: [f] for f in FILES if f not in _SHARED}}
 
@@ -58,7 +61,7 @@ def test_every_file_runs_in_a_world():
 
 @pytest.mark.parametrize("world", sorted(WORLDS))
 def test_under_mpiexec(record_property, world):
-    run_under_mpiexec(record_property, [f"tests/parallel/{f}" for f in WORLDS[world]])
+    run_under_mpiexec(record_property, [f"tests/parallel/{f}" for f in WORLDS[world]], **WORLD_ENV.get(world, {}))
 
 
 def test_agreement_through_a_collective(record_property):

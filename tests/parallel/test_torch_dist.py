@@ -1,0 +1,229 @@
+"""``hvd.DistributedOptimizer`` over the ``torch.distributed`` transport (``HVD_NOTEBOOK_TORCH_TRANSPORT=dist``,
+gloo), 2 ranks, a model of 62 parameter tensors: DDP's weights after a few steps; at most one collective per
+bucket, counted on the process group's own methods (which every collective goes through, from any thread); no
+host wait in a step beyond the device module's; no per-tensor op in the reduction (a ``TorchDispatchMode`` in
+the threads that pack and unpack); and the order mark -> enter -> issue -> wait -> unpack, seen through a
+recording device module. tests/integration/test_parallel.py runs this file in the ``torch-dist`` world."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+pytestmark = pytest.mark.skipif(os.environ.get("HVD_NOTEBOOK_TORCH_TRANSPORT") != "dist",
+                                reason="runs under HVD_NOTEBOOK_TORCH_TRANSPORT=dist (the torch-dist world)")
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_into_tensor_coalesced",
+               "broadcast", "reduce_scatter", "_reduce_scatter_base", "alltoall_base", "alltoall", "reduce",
+               "gather", "scatter", "barrier")
+LAYERS = 31  # 62 parameter tensors
+
+
+@pytest.fixture(scope="module")
+def thvd(hvd):
+    import hvd_notebook.runtime.torch as thvd
+
+    thvd.init()
+    assert torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+    return thvd
+
+
+@pytest.fixture
+def quiet_noise(monkeypatch):
+    """No noise scale (its one allreduce per step, and its host read of two norms, are not the reduction's)."""
+    monkeypatch.setenv("HVD_NOTEBOOK_NOISE_SCALE", "0")
+
+
+def _model(seed: int = 3) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(*[torch.nn.Linear(96, 96) for _ in range(LAYERS)])
+
+
+def _batch(rank: int, step: int) -> torch.Tensor:
+    return torch.randn(8, 96, generator=torch.Generator().manual_seed(100 * step + rank))
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    opt.zero_grad()
+    model(x).square().mean().backward()
+    opt.step()
+
+
+def _wrapped(thvd, model: torch.nn.Module) -> torch.optim.Optimizer:
+    return thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters())
+
+
+def _buckets(model: torch.nn.Module) -> int:
+    from hvd_notebook.runtime.torch.optimizer import gradient_buckets
+
+    return len(gradient_buckets(list(model.parameters())))
+
+
+@contextlib.contextmanager
+def _counted_collectives():
+    """Count the collectives issued meanwhile, by name, from any thread (the process group's own methods)."""
+    group_class = torch._C._distributed_c10d.ProcessGroup
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    # (the class's own entries: pybind's instancemethods, bound to each group as it calls them)
+    originals = {name: group_class.__dict__[name] for name in COLLECTIVES if name in group_class.__dict__}
+
+    def counting(name, original):
+        def wrapper(group, *args, **kwargs):
+            with lock:
+                counts[name] = counts.get(name, 0) + 1
+            return original.__get__(group, type(group))(*args, **kwargs)
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(group_class, name, counting(name, original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(group_class, name, original)
+
+
+def test_the_process_group_methods_count_every_collective(thvd):
+    with _counted_collectives() as counts:
+        torch.distributed.all_reduce(torch.ones(2))
+        torch.distributed.broadcast(torch.ones(2), src=0)
+    assert counts == {"allreduce": 1, "broadcast": 1}, counts
+
+
+def test_distributed_optimizer_gives_ddp_s_weights(thvd, quiet_noise):
+    r = thvd.rank()
+    ddp_model, model = _model(), _model()
+    assert len(list(model.parameters())) >= 60
+    ddp = torch.nn.parallel.DistributedDataParallel(ddp_model)
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    opt = _wrapped(thvd, model)
+    for step in range(3):
+        _step(ddp, ddp_opt, _batch(r, step))
+        _step(model, opt, _batch(r, step))
+    for a, b in zip(model.parameters(), ddp_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    digest = float(sum(p.detach().double().sum() for p in model.parameters()))
+    assert len(set(thvd.allgather_object(digest))) == 1
+
+
+def test_one_collective_per_bucket_at_most(thvd, quiet_noise):
+    model = _model()
+    opt = _wrapped(thvd, model)
+    buckets = _buckets(model)
+    assert buckets >= 2
+    _step(model, opt, _batch(thvd.rank(), 0))  # (the buffers made once)
+    for step in range(1, 4):
+        with _counted_collectives() as counts:
+            _step(model, opt, _batch(thvd.rank(), step))
+        assert set(counts) <= {"allreduce"} and 1 <= counts.get("allreduce", 0) <= buckets, (counts, buckets)
+
+
+def test_nothing_waits_on_the_host_in_a_step(thvd, quiet_noise, monkeypatch):
+    from hvd_notebook.runtime.torch import device
+
+    model = _model()
+    opt = _wrapped(thvd, model)
+    _step(model, opt, _batch(thvd.rank(), 0))
+    waits: list[str] = []
+    original_after = device.after
+
+    def refuse(what):
+        def raising(*args, **kwargs):
+            raise AssertionError(f"{what} waited on the host inside a step")
+        return raising
+
+    def after(work, buffer):  # (on gloo, the wait is the data movement itself: allowed, counted)
+        waits.append(threading.current_thread().name)
+        return original_after(work, buffer)
+
+    for name in ("item", "cpu", "tolist", "numpy"):
+        monkeypatch.setattr(torch.Tensor, name, refuse(f"Tensor.{name}"))
+    monkeypatch.setattr(device, "after", after)
+    for step in range(1, 3):
+        _step(model, opt, _batch(thvd.rank(), step))
+    monkeypatch.undo()
+    assert 1 <= len(waits) <= 2 * _buckets(model), waits  # one wait per reduction finished, no other
+
+
+class _AtenCount(torch.utils._python_dispatch.TorchDispatchMode):
+    """The aten ops run meanwhile in this thread."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__()
+        self.into = into
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.into.append(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_per_tensor_op_in_the_reduction(thvd, quiet_noise, monkeypatch):
+    from hvd_notebook.runtime.torch import dist_backend
+
+    model = _model()
+    opt = _wrapped(thvd, model)
+    _step(model, opt, _batch(thvd.rank(), 0))  # (the buffers and their views made once)
+    seen: list[list[str]] = []
+    run, finish = dist_backend._AllreduceWork.run, dist_backend.Issued.finish
+
+    def counted(original):
+        def wrapper(*args, **kwargs):  # (in the thread that packs and issues, or that unpacks)
+            ops: list[str] = []
+            with _AtenCount(ops):
+                result = original(*args, **kwargs)
+            seen.append(ops)
+            return result
+        return wrapper
+
+    monkeypatch.setattr(dist_backend._AllreduceWork, "run", counted(run))
+    monkeypatch.setattr(dist_backend.Issued, "finish", counted(finish))
+    _step(model, opt, _batch(thvd.rank(), 1))
+    monkeypatch.undo()
+    per_bucket = LAYERS * 2 // _buckets(model)
+    assert seen and all(len(ops) <= 4 for ops in seen), seen  # a few ops per call, whatever its tensors
+    assert per_bucket > 4 and sum(o.startswith("aten._foreach_copy_") for ops in seen for o in ops) == len(seen)
+
+
+def test_the_order_mark_enter_issue_wait_unpack(thvd, quiet_noise, monkeypatch):
+    from hvd_notebook.runtime.torch import device, dist_backend
+
+    calls: list[str] = []
+    lock = threading.Lock()
+
+    def recording(what, original):
+        def wrapper(*args, **kwargs):
+            with lock:
+                calls.append(what)
+            return original(*args, **kwargs)
+        return wrapper
+
+    @contextlib.contextmanager
+    def enter(marks):
+        calls.append("enter")
+        with original_enter(marks) as stream:
+            yield stream
+
+    original_enter = device.enter
+    monkeypatch.setattr(device, "mark", recording("mark", device.mark))
+    monkeypatch.setattr(device, "enter", enter)
+    monkeypatch.setattr(device, "after", recording("wait", device.after))
+    monkeypatch.setattr(dist_backend.dist, "all_reduce", recording("issue", dist_backend.dist.all_reduce))
+    monkeypatch.setattr(dist_backend, "finish_", recording("unpack", dist_backend.finish_))
+    t = torch.full((4,), float(thvd.rank() + 1))
+    out = thvd.grouped_allreduce([t, t * 2], op=thvd.Sum, name="order.sync")
+    assert calls == ["mark", "enter", "issue", "wait", "unpack"], calls
+    calls.clear()
+    handle = thvd.allreduce_async_(t, op=thvd.Sum, name="order.async")
+    while "issue" not in calls:  # (issued in its worker, inside the agreed turn; finished by synchronize)
+        threading.Event().wait(0.001)
+    assert calls == ["mark", "enter", "issue"], calls
+    assert thvd.synchronize(handle) is t and calls == ["mark", "enter", "issue", "wait", "unpack"], calls
+    n = thvd.size()
+    assert out[1].tolist() == [n * (n + 1)] * 4 and t.tolist() == [n * (n + 1) / 2] * 4
