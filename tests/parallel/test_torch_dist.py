@@ -227,3 +227,44 @@ def test_the_order_mark_enter_issue_wait_unpack(thvd, quiet_noise, monkeypatch):
     assert thvd.synchronize(handle) is t and calls == ["mark", "enter", "issue", "wait", "unpack"], calls
     n = thvd.size()
     assert out[1].tolist() == [n * (n + 1)] * 4 and t.tolist() == [n * (n + 1) / 2] * 4
+
+
+def test_refusals_uneven_rows_and_mixed_dtypes(thvd):
+    """What the MPI library's path refuses is refused on every rank here too; uneven blocks and mixed dtypes."""
+    n, r = thvd.size(), thvd.rank()
+    with pytest.raises(ValueError, match="cannot be reduced"):
+        thvd.allreduce(torch.ones(2, dtype=torch.bool), name="refused.bool")
+    with pytest.raises(ValueError, match="needs at least one dimension"):
+        thvd.allgather(torch.tensor(1.0), name="refused.scalar")
+    with pytest.raises(ValueError, match="needs at least one dimension"):
+        thvd.reducescatter(torch.tensor(1.0), name="refused.scalar.rs")
+    with pytest.raises(ValueError, match="splits"):
+        thvd.alltoall(torch.ones(2 * n), splits=[n + 5] + [0] * (n - 1), name="refused.splits")
+    rows = thvd.reducescatter(torch.arange(3.0).reshape(3, 1) * (r + 1), op=thvd.Sum, name="uneven")
+    assert rows.tolist() == ([[0.0], [n * (n + 1) / 2]] if r == 0 else [[n * (n + 1)]])
+    mixed = thvd.grouped_allreduce([torch.ones(2), torch.ones(3, dtype=torch.int32), torch.ones(1)], op=thvd.Sum)
+    assert [t.dtype for t in mixed] == [torch.float32, torch.int32, torch.float32]
+    assert [t.tolist() for t in mixed] == [[n] * 2, [n] * 3, [n]]
+
+
+def test_a_process_set_has_its_own_group_made_once(thvd, monkeypatch):
+    from hvd_notebook.runtime.torch import group
+
+    thvd.init(process_sets="dynamic")
+    made: list[list[int]] = []
+    new_group = torch.distributed.new_group
+    monkeypatch.setattr(torch.distributed, "new_group",
+                        lambda ranks, **kw: made.append(ranks) or new_group(ranks, **kw))
+    alone = thvd.add_process_set([1])
+    if thvd.rank() == 1:
+        for _ in range(2):
+            assert thvd.allreduce(torch.ones(2), op=thvd.Sum, process_set=alone, name="alone").tolist() == [1.0] * 2
+        assert made == [[1]] and len(group._groups) >= 1
+    assert thvd.remove_process_set(alone)
+    assert thvd.allreduce(torch.ones(1), op=thvd.Sum).tolist() == [float(thvd.size())]
+
+
+def test_a_bad_transport_names_the_two_choices(thvd, monkeypatch):
+    monkeypatch.setenv("HVD_NOTEBOOK_TORCH_TRANSPORT", "nccl")
+    with pytest.raises(ValueError, match="HVD_NOTEBOOK_TORCH_TRANSPORT='nccl': use mpi .* or dist"):
+        thvd.allreduce(torch.ones(1), name="bad.transport")

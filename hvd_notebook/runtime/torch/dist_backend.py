@@ -329,10 +329,7 @@ class _Moves:
 
     def _reducescatter_one(self, tensor: torch.Tensor, op: int, name: str, marked: Any) -> Issued:
         sig = reducescatter_signature(op, dtype_name(tensor.dtype), tuple(tensor.shape), name)
-        refusal = ops.op_refusal(op, what="hvd.reducescatter")
-        if refusal is not None:
-            self.negotiator.refuse(sig, refusal)
-        if tensor.dim() == 0:
+        if tensor.dim() == 0:  # (the op was checked by the call, before any communication)
             self.negotiator.refuse(sig, f"reducescatter of '{name}': the tensor needs at least one dimension.")
         self.refuse_dtype(sig, "reducescatter", name, tensor.dtype, reducing=True)
         rows = ops.even_rows(int(tensor.shape[0]), self.size)

@@ -879,7 +879,7 @@ def grouped_allgather(tensors: list[torch.Tensor], name: str | None = None,
 
 def _gathered(tensors: list[torch.Tensor], name: str | None, process_set: Any, call: str) -> list[torch.Tensor]:
     """The differentiable allgather of ``tensors`` (checked)."""
-    rows = [t.shape[0] for t in tensors]
+    rows = [t.shape[0] if t.dim() else 0 for t in tensors]  # (a scalar is refused by the call itself)
     return _differentiable(tensors, lambda ts: _allgather_call(ts, name, process_set, call),
                            lambda grads: _gradients.allgather(_TorchOps(process_set), grads, rows))
 
