@@ -66,6 +66,27 @@ def working_device(nccl: bool) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
 
 
+def to_host(tensors: list[torch.Tensor]) -> Any:
+    """Scalar tensors' values on their way to the host: the floats at once for CPU tensors; for CUDA ones a
+    copy into pinned memory queued on the current stream, with an event, read by ``read`` once it is there."""
+    if not is_cuda(tensors):
+        return [float(t) for t in tensors]
+    values = torch.stack([t.float() for t in tensors])
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(values.device))
+    return host, event
+
+
+def read(copy: Any) -> list[float] | None:
+    """``to_host``'s values where they have reached the host; None while they are on their way (no wait)."""
+    if isinstance(copy, list):
+        return copy
+    host, event = copy
+    return host.tolist() if event.query() else None
+
+
 def available() -> bool:
     """Is a CUDA device there for this process?"""
     return torch.cuda.is_available()
@@ -76,4 +97,4 @@ def is_cuda(tensors: list[torch.Tensor]) -> bool:
     return bool(tensors) and tensors[0].is_cuda
 
 
-__all__ = ["after", "available", "enter", "is_cuda", "keep", "mark", "working_device"]
+__all__ = ["after", "available", "enter", "is_cuda", "keep", "mark", "read", "to_host", "working_device"]

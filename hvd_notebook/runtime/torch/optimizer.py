@@ -34,6 +34,7 @@ from ..core import noise_scale, ops
 from ..core.fusion import fusion_threshold
 from ..core.noise_scale import NoiseScale
 from ..core.process_sets import global_process_set
+from . import device
 from .compression import Compression
 from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
 
@@ -186,6 +187,7 @@ class _DistributedOptimizer(_GradientReduction):
         Returns:
             The noise scale in samples, as a float, or None while there is no estimate.
         """
+        self._noise.flush()
         return self._noise.estimator.value(batch_size)
 
     @contextlib.contextmanager
@@ -266,6 +268,7 @@ class _StepNoise:
         self.on = op != ops.Adasum and noise_scale.enabled(ranks)
         self.op, self.ranks, self.process_set = op, ranks, process_set
         self.local_sq: list[torch.Tensor] = []
+        self.pending: list[tuple[Any, int]] = []  # steps whose norms are on their way to the host
 
     def add_local(self, grads: list[torch.Tensor]) -> None:
         """Keep the gradients' squared norm for this step's local sum (on their device)."""
@@ -285,13 +288,23 @@ class _StepNoise:
         """Record the step, once its gradients (``grads``, summed over ``passes`` backward passes) are reduced."""
         handle, local = started
         synchronize(handle)
-        reduced = _squared_norm(grads)
-        # the gradients are sums over the accumulated passes (and over the ranks for op=Sum): a rank's
-        # gradient over all of its samples is 1/passes of it, the average 1/size more for op=Sum
-        per = float(passes) ** 2
-        ranks_sq = float(self.ranks) ** 2 if self.op == ops.Sum else 1.0
-        noise_scale.record(self.estimator, float(local) / per, float(reduced) / per / ranks_sq, self.ranks,
-                           passes=passes)
+        # (on a GPU the two norms come to the host without a wait: recorded once they are there, a step or so later)
+        self.pending.append((device.to_host([local.reshape(()), _squared_norm(grads)]), passes))
+        self.flush()
+
+    def flush(self) -> None:
+        """Record the steps whose norms have reached the host, in their order."""
+        while self.pending:
+            values = device.read(self.pending[0][0])
+            if values is None:
+                return
+            passes = self.pending.pop(0)[1]
+            # the gradients are sums over the accumulated passes (and over the ranks for op=Sum): a rank's
+            # gradient over all of its samples is 1/passes of it, the average 1/size more for op=Sum
+            per = float(passes) ** 2
+            ranks_sq = float(self.ranks) ** 2 if self.op == ops.Sum else 1.0
+            noise_scale.record(self.estimator, values[0] / per, values[1] / per / ranks_sq, self.ranks,
+                               passes=passes)
 
 
 def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
