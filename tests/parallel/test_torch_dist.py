@@ -268,3 +268,17 @@ def test_a_bad_transport_names_the_two_choices(thvd, monkeypatch):
     monkeypatch.setenv("HVD_NOTEBOOK_TORCH_TRANSPORT", "nccl")
     with pytest.raises(ValueError, match="HVD_NOTEBOOK_TORCH_TRANSPORT='nccl': use mpi .* or dist"):
         thvd.allreduce(torch.ones(1), name="bad.transport")
+
+
+def test_the_default_group_must_span_hvd_s_world(thvd, monkeypatch):
+    import types
+
+    from hvd_notebook.runtime.core import world
+    from hvd_notebook.runtime.torch import group
+
+    here = world.current()
+    assert group.spans(here)
+    assert not group.spans(types.SimpleNamespace(rank=here.rank, size=here.size + 1))
+    monkeypatch.setattr(group, "spans", lambda world: False)  # (as where hvd.init(comm=...) took some ranks only)
+    with pytest.raises(RuntimeError, match="needs torch.distributed's default group over hvd's world"):
+        thvd.allreduce(torch.ones(1), name="not.spanned")

@@ -167,11 +167,12 @@ def ensure_default_group(hvd: Any) -> None:
     init_default_group(hvd, address)
 
 
-def has_default() -> bool:
-    """Is there a default group?"""
+def spans(world: Any) -> bool:
+    """Is there a default group, over ``world``'s ranks (hvd's rank and size are its own)?"""
     import torch.distributed as dist
 
-    return dist.is_available() and dist.is_initialized()
+    return (dist.is_available() and dist.is_initialized() and dist.get_world_size() == world.size
+            and dist.get_rank() == world.rank)
 
 
 _groups: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -208,5 +209,5 @@ def has_nccl(group: Any) -> bool:
     return dist.is_initialized() and "nccl" in str(dist.get_backend(group)).lower()
 
 
-__all__ = ["ONE_HOST_TORCH_ENV", "STORE_PREFIX", "ensure_default_group", "group_of", "has_default", "has_nccl",
-           "init_default_group", "needed", "transport"]
+__all__ = ["ONE_HOST_TORCH_ENV", "STORE_PREFIX", "ensure_default_group", "group_of", "has_nccl",
+           "init_default_group", "needed", "spans", "transport"]

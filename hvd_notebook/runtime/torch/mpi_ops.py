@@ -342,10 +342,14 @@ def _route(tensors: list[torch.Tensor], process_set: Any, call: str) -> _Route |
         backends = _backends(process_set, call)
     except ValueError:
         return None  # (the call itself raises it, in its turn)
-    if not _group.has_default():
-        raise RuntimeError(f"{call}: torch.distributed has no default process group on rank "
-                           f"{_world.current().rank}; call hvd.init() (it makes one where the binding needs it).")
-    return _Route(dist_backend.of(backends, _world.current()), device.mark(tensors))
+    world = _world.current()
+    if not _group.spans(world):
+        if device.is_cuda(tensors):
+            return None  # (through the host: the default group is not this world's)
+        raise RuntimeError(f"{call}: HVD_NOTEBOOK_TORCH_TRANSPORT=dist needs torch.distributed's default group over "
+                           f"hvd's world (rank {world.rank} of {world.size}); call hvd.init() for every rank of the "
+                           "job (it makes the group), or unset the variable to use the MPI library.")
+    return _Route(dist_backend.of(backends, world), device.mark(tensors))
 
 
 def _reduce_op(op: int | None, average: bool | None) -> int:
