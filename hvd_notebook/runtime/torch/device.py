@@ -20,29 +20,30 @@ _side_streams: dict[Any, Any] = {}  # one side stream per device, made once
 
 
 def mark(tensors: list[torch.Tensor]) -> Any:
-    """An event recorded now on the current stream of ``tensors``' device; None for CPU tensors."""
+    """(An event recorded now on the current stream of ``tensors``' device, that device); None for CPU tensors."""
     if not tensors or not tensors[0].is_cuda:
         return None
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(tensors[0].device))
-    return event
+    return event, tensors[0].device
 
 
 @contextlib.contextmanager
 def enter(marks: list[Any]) -> Iterator[Any]:
-    """Where the block's work runs: a side stream that first waits for each of ``marks`` (``mark``'s events);
-    the current stream as it is for CPU tensors (no event). Yields the stream (None on CPU)."""
-    events = [m for m in marks if m is not None]
-    if not events:
+    """Where the block's work runs: a side stream of the marks' device (not the calling thread's current one: a
+    worker's is device 0) that first waits for each of ``marks`` (``mark``'s events); the current stream as it is
+    for CPU tensors (no event). Yields the stream (None on CPU)."""
+    marked = [m for m in marks if m is not None]
+    if not marked:
         yield None
         return
-    where = torch.cuda.current_device()
+    where = marked[0][1]
     side = _side_streams.get(where)
     if side is None:
         side = _side_streams[where] = torch.cuda.Stream(device=where)
-    for event in events:
+    for event, _ in marked:
         side.wait_event(event)
-    with torch.cuda.stream(side):
+    with torch.cuda.device(where), torch.cuda.stream(side):
         yield side
 
 
