@@ -8,6 +8,7 @@ recording device module. tests/integration/test_parallel.py runs this file in th
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 
@@ -261,6 +262,8 @@ def test_a_process_set_has_its_own_group_made_once(thvd, monkeypatch):
             assert thvd.allreduce(torch.ones(2), op=thvd.Sum, process_set=alone, name="alone").tolist() == [1.0] * 2
         assert made == [[1]] and len(group._groups) >= 1
     assert thvd.remove_process_set(alone)
+    gc.collect()
+    assert not group._groups  # (its group freed with the set)
     assert thvd.allreduce(torch.ones(1), op=thvd.Sum).tolist() == [float(thvd.size())]
 
 

@@ -396,7 +396,8 @@ class DistBackend(_Moves):
     """
 
     def __init__(self, backends: Any, world: Any) -> None:
-        self.backends, self.world = backends, world
+        # (weakly: the backends own this object through ``of``'s table, and a set's are freed with the set)
+        self.backends, self.world = weakref.ref(backends), weakref.ref(world)
         self.negotiator, self.timeline, self.comm = backends.negotiator, backends.timeline, backends.comm
         self.rank, self.size = backends.rank, backends.size
         self.buffers = _Buffers()
@@ -404,7 +405,7 @@ class DistBackend(_Moves):
 
     def group(self) -> Any:
         """The group (made in the set's first turn that needs it: every member is there)."""
-        return group_of(self.backends, self.world)
+        return group_of(self.backends(), self.world())
 
     # ------------------------------------------------------------ allreduce
     def allreduce(self, tensors: list[torch.Tensor], op: int, prescale: float, postscale: float, names: list[str],
