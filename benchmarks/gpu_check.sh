@@ -10,14 +10,14 @@
 #                                              # transport), GPU-only rows skipped with the reason
 #
 # Steps (each in a process session of its own, ended whole, with whatever carries its mark, at its limit):
-#   setup  40 s: the machine has what the check needs (exit 2 names what is missing); what it lacks of
+#   setup  50 s: the machine has what the check needs (exit 2 names what is missing); what it lacks of
 #                ipyparallel, IPython, ipykernel, ipywidgets, bqplot, nvidia-ml-py and MPICH from the wheels;
 #   rows  150 s: benchmarks/mpi_gpu_worker.py under mpiexec -n 1: hvd.allreduce of 1 MiB vs raw dist.all_reduce
 #                and raw cupy NCCL; ResNet-50's 161 gradients grouped vs one raw call; the host back from
 #                backward + step() before a queued 0.2 s GPU sleep ends, the values right after a synchronize;
 #                a step under set_sync_debug_mode("error"); a ResNet-50 step, DistributedOptimizer vs DDP;
 #   tests 120 s: pytest's `gpu` tests (tests/parallel/test_torch_gpu.py) under mpiexec -n 1;
-#   cell   80 s: benchmarks/gpu_cell_check.py: %hvd start -n 1 --framework torch, a ResNet-50 step in a %%hvd cell;
+#   cell   70 s: benchmarks/gpu_cell_check.py: %hvd start -n 1 --framework torch, a ResNet-50 step in a %%hvd cell;
 #   panel  30 s: benchmarks/gpu_panel_check.py: the JupyterLab panel's GPU reader (NVML).
 # The log goes to $GPU_CHECK_OUT/gpu-check.log as it is written; $GPU_CHECK_OUT/gpu-check.json is rewritten
 # after every step (steps, rows against their targets, checks, tests, cell, panel), so a step that times out,
@@ -185,12 +185,12 @@ MPIEXEC=$(mpiexec_path)
 echo "gpu_check $(date -u +%FT%TZ): $([ "$GPU_CHECK_REHEARSE" = 1 ] && echo "rehearsal on CPUs" || echo "on the GPU")," \
   "$PY, figures in $OUTDIR"
 
-step setup 40
+step setup 50
 case $? in 0) ;; 2) exit 2 ;; *) exit 1 ;; esac
 MPIEXEC=$(mpiexec_path)  # setup may have installed MPICH's beside the Python
 step rows 150
 step tests 120
-step cell 80
+step cell 70
 step panel 30
 "$PY" benchmarks/bench_gpu.py summarize "$OUTDIR" --print
 "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))["passed"] else 1)' "$OUTDIR/gpu-check.json"

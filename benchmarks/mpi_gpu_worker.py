@@ -115,8 +115,8 @@ def with_cupy(calls: dict[str, Callable[[], Any]], bench: Bench, nelems: int, wa
         return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": NO_GPU}
     try:
         call, destroy = raw_cupy(nelems)
-    except ImportError as exc:
-        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": f"no cupy: {exc}"}
+    except Exception as exc:  # no cupy, or its NCCL missing: the torch rows still count
+        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": f"no cupy NCCL: {exc}"[:300]}
     try:
         return interleaved({**calls, "raw_cupy_s": call}, bench, warmups, reps)
     finally:
@@ -257,7 +257,8 @@ def values_right(model: torch.nn.Module, before: list[torch.Tensor], reference: 
     params, refs = list(model.parameters()), list(reference.parameters())
     update = max(float((b - lr * p.grad - p.detach()).abs().max()) for p, b in zip(params, before))
     grad = max(float((p.grad - r.grad).abs().max() / (r.grad.abs().max() + 1e-12)) for p, r in zip(params, refs))
-    return {"max_update_error": update, "max_gradient_rel_error": grad, "right": update < 1e-5 and grad < 1e-3}
+    # (the gradient's tolerance leaves room for cuDNN's nondeterministic sums; a missed or stale reduction is O(1))
+    return {"max_update_error": update, "max_gradient_rel_error": grad, "right": update < 1e-5 and grad < 1e-2}
 
 
 def host_overhead(bench: Bench) -> dict[str, Any]:
@@ -331,8 +332,9 @@ def environment(bench: Bench) -> dict[str, Any]:
             "reduce_alone": os.environ.get("HVD_NOTEBOOK_REDUCE_ALONE"),
             "torch_transport": os.environ.get("HVD_NOTEBOOK_TORCH_TRANSPORT", "(default)")}
     if bench.cuda:
-        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, nccl=".".join(
-            str(v) for v in torch.cuda.nccl.version()))
+        version = torch.cuda.nccl.version()
+        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
+                    nccl=".".join(map(str, version)) if isinstance(version, tuple) else str(version))
     return info
 
 
@@ -347,8 +349,8 @@ def main() -> None:
     bench = Bench(out_path, cuda=not cpu, quick=quick)
     hvd.init()
     init_torch_distributed(hvd, "127.0.0.1")
-    bench.result["environment"] = environment(bench)
-    bench.save()
+    bench.row("environment", lambda: environment(bench))
+    bench.result["environment"] = bench.result["rows"].pop("environment", None)
     for name, measure in (("allreduce_1mib", allreduce_1mib), ("gradients", gradients),
                           ("host_overhead", host_overhead), ("sync_debug", sync_debug), ("step", step_vs_ddp)):
         bench.row(name, lambda m=measure: m(bench))
