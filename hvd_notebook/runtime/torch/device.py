@@ -2,10 +2,11 @@
 
 A collective is ordered after the work that wrote its inputs without a host wait: ``mark`` records an event on
 the caller's current stream when the call is made (in the caller's thread); the thread that packs and issues it
-works ``enter``-ed on a side stream that waits for that event; ``keep`` tells the caching allocator that a tensor
-made on one stream is used on another; ``after`` makes the caller's stream wait for a ``torch.distributed`` work
-(on NCCL, ``work.wait()`` is a stream wait, not a host wait; on gloo it waits for the data to arrive, which is
-the data movement itself). A test's rule keeps ``torch.cuda`` out of every other module of the binding.
+works ``enter``-ed on a side stream that waits for that event; ``after`` makes the caller's stream wait for a
+``torch.distributed`` work (on NCCL, ``work.wait()`` is a stream wait, not a host wait; on gloo it waits for the
+data to arrive, which is the data movement itself). A call's inputs stay referenced until its caller has waited,
+so the caching allocator reuses their memory only behind that wait. A test's rule keeps ``torch.cuda`` out of
+every other module of the binding.
 """
 
 from __future__ import annotations
@@ -45,12 +46,6 @@ def enter(marks: list[Any]) -> Iterator[Any]:
         side.wait_event(event)
     with torch.cuda.device(where), torch.cuda.stream(side):
         yield side
-
-
-def keep(tensor: torch.Tensor, stream: Any) -> None:
-    """Keep ``tensor``'s memory from reuse until ``stream``'s work queued so far has run (CUDA only)."""
-    if stream is not None and tensor.is_cuda:
-        tensor.record_stream(stream)
 
 
 def after(work: Any, buffer: torch.Tensor) -> None:
@@ -98,4 +93,4 @@ def is_cuda(tensors: list[torch.Tensor]) -> bool:
     return bool(tensors) and tensors[0].is_cuda
 
 
-__all__ = ["after", "available", "enter", "is_cuda", "keep", "mark", "read", "to_host", "working_device"]
+__all__ = ["after", "available", "enter", "is_cuda", "mark", "read", "to_host", "working_device"]

@@ -164,11 +164,10 @@ class _AllreduceWork:
         key = (label, tuple(t.shape for t in tensors), tensors[0].dtype, tensors[0].device)
         flat, views = backend.buffers.get(key, [t.shape for t in tensors], work_dtype(tensors[0].dtype),
                                           tensors[0].device)
-        with device.enter([w.marked for w in works]) as stream:
+        # (the inputs stay referenced until their caller has waited for the call: no per-tensor record_stream)
+        with device.enter([w.marked for w in works]):
             with backend.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, flat.nbytes):
                 torch._foreach_copy_(views, tensors)
-            for t in tensors:
-                device.keep(t, stream)
             if self.prescale != 1.0:
                 scale_(flat, self.prescale)
             with backend.timeline.phase(f"{backend.prefix}_ALLREDUCE", label, flat.nbytes):
