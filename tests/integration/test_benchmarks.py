@@ -1,5 +1,6 @@
 """`make bench` keeps working: a quick run of every benchmark completes and
-writes its figures (the figures themselves are a report, not a test)."""
+writes its figures (the figures themselves are a report, not a test), the
+PyTorch rows over torch.distributed's transport among them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def test_quick_benchmark_run_writes_figures():
     rows = {r["measure"]: r for r in figures["rows"]}
     start = rows["start -n 2 to ready, median"]
     assert start["ours"] > 0 and start["baseline"] > 0
+    # the PyTorch rows over each transport, the dist ones measured where hvd's data really took torch.distributed
+    over = [r for r in json.loads((ROOT / "build" / "bench" / "torch.json").read_text())["rows"]
+            if "over transport" in r["measure"]]
+    assert len(over) == 6 and not any(r.get("skipped") for r in over), over
     for name in ("allreduce", "keras", "noise_scale", "elastic", "soak"):
         figures = json.loads((ROOT / "build" / "bench" / f"{name}.json").read_text())
         assert figures["quick"] is True and figures["rows"]
