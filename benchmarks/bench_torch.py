@@ -5,10 +5,10 @@
 - a training step with hvd.DistributedOptimizer vs the same step under DistributedDataParallel
   (gloo) on the same MLP (1.6 M parameters): target within 1.1x; and on a model with ResNet-18's shape of
   gradients (62 tensors, 11 M parameters, half of them tiny): target within 1.05x;
-- over each transport of the binding's CPU tensors (the default, MPI; and torch.distributed's gloo with
-  HVD_NOTEBOOK_TORCH_TRANSPORT=dist, in a second run): hvd.allreduce of 4 KiB and 1 MiB against a raw
-  `dist.all_reduce` (a report), and the step on ResNet-18's shape of gradients against DDP (target within
-  1.05x, issue 51); where the dist transport is missing its rows say so instead of a figure;
+- over each transport of the binding's CPU tensors (the default, MPI; then torch.distributed's gloo, with
+  HVD_NOTEBOOK_TORCH_TRANSPORT=dist set on every rank later in the same run): hvd.allreduce of 4 KiB and
+  1 MiB against a raw `dist.all_reduce` (a report), and the step on ResNet-18's shape of gradients against
+  DDP (target within 1.05x, issue 51); where the dist transport is missing its rows say so, not a figure;
 - overlap: a backward pass with a 15 ms delay per layer (compute that leaves the CPU free, as a GPU's
   does) and 8 MiB of gradient per layer: backward under DistributedOptimizer until every gradient is
   reduced, against backward alone, the reduction alone and their sum. Target: closer to
@@ -25,19 +25,6 @@ from common import Context, Report, Row, run_worker
 
 HERE = Path(__file__).resolve().parent
 LARGE_TARGET, SMALL_TARGET, DDP_TARGET, MANY_SMALL_TARGET = 1.1, 2.0, 1.1, 1.05  # (the last: issue 42)
-
-
-def over_dist(ctx: Context, mpiexec: str, env: dict[str, str]) -> dict:
-    """The rows compared across transports, again with HVD_NOTEBOOK_TORCH_TRANSPORT=dist; where that transport
-    is missing (the run fails, or hvd.allreduce issues no torch.distributed collective), why."""
-    try:
-        res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=mpiexec,
-                         env={**env, "HVD_NOTEBOOK_TORCH_TRANSPORT": "dist"}, args=("--transport-rows",))
-    except RuntimeError as exc:
-        return {"unavailable": f"the run failed: {str(exc).strip().splitlines()[-1][:200]}"}
-    if res["transport"] != "dist":
-        return {"unavailable": "hvd.allreduce issued no torch.distributed collective", **res}
-    return res
 
 
 def transport_rows(res: dict, transport: str) -> list[Row]:
@@ -61,9 +48,10 @@ def run(ctx: Context) -> Report:
     from hvd_notebook.cluster.launching.launch import rank_environment
     from hvd_notebook.cluster.launching.placements import find_mpiexec
 
-    mpiexec, env = find_mpiexec(None), rank_environment()
-    res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=mpiexec, env=env)
-    res["over_dist"] = over_dist(ctx, mpiexec, env)
+    res = run_worker(HERE / "mpi_torch_worker.py", 2, ctx, mpiexec=find_mpiexec(None), env=rank_environment())
+    dist = res["over_dist"]
+    if dist["transport"] != "dist":
+        dist["unavailable"] = dist.get("error") or "hvd.allreduce issued no torch.distributed collective"
     us = 1e6
     rows = []
     for nbytes, r in res["sizes"].items():
@@ -88,7 +76,7 @@ def run(ctx: Context) -> Report:
         f"DistributedOptimizer "
         f"{o['step_s'] * 1e3:.0f} ms: {hidden:.0%} of the shorter one hidden behind the longer",
         f"torch {res['torch']}; medians, ours and the baseline interleaved, each after a barrier; the transport "
-        f"rows of dist from a second run with HVD_NOTEBOOK_TORCH_TRANSPORT=dist",
+        f"rows of dist later in the same run, with HVD_NOTEBOOK_TORCH_TRANSPORT=dist set on both ranks",
     ]
     if ctx.quick:
         notes.append("--quick: few samples, figures are rough")
