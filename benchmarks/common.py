@@ -131,11 +131,11 @@ class Context:
 
 # ------------------------------------------------------------------ processes
 def run_worker(worker: Path, ranks: int, ctx: Context, mpiexec: str, python: str = sys.executable,
-               env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> dict:
+               env: dict[str, str] | None = None) -> dict:
     """Run ``worker`` under ``mpiexec -n ranks``; it writes its figures as JSON to the
     path it is given, which this returns (an error with the worker's output if it fails)."""
     out = Path(tempfile.mkdtemp()) / f"{worker.stem}-{ranks}.json"
-    cmd = [mpiexec, "-n", str(ranks), python, str(worker), str(out), *args] + (["--quick"] if ctx.quick else [])
+    cmd = [mpiexec, "-n", str(ranks), python, str(worker), str(out)] + (["--quick"] if ctx.quick else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{worker.name} on {ranks} rank(s) failed (exit {proc.returncode}):\n"
