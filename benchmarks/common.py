@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
+try:
+    import psutil
+except ImportError:  # a bare Python (the device check's summary) needs none of the process helpers
+    psutil = None
 
 
 @dataclass
