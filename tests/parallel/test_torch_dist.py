@@ -153,6 +153,23 @@ def test_nothing_waits_on_the_host_in_a_step(thvd, quiet_noise, monkeypatch):
     assert 1 <= len(waits) <= 2 * _buckets(model), waits  # one wait per reduction finished, no other
 
 
+def test_a_step_hashes_each_parameter_a_few_times(thvd, quiet_noise, monkeypatch):
+    model = _model()
+    opt = _wrapped(thvd, model)
+    _step(model, opt, _batch(thvd.rank(), 0))
+    hashed = [0]
+    original = torch.Tensor.__hash__
+
+    def counting(tensor):  # (a bucket hashed as a tuple of its tensors costs one per tensor per lookup)
+        hashed[0] += 1
+        return original(tensor)
+
+    monkeypatch.setattr(torch.Tensor, "__hash__", counting)
+    _step(model, opt, _batch(thvd.rank(), 1))
+    monkeypatch.undo()
+    assert hashed[0] <= 8 * LAYERS * 2, hashed  # (a few lookups per parameter, none per pair of them)
+
+
 class _AtenCount(torch.utils._python_dispatch.TorchDispatchMode):
     """The aten ops run meanwhile in this thread."""
 

@@ -322,14 +322,13 @@ def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """The squared L2 norm of all of ``grads`` together (float32, on their device); a sparse gradient's
     repeated rows are summed first."""
+    if not grads:
+        return torch.zeros(())
     with torch.no_grad():
-        total = None
-        for g in grads:
-            v = (g.coalesce().values() if g.is_sparse else g).reshape(-1)
-            v = v if v.dtype == torch.float32 else v.float()
-            sq = torch.dot(v, v)
-            total = sq if total is None else total + sq.to(total.device)
-        return torch.zeros(()) if total is None else total
+        values = [g.coalesce().values() if g.is_sparse else g for g in grads]
+        norms = torch._foreach_norm(values, 2, dtype=torch.float32)  # (one batched op, not one per gradient)
+        where = norms[0].device
+        return torch.stack([n.to(where) for n in norms]).square().sum()
 
 
 def _backends(process_set: Any) -> Any:
@@ -387,8 +386,22 @@ def _parameter_groups(opt: Any, groups: Any) -> dict[torch.Tensor, tuple]:
                 chunks.append(chosen)
     else:
         raise ValueError("groups takes a positive number of groups or a list of lists of parameters.")
-    grouped = {p: chunk for chunk in chunks for p in chunk}
-    return {p: grouped.get(p, (p,)) for group in opt.param_groups for p in group["params"]}
+    grouped = {p: bucket for bucket in map(_Bucket, chunks) for p in bucket}
+    return {p: grouped.get(p) or _Bucket((p,)) for group in opt.param_groups for p in group["params"]}
+
+
+class _Bucket(tuple):
+    """A group of parameters, hashed and compared by identity: a hook looks its bucket up once per gradient, and
+    a tuple's hash would hash each of its tensors every time."""
+
+    __slots__ = ()
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
 
 
 def gradient_buckets(params: list[torch.Tensor]) -> list[tuple]:
