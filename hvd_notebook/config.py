@@ -150,6 +150,9 @@ MAX_LEASE_TIME = EnvSetting("HVD_NOTEBOOK_MAX_LEASE_TIME", None, "how long a clu
                             "then, after the cell running at that moment (a policy rule)")
 IDLE_TIMEOUT = EnvSetting("HVD_NOTEBOOK_IDLE_TIMEOUT", None, "a cluster that ran no %%hvd cell for this long, "
                           "e.g. 30m, stops and releases its GPUs (a policy rule)")
+PREEMPT_IDLE_AFTER = EnvSetting("HVD_NOTEBOOK_PREEMPT_IDLE_AFTER", None, "a cluster that ran no %%hvd cell for "
+                                "this long, e.g. 5m, releases its GPUs early when another start waits in the "
+                                "node's queue for them (a policy rule)")
 SRUN_MPI = EnvSetting("HVD_NOTEBOOK_SRUN_MPI", "pmi2", "srun's --mpi= plugin for ranks in a Slurm allocation")
 
 # ----------------------------------------------------------------- rank side
@@ -193,10 +196,10 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
                            "ModuleNotFoundError as without hvd_notebook")
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
-                IDLE_TIMEOUT, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD,
-                CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME,
-                HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY,
-                REDUCE_ALONE, TORCH_TRANSPORT)
+                IDLE_TIMEOUT, PREEMPT_IDLE_AFTER, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH,
+                FUSION_THRESHOLD, CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE,
+                STALL_SHUTDOWN_TIME, HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE,
+                NOISE_SCALE_DECAY, REDUCE_ALONE, TORCH_TRANSPORT)
 
 
 # ------------------------------------------------------------ option parsers
@@ -340,6 +343,9 @@ class ClusterOptions:
                                   "imported, which a restart promotes in about a second (default: "
                                   "$HVD_NOTEBOOK_STANDBY, else auto: on for ranks on this host where its free "
                                   "memory allows)", choices=choices(Standby))
+    wait: bool = _option(("--no-wait",), "fail at once, saying who holds them, where the GPUs asked for are "
+                         "taken (default: wait in the node's queue for them, showing the place; interrupting "
+                         "the cell leaves the queue)", default=True, action="store_false")
     launcher: str = _option(("--launcher",), "how ranks start: mpiexec, or srun inside a Slurm allocation, or "
                             "another registered placement's launcher (auto: srun where SLURM_JOB_ID is set; -n "
                             "then defaults to the allocation's tasks)", default="auto", metavar="NAME",
