@@ -150,6 +150,12 @@ MAX_LEASE_TIME = EnvSetting("HVD_NOTEBOOK_MAX_LEASE_TIME", None, "how long a clu
                             "then, after the cell running at that moment (a policy rule)")
 IDLE_TIMEOUT = EnvSetting("HVD_NOTEBOOK_IDLE_TIMEOUT", None, "a cluster that ran no %%hvd cell for this long, "
                           "e.g. 30m, stops and releases its GPUs (a policy rule)")
+IDLE_ACTION = EnvSetting("HVD_NOTEBOOK_IDLE_ACTION", "suspend", "what idle_timeout does to an idle cluster: "
+                         "suspend (its ranks' state saved, restored by the next %%hvd cell) or stop (the state is "
+                         "lost); a policy rule: stop is the tighter")
+SUSPENDED_TTL = EnvSetting("HVD_NOTEBOOK_SUSPENDED_TTL", None, "a suspended cluster's saved state is removed this "
+                           "long after its suspend, e.g. 7d, by hvd-notebook clean and the kernel's next suspend "
+                           "(a policy rule)")
 PREEMPT_IDLE_AFTER = EnvSetting("HVD_NOTEBOOK_PREEMPT_IDLE_AFTER", None, "a cluster that ran no %%hvd cell for "
                                 "this long, e.g. 5m, releases its GPUs early when another start waits in the "
                                 "node's queue for them (a policy rule)")
@@ -196,10 +202,10 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
                            "ModuleNotFoundError as without hvd_notebook")
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
-                IDLE_TIMEOUT, PREEMPT_IDLE_AFTER, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH,
-                FUSION_THRESHOLD, CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE,
-                STALL_SHUTDOWN_TIME, HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE,
-                NOISE_SCALE_DECAY, REDUCE_ALONE, TORCH_TRANSPORT)
+                IDLE_TIMEOUT, IDLE_ACTION, SUSPENDED_TTL, PREEMPT_IDLE_AFTER, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL,
+                SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD, CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES,
+                STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS,
+                ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY, REDUCE_ALONE, TORCH_TRANSPORT)
 
 
 # ------------------------------------------------------------ option parsers
