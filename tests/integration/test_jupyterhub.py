@@ -151,7 +151,7 @@ def hub():
                               capture_output=True, text=True, env={**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(leases)})
         assert made.returncode == 0 and "is ready for GPU(s) 0,1,2" in made.stdout, made.stdout + made.stderr
         policy = base / "policy.toml"  # root's, as /etc/hvd_notebook/policy.toml would be
-        policy.write_text(f'max_gpus_per_user = 2\nidle_timeout = "{IDLE}s"\n')
+        policy.write_text(f'max_gpus_per_user = 2\nidle_timeout = "{IDLE}s"\nidle_action = "stop"\n')
         prefix = base / "prefix"
         subprocess.run([python, "-m", "hvd_notebook.cli", "install-kernel", "--prefix", str(prefix),
                         "--env", "HVD_NOTEBOOK_GPUS=0,1,2", "--env", f"HVD_NOTEBOOK_LEASE_DIR={leases}",

@@ -66,7 +66,8 @@ def test_a_users_gpu_cap_counts_all_their_notebooks_and_list_all_shows_them(tmp_
 
 
 def test_an_idle_cluster_is_released_says_why_and_restart_brings_it_back(tmp_path):
-    env = _node_env(tmp_path, HVD_NOTEBOOK_IDLE_TIMEOUT="4s", HVD_NOTEBOOK_MAX_LEASE_TIME="30s")
+    env = _node_env(tmp_path, HVD_NOTEBOOK_IDLE_TIMEOUT="4s", HVD_NOTEBOOK_IDLE_ACTION="stop",
+                    HVD_NOTEBOOK_MAX_LEASE_TIME="30s")
     with started_kernel(env) as (_, kc):
         reply, out = execute(kc, START)
         assert reply["content"]["status"] == "ok", out

@@ -20,8 +20,18 @@ def test_the_tightest_rule_wins_so_a_user_cannot_loosen_the_admins(tmp_path):
     assert rules.max_gpus_per_user == 2 and rules.source("max_gpus_per_user") == f"{system}: max_gpus_per_user"
     assert rules.idle_timeout == 600 and rules.source("idle_timeout") == "$HVD_NOTEBOOK_IDLE_TIMEOUT"
     assert rules.max_lease_time == 8 * 3600 and rules.max_cpu_ranks_per_user is None
-    assert rules.describe() == ("at most 2 GPU(s) per user, a cluster stops after 8 h or after 10 min without "
-                                "a %%hvd cell")
+    assert rules.idle_action == "suspend"  # (the default)
+    assert rules.describe() == ("at most 2 GPU(s) per user, a cluster stops after 8 h or is suspended after 10 min "
+                                "without a %%hvd cell")
+    # of idle actions, stop is the tighter: the admin's stop holds against a user's suspend, not the reverse
+    system.write_text('idle_timeout = "30m"\nidle_action = "stop"\nsuspended_ttl = "7d"\n')
+    rules = policy.load({"HVD_NOTEBOOK_IDLE_ACTION": "suspend", "HVD_NOTEBOOK_SUSPENDED_TTL": "1d"}, system)
+    assert (rules.idle_action, rules.source("idle_action")) == ("stop", f"{system}: idle_action")
+    assert rules.suspended_ttl == 86400 and rules.source("suspended_ttl") == "$HVD_NOTEBOOK_SUSPENDED_TTL"
+    assert rules.describe() == ("a cluster stops after 30 min without a %%hvd cell, a suspended cluster is kept "
+                                "for 1 d")
+    system.write_text('idle_action = "suspend"\n')
+    assert policy.load({"HVD_NOTEBOOK_IDLE_ACTION": "stop"}, system).idle_action == "stop"
     named = tmp_path / "kernel.toml"
     named.write_text("max_cpu_ranks_per_user = 4\n")
     assert policy.load({"HVD_NOTEBOOK_POLICY_FILE": str(named)}, system).max_cpu_ranks_per_user == 4
@@ -31,6 +41,7 @@ def test_the_tightest_rule_wins_so_a_user_cannot_loosen_the_admins(tmp_path):
 @pytest.mark.parametrize("text, complaint", [
     ("max_gpus = 2\n", "unknown rule(s) max_gpus; the rules are max_gpus_per_user"),
     ('idle_timeout = "soon"\n', "'soon' is not a duration"),
+    ('idle_action = "pause"\n', "'pause' is not an idle action; write \"suspend\" or \"stop\""),
     ("max_gpus_per_user = -1\n", "-1 is not a whole number of 0 or more"),
     ("max_gpus_per_user = [\n", "is not TOML"),
 ])

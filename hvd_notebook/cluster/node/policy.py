@@ -1,6 +1,7 @@
 """The node's fair-sharing rules, set by its admin: how many GPUs and CPU ranks one
-user's clusters may hold together, how long a cluster may hold them, and after how
-long without a ``%%hvd`` cell an idle cluster is stopped.
+user's clusters may hold together, how long a cluster may hold them, after how
+long without a ``%%hvd`` cell an idle cluster is suspended or stopped (``idle_action``), and how long a suspended
+cluster's saved state is kept.
 
 The rules come from up to three places, and the tightest of each wins, so that a
 user can make a rule stricter for themselves but never looser than the admin's:
@@ -8,18 +9,21 @@ user can make a rule stricter for themselves but never looser than the admin's:
 - ``/etc/hvd_notebook/policy.toml`` (``SYSTEM_FILE``; root's, the usual place);
 - the file that ``$HVD_NOTEBOOK_POLICY_FILE`` names (a kernelspec's environment);
 - the environment variables ``HVD_NOTEBOOK_MAX_GPUS_PER_USER``,
-  ``HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER``, ``HVD_NOTEBOOK_MAX_LEASE_TIME`` and
-  ``HVD_NOTEBOOK_IDLE_TIMEOUT`` (a kernelspec's ``env``).
+  ``HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER``, ``HVD_NOTEBOOK_MAX_LEASE_TIME``,
+  ``HVD_NOTEBOOK_IDLE_TIMEOUT``, ``HVD_NOTEBOOK_IDLE_ACTION`` and ``HVD_NOTEBOOK_SUSPENDED_TTL`` (a kernelspec's
+  ``env``).
 
 A file is read as every file the node shares is (``private.open_regular``): a regular file, reached without
 following a link, that does not hang the reader (a FIFO), of at most ``MAX_FILE_BYTES``, and root's or this
-user's (the admin's rules, or the user's own stricter ones). A file holds the same four rules by their short
-names::
+user's (the admin's rules, or the user's own stricter ones). A file holds the same rules by their short
+names (of ``idle_action``, ``stop`` is the tighter)::
 
     max_gpus_per_user = 2
     max_cpu_ranks_per_user = 8
     max_lease_time = "8h"      # seconds, or a number with s, m, h or d
     idle_timeout = "30m"
+    idle_action = "suspend"    # or "stop"
+    suspended_ttl = "7d"
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from . import registry
 
 SYSTEM_FILE = Path("/etc/hvd_notebook/policy.toml")
 MAX_FILE_BYTES = 64 * 1024  # a policy file is a few lines
+IDLE_SUSPEND, IDLE_STOP = "suspend", "stop"  # idle_action's values, the looser first
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -52,7 +57,9 @@ class Policy:
     max_gpus_per_user: int | None = None
     max_cpu_ranks_per_user: int | None = None
     max_lease_time: float | None = None  # seconds a cluster may run after it started
-    idle_timeout: float | None = None  # seconds without a %%hvd cell before it is stopped
+    idle_timeout: float | None = None  # seconds without a %%hvd cell before it is suspended or stopped
+    idle_action: str = IDLE_SUSPEND  # what idle_timeout does: IDLE_SUSPEND or IDLE_STOP
+    suspended_ttl: float | None = None  # seconds a suspended cluster's saved state is kept
     sources: tuple[tuple[str, str], ...] = ()  # (rule, where it was set), for messages
 
     def source(self, rule: str) -> str:
@@ -70,11 +77,15 @@ class Policy:
             parts.append(f"at most {self.max_gpus_per_user} GPU(s) per user")
         if self.max_cpu_ranks_per_user is not None:
             parts.append(f"at most {self.max_cpu_ranks_per_user} CPU rank(s) per user")
-        stops = ([f"after {format_duration(self.max_lease_time)}"] if self.max_lease_time is not None else []) + (
-            [f"after {format_duration(self.idle_timeout)} without a %%hvd cell"] if self.idle_timeout is not None
-            else [])
-        if stops:
-            parts.append("a cluster stops " + " or ".join(stops))
+        ends = [f"stops after {format_duration(self.max_lease_time)}"] if self.max_lease_time is not None else []
+        if self.idle_timeout is not None:
+            idle = f"after {format_duration(self.idle_timeout)} without a %%hvd cell"
+            suspends = self.idle_action == IDLE_SUSPEND
+            ends.append(f"is suspended {idle}" if suspends else idle if ends else f"stops {idle}")
+        if ends:
+            parts.append("a cluster " + " or ".join(ends))
+        if self.suspended_ttl is not None:
+            parts.append(f"a suspended cluster is kept for {format_duration(self.suspended_ttl)}")
         return ", ".join(parts)
 
     def room(self, gpus: bool, asked: int | None) -> int | None:
@@ -107,7 +118,9 @@ class Policy:
 
 
 _RULES = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
-          "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT}  # each rule, its variable
+          "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT,
+          "idle_action": config.IDLE_ACTION, "suspended_ttl": config.SUSPENDED_TTL}  # each rule, its variable
+_DURATIONS = ("max_lease_time", "idle_timeout", "suspended_ttl")
 
 
 def parse_duration(value: object, where: str) -> float:
@@ -136,9 +149,13 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _parse(rule: str, value: object, where: str) -> float | int:
-    if rule in ("max_lease_time", "idle_timeout"):
+def _parse(rule: str, value: object, where: str) -> float | int | str:
+    if rule in _DURATIONS:
         return parse_duration(value, where)
+    if rule == "idle_action":
+        if value not in (IDLE_SUSPEND, IDLE_STOP):
+            raise PolicyError(f"{where}: {value!r} is not an idle action; write \"{IDLE_SUSPEND}\" or \"{IDLE_STOP}\".")
+        return str(value)
     try:
         count = int(str(value))
     except ValueError:
@@ -182,6 +199,13 @@ def _read_file(path: Path, required: bool) -> dict[str, object]:
     return rules
 
 
+def _tighter(value: float | int | str, than: float | int | str) -> bool:
+    """Is ``value`` the tighter of a rule's two values (the smaller number; of idle actions, stop)?"""
+    if isinstance(value, str):
+        return (IDLE_SUSPEND, IDLE_STOP).index(value) > (IDLE_SUSPEND, IDLE_STOP).index(str(than))
+    return value < than  # type: ignore[operator]
+
+
 def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FILE) -> Policy:
     """The rules in force: the tightest of the system file, ``$HVD_NOTEBOOK_POLICY_FILE``'s and the
     environment's. ``PolicyError`` for a rule that cannot be read.
@@ -197,10 +221,10 @@ def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FI
     for path, required in files:
         found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path, required).items()]
     found += [(rule, environ[env.name], f"${env.name}") for rule, env in _RULES.items() if environ.get(env.name)]
-    chosen: dict[str, float | int] = {}
+    chosen: dict[str, float | int | str] = {}
     sources: dict[str, str] = {}
     for rule, value, where in found:
         parsed = _parse(rule, value, where)
-        if rule not in chosen or parsed < chosen[rule]:
+        if rule not in chosen or _tighter(parsed, chosen[rule]):
             chosen[rule], sources[rule] = parsed, where
     return Policy(**chosen, sources=tuple(sorted(sources.items())))
