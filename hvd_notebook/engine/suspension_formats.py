@@ -1,0 +1,330 @@
+"""How a suspend pickles what plain pickling loses or breaks, and the process's own state (the RNGs).
+
+``Pickler`` is cloudpickle's with a ``reducer_override`` that sends framework objects through their own
+formats; it imports no framework: it looks at ``sys.modules`` for the ones the rank already imported.
+
+- Keras 3 and Keras 2 (``tf_keras``) models: their config, compile config, weights (numpy) and their
+  compiled optimizer as an object of its own, so that a name bound to ``model.optimizer`` stays that object.
+  An optimizer: its class (a ``hvd.DistributedOptimizer``'s is made at run time: cloudpickle takes it by
+  value), config, variables (``iterations``, momentum slots) and noise-scale estimator; its variables are
+  assigned when the model it belongs to is rebuilt and compiled with it.
+- PyTorch: tensors and parameters off the CPU are moved to host (and back to their device where there is
+  one); a parameter loses the hook that a ``hvd.DistributedOptimizer`` put on it; that optimizer and a
+  ``DistributedDataParallel`` hold this world's reductions, so they are refused (``Unsaveable``): the cell
+  that made them is replayed and ``state_of`` keeps their state for ``suspension.reconcile``.
+- ``hvd.elastic`` states: without their queue of host messages; the variables' committed values as numpy,
+  paired again with the restored model's variables.
+"""
+
+from __future__ import annotations
+
+import io
+import queue
+import random
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import cloudpickle
+import numpy as np
+
+_KERAS_FLAVOURS = ("keras", "tf_keras")
+_HVD_TORCH_OPTIMIZER = ("hvd_notebook.runtime.torch.optimizer", "_DistributedOptimizer")
+_ELASTIC_STATE = ("hvd_notebook.runtime.core.elastic", "State")
+_pending_optimizer_values: dict[int, list[Any]] = {}  # an optimizer being restored: its variables' values
+
+
+class Unsaveable(TypeError):
+    """An object that holds what a new world cannot have (a process group, a hook on this world's
+    reductions): replaying the line that made it is the way to get it back."""
+
+
+def _has_base(obj: Any, where: tuple[str, str]) -> bool:
+    return any((c.__module__, c.__name__) == where for c in type(obj).__mro__)
+
+
+class Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, with the framework formats above."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        for reducer in _REDUCERS:
+            reduced = reducer(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _file_reduce(obj: Any) -> Any:
+    # (cloudpickle would keep a file opened for reading as a copy of its text: not the file any more)
+    if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
+        raise Unsaveable(f"an open file ({getattr(obj, 'name', type(obj).__name__)}): opened again by replay")
+    return NotImplemented
+
+
+# ------------------------------------------------------------------ PyTorch
+def _torch_reduce(obj: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)):
+        return NotImplemented
+    if _has_base(obj, _HVD_TORCH_OPTIMIZER):
+        raise Unsaveable("hvd.DistributedOptimizer: its hooks hold this world's reductions; made again by replay, "
+                         "its state_dict loaded into it")
+    if isinstance(obj, torch.nn.parallel.DistributedDataParallel):
+        raise Unsaveable("DistributedDataParallel: holds this world's process group; made again by replay, its "
+                         "state_dict loaded into it")
+    if isinstance(obj, torch.nn.Parameter):
+        state = {k: v for k, v in vars(obj).items() if k != "_hvd_notebook_hook"}  # (a hook into this world)
+        return _rebuild_parameter, (obj.detach().cpu(), obj.requires_grad, str(obj.device), state)
+    if isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta") and not obj.is_sparse:
+        return _rebuild_tensor, (obj.detach().cpu(), obj.requires_grad, str(obj.device))
+    return NotImplemented
+
+
+def _device(torch: Any, device: str) -> str:
+    """``device`` where this rank has it (its pinned GPU is cuda:0 in both worlds), else the CPU."""
+    return device if device == "cpu" or (device.startswith("cuda") and torch.cuda.is_available()) else "cpu"
+
+
+def _rebuild_tensor(data: Any, requires_grad: bool, device: str) -> Any:
+    import torch
+
+    return data.to(_device(torch, device)).requires_grad_(requires_grad)
+
+
+def _rebuild_parameter(data: Any, requires_grad: bool, device: str, state: dict[str, Any]) -> Any:
+    import torch
+
+    param = torch.nn.Parameter(data.to(_device(torch, device)), requires_grad)
+    param.__dict__.update(state)
+    return param
+
+
+# ------------------------------------------------------------------ Keras 3 and Keras 2
+def _keras_of(obj: Any) -> tuple[str, Any] | tuple[None, None]:
+    for flavour in _KERAS_FLAVOURS:
+        module = sys.modules.get(flavour)
+        if module is not None and isinstance(obj, (module.Model, module.optimizers.Optimizer)):
+            return flavour, module
+        legacy = getattr(getattr(module, "optimizers", None), "legacy", None)
+        if legacy is not None and isinstance(obj, legacy.Optimizer):
+            return flavour, module
+    return None, None
+
+
+def _variables(holder: Any) -> list[Any]:
+    found = holder.variables
+    return list(found() if callable(found) else found)
+
+
+def _keras_reduce(obj: Any) -> Any:
+    flavour, module = _keras_of(obj)
+    if flavour is None:
+        return NotImplemented
+    if isinstance(obj, module.Model):
+        return _reduce_model(obj, flavour, module)
+    if hasattr(obj, "_distributed_container"):  # (never: a guard against tf.distribute wrappers)
+        raise Unsaveable("an optimizer under a tf.distribute strategy")
+    config = obj.get_config()
+    values = [np.asarray(v) for v in _variables(obj)]
+    extras = {k: getattr(obj, k) for k in ("_hvd_noise",) if hasattr(obj, k)}
+    return _rebuild_optimizer, (type(obj), config, values, extras)
+
+
+def _rebuild_optimizer(cls: type, config: dict[str, Any], values: list[Any], extras: dict[str, Any]) -> Any:
+    optimizer = cls.from_config(config)
+    for key, value in extras.items():
+        setattr(optimizer, key, value)
+    _pending_optimizer_values[id(optimizer)] = values  # (assigned once its model is compiled with it)
+    return optimizer
+
+
+def _reduce_model(model: Any, flavour: str, module: Any) -> Any:
+    compiled = bool(getattr(model, "compiled", getattr(model, "_is_compiled", False)))
+    compile_config = model.get_compile_config() if compiled else None
+    if compile_config is not None:
+        compile_config = {k: v for k, v in compile_config.items() if k != "optimizer"}
+    customs = {module.saving.get_registered_name(type(layer)): type(layer) for layer in _layers(model)}
+    return _rebuild_model, (flavour, module.saving.serialize_keras_object(model), customs, model.get_weights(),
+                            compile_config, model.optimizer if compiled else None)
+
+
+def _layers(model: Any) -> list[Any]:
+    flatten = getattr(model, "_flatten_layers", None)
+    return list(flatten(include_self=True)) if flatten else [model]
+
+
+def _rebuild_model(flavour: str, config: Any, customs: dict[str, type], weights: list[Any],
+                   compile_config: dict[str, Any] | None, optimizer: Any) -> Any:
+    import importlib
+
+    module = importlib.import_module(flavour)
+    with module.saving.custom_object_scope(customs):
+        model = module.saving.deserialize_keras_object(config)
+        model.set_weights(weights)
+        if compile_config is not None:
+            model.compile(optimizer=optimizer, **module.saving.deserialize_keras_object(compile_config))
+    if optimizer is not None:
+        load_optimizer_values(optimizer, model, _pending_optimizer_values.pop(id(optimizer), []))
+    return model
+
+
+def load_optimizer_values(optimizer: Any, model: Any, values: list[Any]) -> None:
+    """Give a Keras ``optimizer`` of ``model`` the variables' ``values`` (``iterations`` and slots), building
+    its variables for the model's trainable ones first, as its first step would."""
+    if not values:
+        return
+    if not _variables(optimizer) or len(_variables(optimizer)) < len(values):
+        build = getattr(optimizer, "build", None)
+        if build is not None and not getattr(optimizer, "built", False):
+            build(model.trainable_variables)
+        else:  # Keras 2's legacy optimizers
+            optimizer._create_all_weights(model.trainable_variables)
+    variables = _variables(optimizer)
+    if len(variables) != len(values):
+        raise ValueError(f"the optimizer has {len(variables)} variables where {len(values)} were saved")
+    for variable, value in zip(variables, values):
+        variable.assign(value)
+
+
+# ------------------------------------------------------------------ hvd.elastic states
+def _elastic_reduce(obj: Any) -> Any:
+    if not _has_base(obj, _ELASTIC_STATE):
+        return NotImplemented
+    state = {k: v for k, v in vars(obj).items() if k not in ("_host_messages", "_saved_values")}
+    values = [np.asarray(v) for _, v in obj._saved_values] if hasattr(obj, "_saved_values") else None
+    return _rebuild_elastic, (type(obj), state, values)
+
+
+def _rebuild_elastic(cls: type, state: dict[str, Any], values: list[Any] | None) -> Any:
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    obj._host_messages = queue.Queue()
+    if values is not None:  # (the committed values, paired with this world's variables)
+        obj._saved_values = list(zip(obj._variables(), values))
+    return obj
+
+
+_REDUCERS: list[Callable[[Any], Any]] = [_file_reduce, _torch_reduce, _keras_reduce, _elastic_reduce]
+
+
+# ------------------------------------------------------------------ state kept for a replayed object
+def state_of(obj: Any) -> tuple[str, Any] | None:
+    """What ``load_into`` needs to give a new object ``obj``'s state, for an object that is not pickled (it is
+    made again by replaying its cell): a PyTorch object's ``state_dict`` (with a ``hvd.DistributedOptimizer``'s
+    noise-scale estimator), a Keras model's weights and optimizer variables; None where there is nothing."""
+    flavour, module = _keras_of(obj)
+    if flavour is not None and isinstance(obj, module.Model):
+        optimizer = getattr(obj, "optimizer", None)
+        return "keras", (obj.get_weights(), [np.asarray(v) for v in _variables(optimizer)] if optimizer else [])
+    if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
+        noise = getattr(getattr(obj, "_noise", None), "estimator", None)
+        return "state_dict", (_to_host(obj.state_dict()), noise)
+    return None
+
+
+def _to_host(value: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)((k, _to_host(v)) for k, v in value.items()) if type(value) is not dict \
+            else {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
+def load_into(obj: Any, kind: str, payload: Any) -> None:
+    """Give ``obj`` (a new object a replay made) the state ``state_of`` kept of the old one.
+
+    Raises:
+        Exception: whatever the framework raises where the state does not fit ``obj``.
+    """
+    if kind == "keras":
+        weights, optimizer_values = payload
+        obj.set_weights(weights)
+        if optimizer_values and getattr(obj, "optimizer", None) is not None:
+            load_optimizer_values(obj.optimizer, obj, optimizer_values)
+        return
+    state_dict, noise = payload
+    obj.load_state_dict(state_dict)
+    if noise is not None and getattr(obj, "_noise", None) is not None:
+        obj._noise.estimator = noise
+
+
+def load_from(new: Any, restored: Any) -> bool:
+    """Give ``new`` (made by a replay) the state of ``restored`` (the object restored under the same name) where
+    both are framework objects of one kind; False where that is not so (nothing was loaded).
+
+    Raises:
+        Exception: whatever the framework raises where the state does not fit ``new``.
+    """
+    if type(new) is not type(restored) and not isinstance(new, type(restored)):
+        return False
+    state = state_of(restored)
+    if state is None:
+        return False
+    load_into(new, *state)
+    return True
+
+
+# ------------------------------------------------------------------ the process's own state
+def process_state() -> dict[str, Any]:
+    """The RNGs of the frameworks this rank imported (Python's, numpy's global, TensorFlow's global generator and
+    eager op seeds, PyTorch's CPU and CUDA) and the noise scale that ``hvd.noise_scale()`` reads."""
+    state: dict[str, Any] = {"random": random.getstate()}
+    if "numpy" in sys.modules:
+        state["numpy"] = np.random.get_state()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        state["torch"] = torch.get_rng_state()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and hasattr(tf, "random"):
+        state["tensorflow"] = _tensorflow_rng(tf)
+    noise = sys.modules.get("hvd_notebook.runtime.core.noise_scale")
+    if noise is not None:
+        state["noise_scale"] = (noise._latest, noise._told_batch)
+    return state
+
+
+def _tensorflow_rng(tf: Any) -> dict[str, Any]:
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    rng = getattr(ctx, "_rng", None)
+    generator = tf.random.get_global_generator()
+    return {"generator": generator.state.numpy(), "seed": getattr(ctx, "_seed", None),
+            "ops": rng.getstate() if rng is not None else None}
+
+
+def set_process_state(state: dict[str, Any]) -> None:
+    """Put back what ``process_state`` took (the frameworks it names are imported for it)."""
+    random.setstate(state["random"])
+    if "numpy" in state:
+        np.random.set_state(state["numpy"])
+    if "torch" in state:
+        import torch
+
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    if "tensorflow" in state:
+        _set_tensorflow_rng(state["tensorflow"])
+    if "noise_scale" in state:
+        from ..runtime.core import noise_scale
+
+        noise_scale._latest, noise_scale._told_batch = state["noise_scale"]
+
+
+def _set_tensorflow_rng(saved: dict[str, Any]) -> None:
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    tf.random.get_global_generator().state.assign(saved["generator"])
+    if saved["seed"] is not None:
+        ctx = context.context()
+        ctx._set_global_seed(saved["seed"])
+        if saved["ops"] is not None:
+            ctx._rng.setstate(saved["ops"])

@@ -1,0 +1,161 @@
+"""A rank's namespace saved and restored (engine/suspension.py), in one process: what is kept, what is refused."""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import socket
+import stat
+
+import numpy as np
+import pytest
+
+from hvd_notebook import private
+from hvd_notebook.engine import suspension
+
+
+@pytest.fixture
+def folder(tmp_path):
+    path = tmp_path / "rank0"
+    path.mkdir(mode=0o700)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def rank0(monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "0")
+
+
+def _round_trip(namespace, folder):
+    report = suspension.save(namespace, str(folder))
+    fresh: dict = {}
+    restored = suspension.restore(fresh, str(folder))
+    return report, restored, fresh
+
+
+def test_shared_objects_stay_shared_and_engine_names_are_left_out(folder):
+    shared = [1, 2, 3]
+    namespace = {"a": shared, "b": shared, "nested": {"again": shared}, "np": np, "array": np.arange(4),
+                 "hvd": object(), "In": ["x"], "_5": "out", "_i5": "in", "__builtins__": {}}
+    report, restored, fresh = _round_trip(namespace, folder)
+    assert fresh["a"] is fresh["b"] is fresh["nested"]["again"] and fresh["a"] == [1, 2, 3]
+    assert fresh["np"] is np and fresh["array"].tolist() == [0, 1, 2, 3]
+    assert sorted(fresh) == ["a", "array", "b", "nested", "np"]
+    assert report["saved"] == restored["restored"] == ["a", "array", "b", "nested", "np"]
+    assert report["rank"] == 0 and report["bytes"] > 0 and report["unsaved"] == {}
+
+
+def test_what_cannot_be_saved_is_named_with_its_reason_and_the_rest_is_saved(folder):
+    with open(folder.parent / "log.txt", "w") as log, socket.socket() as sock:
+        namespace = {"log": log, "sock": sock, "gen": (i for i in range(3)), "weights": np.ones(3), "epoch": 7,
+                     "pair": [log, 1]}
+        report, restored, fresh = _round_trip(namespace, folder)
+    assert sorted(report["unsaved"]) == ["gen", "log", "pair", "sock"]
+    assert "generator" in report["unsaved"]["gen"] and "open file" in report["unsaved"]["log"]
+    assert "socket" in report["unsaved"]["sock"]
+    assert restored["unsaved"] == ["gen", "log", "pair", "sock"]
+    assert fresh == {"weights": pytest.approx(np.ones(3)), "epoch": 7}
+
+
+def test_the_rngs_go_on_where_they_were(folder):
+    torch = pytest.importorskip("torch")
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    suspension.save({}, str(folder))
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)
+    suspension.restore({}, str(folder))
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_another_ranks_state_is_refused_naming_both_ranks(folder, monkeypatch):
+    suspension.save({"x": 1}, str(folder))
+    monkeypatch.setenv("PMI_RANK", "1")
+    with pytest.raises(suspension.RankMismatchError, match=r"rank 1 cannot restore .*state of rank 0"):
+        suspension.restore({}, str(folder))
+
+
+class _Planted:
+    """Unpickled, it leaves a mark: what a hostile user's pickle would do."""
+
+    def __reduce__(self):
+        return (open, (os.environ["HVD_TEST_MARK"], "w"))
+
+
+@pytest.mark.parametrize("how", ["file of another user", "folder others may write"])
+def test_a_state_someone_else_could_have_written_is_never_unpickled(folder, monkeypatch, how):
+    mark = folder.parent / "unpickled"
+    monkeypatch.setenv("HVD_TEST_MARK", str(mark))
+    suspension.save({"x": _Planted()}, str(folder))
+    if how == "file of another user":
+        if os.geteuid() != 0:
+            pytest.skip("giving a file to another user needs root")
+        os.chown(folder / suspension.STATE_FILE, 65534, 65534)
+    else:
+        folder.chmod(0o777)
+    with pytest.raises(private.UnsafePathError):
+        suspension.restore({}, str(folder))
+    assert not mark.exists()
+    folder.chmod(0o700)
+    os.chown(folder / suspension.STATE_FILE, os.geteuid(), os.getegid())
+    suspension.restore({}, str(folder))  # (the same state, this user's alone: it is loaded)
+    assert mark.exists()
+
+
+def test_the_files_are_private(folder):
+    suspension.save({"x": 1}, str(folder))
+    for name in (suspension.STATE_FILE, suspension.REPORT_FILE):
+        assert stat.S_IMODE(os.stat(folder / name).st_mode) == 0o600
+
+
+def test_a_module_and_its_optimizer_stay_together_with_their_state(folder):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model(torch.ones(4, 3)).sum().backward()
+    opt.step(), sched.step()
+    _, _, fresh = _round_trip({"model": model, "opt": opt, "sched": sched}, folder)
+    new_model, new_opt = fresh["model"], fresh["opt"]
+    assert new_opt.param_groups[0]["params"][0] is new_model.weight and fresh["sched"].optimizer is new_opt
+    assert new_opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert torch.equal(new_opt.state[new_model.weight]["momentum_buffer"], opt.state[model.weight]["momentum_buffer"])
+    assert torch.equal(new_model.weight, model.weight)
+
+
+def test_reconcile_loads_into_what_the_replay_made_and_puts_plain_values_back(folder):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    ddp_like = _Unpicklable(model)  # (stands for a DDP wrapper: unsaved, made again by the replay)
+    suspension.save({"model": model, "wrapper": ddp_like, "epoch": 5, "history": [1.0]}, str(folder))
+    namespace: dict = {}
+    restored = suspension.restore(namespace, str(folder))
+    assert restored["unsaved"] == ["wrapper"] and "wrapper" not in namespace
+    # the replay of the cell "model = Linear(3, 2); wrapper = Wrapper(model); epoch = 0"
+    namespace["model"] = torch.nn.Linear(3, 2)
+    namespace["wrapper"] = _Unpicklable(namespace["model"])
+    replayed, epoch_zero = namespace["model"], 0
+    namespace["epoch"] = epoch_zero
+    outcome = suspension.reconcile(namespace)
+    assert outcome == {"loaded": ["model", "wrapper"], "kept_restored": ["epoch"]}
+    assert namespace["model"] is replayed and namespace["wrapper"].module is replayed
+    assert torch.equal(replayed.weight, model.weight) and namespace["epoch"] == 5
+
+
+class _Unpicklable:
+    """A wrapper that holds what cannot be pickled (as DDP holds its process group) and has a state_dict."""
+
+    def __init__(self, module):
+        self.module = module
+        self.lock = io.StringIO()
+
+    def __reduce__(self):
+        raise TypeError("cannot pickle 'ProcessGroup' object")
+
+    def state_dict(self):
+        return {f"module.{k}": v for k, v in self.module.state_dict().items()}
+
+    def load_state_dict(self, state):
+        self.module.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
