@@ -34,12 +34,13 @@ def load_ipython_extension(ipython: Any) -> None:
     Args:
         ipython: the shell (IPython's ``InteractiveShell``) loading the extension. Loading twice changes nothing.
     """
-    from .kernel import completion
+    from .kernel import completion, waiting
     from .kernel.auto import AutoCells
     from .kernel.magics import HvdMagics
 
     ipython.register_magics(HvdMagics(ipython, auto=AutoCells(ipython).install()))
     completion.install(ipython)
+    waiting.install(ipython)  # (a start waiting in the node's queue for GPUs: a line in its cell)
 
 
 def unload_ipython_extension(ipython: Any) -> None:

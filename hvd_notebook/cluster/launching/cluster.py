@@ -109,10 +109,10 @@ class MPICluster:
         return ended
 
     def _start_once(self) -> list[RankInfo]:
-        deadline = time.monotonic() + self.options.start_timeout
         cluster_id = new_cluster_id()
         shape = self.holding.take(self.placement, self.host_gpus, self._asked,  # (a restart keeps what it had)
                                   f"kernel {os.getpid()}, {cluster_id}", self.rules)
+        deadline = time.monotonic() + self.options.start_timeout  # (after a wait in the queue for GPUs)
         self.world = LaunchedWorld(self.placement, shape, self.options)
         try:
             return self.world.start(cluster_id, deadline)

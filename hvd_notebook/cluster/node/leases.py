@@ -13,7 +13,8 @@ Root makes the folder at install (``hvd-notebook setup-node``: ``setup_node``). 
 folder owner's, mode 0644: a lease opens them read-only (``flock`` needs no write access) with
 ``O_NOFOLLOW | O_NONBLOCK`` and creates none it would not own, so neither a symbolic link, a FIFO nor
 ``fs.protected_regular`` can redirect, hang or block a lease. Beside them, the sticky ``register/`` holds
-the node's register of clusters (``registry``).
+the node's register of clusters (``registry``), and the sticky ``queue/`` the starts that wait for GPUs
+(``queue``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import psutil
 from ... import config
 from ...private import OPEN_FLAGS, describe, user_name
 from . import hubenv, registry
-from .nodedir import REGISTER, SETUP, LeaseError, check_parent, configured_dir, make_dir, open_dir, opened_folder
+from .nodedir import QUEUE, REGISTER, SETUP, LeaseError, check_parent, configured_dir, make_dir, open_dir, opened_folder
 from .nodedir import LeaseDirError as LeaseDirError  # (for the callers of leases)
 
 LOCK_MAX_BYTES = 4096  # a lock file is empty; more is not one
@@ -266,6 +267,21 @@ def _lock_files(dir_fd: int, owner: int) -> dict[str, tuple[int, int]]:
     return files
 
 
+def held_pids() -> tuple[list[str], dict[str, int]]:
+    """The GPUs with a lock file in the lease folder, and of those held now, GPU id -> pid of the holder (the
+    kernel's table of locks: ``holders``); nothing where the lease folder does not exist."""
+    opened = opened_folder(create=False)
+    if opened is None:
+        return [], {}
+    _, dir_fd, folder_st = opened
+    try:
+        files = _lock_files(dir_fd, folder_st.st_uid)
+    finally:
+        os.close(dir_fd)
+    pids = lock_holders(set(files.values()))
+    return sorted(files), {gpu: pids[key] for gpu, key in files.items() if key in pids}
+
+
 def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
     """This host's GPUs whose lease is held now: GPU id -> (pid of the holder, who it is). Read from the
     kernel's table of locks (/proc/locks: a lock on the lock file's own device and inode), so it takes no
@@ -274,16 +290,7 @@ def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
     Args:
         cards: the node's register where the caller read it already (the panel reads it once per poll).
     """
-    opened = opened_folder(create=False)
-    if opened is None:
-        return {}
-    _, dir_fd, folder_st = opened
-    try:
-        files = _lock_files(dir_fd, folder_st.st_uid)
-    finally:
-        os.close(dir_fd)
-    pids = lock_holders(set(files.values()))
-    held = {gpu: pids[key] for gpu, key in files.items() if key in pids}
+    held = held_pids()[1]
     cards = _cards(cards) if held else []
     return {gpu: (pid, _describe_holder(pid, cards)) for gpu, pid in held.items()}
 
@@ -292,7 +299,7 @@ def holders(cards: list | None = None) -> dict[str, tuple[int, str]]:
 def setup_node(gpus: list[str], path: Path | None = None) -> list[str]:
     """Make the node's lease folder (``path``, else the configured one) as leases need it: this user's
     (root's, at install) and 0755, a 0644 lock file of theirs per GPU of ``gpus``, and the sticky
-    ``register/``. A folder that was not so (another user's, one others may write, a link) is moved
+    ``register/`` and ``queue/``. A folder that was not so (another user's, one others may write, a link) is moved
     aside, and a lock file that was not so replaced: lines saying what was done.
 
     Args:
@@ -307,7 +314,8 @@ def setup_node(gpus: list[str], path: Path | None = None) -> list[str]:
     try:
         for gpu in gpus:
             said += _own_lock(path, fd, _lock_name(gpu))
-        said += _own_register(path, fd)
+        said += _own_sticky(path, fd, QUEUE, "the queue for GPUs")
+        said += _own_sticky(path, fd, REGISTER, "the register of clusters")
     finally:
         os.close(fd)
     return said
@@ -356,17 +364,19 @@ def _own_lock(path: Path, dir_fd: int, name: str) -> list[str]:
     return said + [f"made {path / name} (mode 0644)"]
 
 
-def _own_register(path: Path, dir_fd: int) -> list[str]:
-    st = _lstat(REGISTER, dir_fd)
+def _own_sticky(path: Path, dir_fd: int, name: str, what: str) -> list[str]:
+    """The sticky subfolder ``name`` (``what``, for the lines said) of this user's, mode 1777: kept where it is
+    one of theirs, else moved aside and made anew."""
+    st = _lstat(name, dir_fd)
     said = []
     if st is not None:
         if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
-            os.chmod(path / REGISTER, 0o1777)
-            return [f"{path / REGISTER}: kept, mode 1777"]
-        os.rename(REGISTER, _aside(REGISTER), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        said.append(f"moved {path / REGISTER} aside: it was {describe(st)}")
-    make_dir(REGISTER, 0o1777, dir_fd=dir_fd)
-    return said + [f"made {path / REGISTER} (the register of clusters, mode 1777)"]
+            os.chmod(path / name, 0o1777)
+            return [f"{path / name}: kept, mode 1777"]
+        os.rename(name, _aside(name), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        said.append(f"moved {path / name} aside: it was {describe(st)}")
+    make_dir(name, 0o1777, dir_fd=dir_fd)
+    return said + [f"made {path / name} ({what}, mode 1777)"]
 
 
 def setup_node_command(gpus: str | None) -> int:

@@ -20,6 +20,7 @@ from ..errors import ClusterError
 
 DEFAULT_NAME = "hvd_notebook-gpu-leases"
 REGISTER = "register"  # the register's sticky subfolder (registry.py)
+QUEUE = "queue"  # the queue's sticky subfolder (queue.py)
 SETUP = "sudo hvd-notebook setup-node"
 
 
@@ -131,30 +132,42 @@ def opened_folder(create: bool) -> tuple[Path, int, os.stat_result] | None:
 
 
 def register_dir(create: bool = True) -> Path:
-    """The register's folder inside the lease folder (sticky: every user writes their own cards), checked:
-    the folder owner's, and writable by others only with the sticky bit. Made where absent and ``create``
-    by the folder's owner; others get ``LeaseDirError`` then, as they do for a bad one.
+    """The register's folder inside the lease folder (``sticky_dir``).
 
     Args:
         create: make it where absent.
     """
+    return sticky_dir(REGISTER, create)
+
+
+def sticky_dir(name: str, create: bool = True) -> Path:
+    """The sticky folder ``name`` inside the lease folder (every user writes their own files there: the
+    register's cards, the queue's entries), checked: the folder owner's, and writable by others only with the
+    sticky bit. Made where absent and ``create`` by the folder's owner; others get ``LeaseDirError`` then, as
+    they do for a bad one.
+
+    Args:
+        name: ``REGISTER`` or ``QUEUE``.
+        create: make it where absent.
+    """
     opened = opened_folder(create)
     if opened is None:
-        return configured_dir() / REGISTER
+        return configured_dir() / name
     path, fd, st = opened
-    register = path / REGISTER
+    folder = path / name
     try:
         if create and st.st_uid == os.geteuid():
-            make_dir(REGISTER, 0o1777, dir_fd=fd)
-        os.close(open_dir(register, (st.st_uid,), _register_refusal, sticky=True)[0])
+            make_dir(name, 0o1777, dir_fd=fd)
+        os.close(open_dir(folder, (st.st_uid,), _sticky_refusal, sticky=True)[0])
     except FileNotFoundError:
         if create:  # (and the lease folder is another's, who has not made it)
-            raise LeaseDirError(_register_refusal(register, "missing")) from None
+            raise LeaseDirError(_sticky_refusal(folder, "missing")) from None
     finally:
         os.close(fd)
-    return register
+    return folder
 
 
-def _register_refusal(path: Path, what: str) -> str:
-    return (f"The node's register {path} is {what}; it must be a sticky folder (1777) of the lease folder's "
+def _sticky_refusal(path: Path, what: str) -> str:
+    kind = "register" if path.name == REGISTER else "queue for GPUs"
+    return (f"The node's {kind} {path} is {what}; it must be a sticky folder (1777) of the lease folder's "
             f"owner, so nothing in it was used. The admin runs `{SETUP}`, which makes it.")

@@ -12,7 +12,7 @@ import psutil
 
 from ....config import DEFAULT_RANKS_WITHOUT_GPU, ClusterOptions
 from ...errors import ClusterError
-from ...node import leases, shm
+from ...node import leases, queue, shm
 from ...node.policy import Policy
 from .base import AUTO, GFORKER, STANDBY_BYTES_PER_RANK, Placement, at_least_one, register
 
@@ -77,12 +77,13 @@ class OneHost(Placement):
 
     def take_gpus(self, host_gpus: list[str], n: int | None, owner: str,
                   rules: Policy | None = None) -> tuple[list[str], leases.Lease | None]:
-        """GPUs held by other notebooks' clusters are skipped; the node's ``rules`` cap what one user's
-        clusters hold together (GPUs, or CPU ranks where the ranks have none)."""
+        """GPUs held by other notebooks' clusters are skipped, or waited for in the node's queue (``--no-wait``:
+        not); the node's ``rules`` cap what one user's clusters hold together (GPUs, or CPU ranks where the ranks
+        have none)."""
         room = rules.room(bool(host_gpus), n) if rules is not None else None
         if not host_gpus:
             return [], None
-        lease = leases.acquire(host_gpus, n, owner, at_most=room)
+        lease = queue.acquire(host_gpus, n, owner, at_most=room, wait=self.options.wait)
         return lease.gpus, lease
 
     def rank_exits(self, output: str) -> dict[int, str]:
