@@ -161,3 +161,17 @@ def test_no_wait_does_not_jump_the_queue(node, sleeper):
     _write(node / "queue", sleeper.pid, sleeper.create_time())  # another start waits first
     with pytest.raises(queue.LeaseError, match="1 start.s. wait in the node's queue for GPUs before this one"):
         queue.acquire(["0", "1"], 1, "test", wait=False)
+
+
+def test_preempt_idle_after_is_a_policy_rule_whose_tightest_source_wins(tmp_path):
+    from hvd_notebook.cluster.node import policy
+
+    system = tmp_path / "policy.toml"
+    system.write_text('preempt_idle_after = "10m"\n')
+    rules = policy.load({"HVD_NOTEBOOK_PREEMPT_IDLE_AFTER": "5m"}, system)
+    assert (rules.preempt_idle_after, rules.source("preempt_idle_after")) == (300, "$HVD_NOTEBOOK_PREEMPT_IDLE_AFTER")
+    assert rules.describe() == "an idle cluster gives its GPUs back after 5 min when another start waits for them"
+    assert policy.load({"HVD_NOTEBOOK_PREEMPT_IDLE_AFTER": "1h"}, system).preempt_idle_after == 600
+    system.write_text('preempt_idle_after = "later"\n')
+    with pytest.raises(policy.PolicyError, match="'later' is not a duration"):
+        policy.load({}, system)

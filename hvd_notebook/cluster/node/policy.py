@@ -1,7 +1,8 @@
 """The node's fair-sharing rules, set by its admin: how many GPUs and CPU ranks one
 user's clusters may hold together, how long a cluster may hold them, after how
-long without a ``%%hvd`` cell an idle cluster is suspended or stopped (``idle_action``), and how long a suspended
-cluster's saved state is kept.
+long without a ``%%hvd`` cell an idle cluster is suspended or stopped (``idle_action``), or gives its GPUs back
+early to a start waiting in the node's queue (``preempt_idle_after``), and how long a suspended cluster's saved
+state is kept.
 
 The rules come from up to three places, and the tightest of each wins, so that a
 user can make a rule stricter for themselves but never looser than the admin's:
@@ -10,8 +11,8 @@ user can make a rule stricter for themselves but never looser than the admin's:
 - the file that ``$HVD_NOTEBOOK_POLICY_FILE`` names (a kernelspec's environment);
 - the environment variables ``HVD_NOTEBOOK_MAX_GPUS_PER_USER``,
   ``HVD_NOTEBOOK_MAX_CPU_RANKS_PER_USER``, ``HVD_NOTEBOOK_MAX_LEASE_TIME``,
-  ``HVD_NOTEBOOK_IDLE_TIMEOUT``, ``HVD_NOTEBOOK_IDLE_ACTION`` and ``HVD_NOTEBOOK_SUSPENDED_TTL`` (a kernelspec's
-  ``env``).
+  ``HVD_NOTEBOOK_IDLE_TIMEOUT``, ``HVD_NOTEBOOK_IDLE_ACTION``, ``HVD_NOTEBOOK_SUSPENDED_TTL`` and
+  ``HVD_NOTEBOOK_PREEMPT_IDLE_AFTER`` (a kernelspec's ``env``).
 
 A file is read as every file the node shares is (``private.open_regular``): a regular file, reached without
 following a link, that does not hang the reader (a FIFO), of at most ``MAX_FILE_BYTES``, and root's or this
@@ -24,6 +25,7 @@ names (of ``idle_action``, ``stop`` is the tighter)::
     idle_timeout = "30m"
     idle_action = "suspend"    # or "stop"
     suspended_ttl = "7d"
+    preempt_idle_after = "5m"  # idle this long, and someone waits for GPUs: the idle action now
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Policy:
     idle_timeout: float | None = None  # seconds without a %%hvd cell before it is suspended or stopped
     idle_action: str = IDLE_SUSPEND  # what idle_timeout does: IDLE_SUSPEND or IDLE_STOP
     suspended_ttl: float | None = None  # seconds a suspended cluster's saved state is kept
+    preempt_idle_after: float | None = None  # seconds idle after which a start waiting for GPUs takes them back
     sources: tuple[tuple[str, str], ...] = ()  # (rule, where it was set), for messages
 
     def source(self, rule: str) -> str:
@@ -84,6 +87,9 @@ class Policy:
             ends.append(f"is suspended {idle}" if suspends else idle if ends else f"stops {idle}")
         if ends:
             parts.append("a cluster " + " or ".join(ends))
+        if self.preempt_idle_after is not None:
+            parts.append(f"an idle cluster gives its GPUs back after {format_duration(self.preempt_idle_after)} "
+                         "when another start waits for them")
         if self.suspended_ttl is not None:
             parts.append(f"a suspended cluster is kept for {format_duration(self.suspended_ttl)}")
         return ", ".join(parts)
@@ -119,8 +125,9 @@ class Policy:
 
 _RULES = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
           "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT,
-          "idle_action": config.IDLE_ACTION, "suspended_ttl": config.SUSPENDED_TTL}  # each rule, its variable
-_DURATIONS = ("max_lease_time", "idle_timeout", "suspended_ttl")
+          "idle_action": config.IDLE_ACTION, "suspended_ttl": config.SUSPENDED_TTL,
+          "preempt_idle_after": config.PREEMPT_IDLE_AFTER}  # each rule, its variable
+_DURATIONS = ("max_lease_time", "idle_timeout", "suspended_ttl", "preempt_idle_after")
 
 
 def parse_duration(value: object, where: str) -> float:
