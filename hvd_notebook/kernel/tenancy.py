@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 
-from ..cluster.node import registry
+from ..cluster.node import queue, registry
 from ..cluster.node.policy import Policy, format_duration
 
 log = logging.getLogger(__name__)
@@ -41,6 +41,10 @@ def due(rules: Policy, card: registry.Card, now: float) -> str | None:
     if rules.idle_timeout is not None and not card.busy and now - card.last_cell >= rules.idle_timeout:
         return (f"it had run no %%hvd cell for {format_duration(rules.idle_timeout)} "
                 f"({rules.source('idle_timeout')})")
+    if (rules.preempt_idle_after is not None and card.gpus and not card.busy
+            and now - card.last_cell >= rules.preempt_idle_after and queue.someone_waits()):
+        return (f"it had run no %%hvd cell for {format_duration(rules.preempt_idle_after)} and another start waits "
+                f"for GPUs in the node's queue ({rules.source('preempt_idle_after')})")
     return None
 
 
@@ -81,7 +85,8 @@ class Tenancy:
         except OSError as exc:  # the rules still hold for this kernel; only the node cannot see the cluster
             log.warning("hvd_notebook: the node's register %s cannot be written (%s): other notebooks' caps and "
                         "hvd-notebook list --all will not see this cluster", registry.card_path(), exc.strerror or exc)
-        if self._thread is None and (rules.idle_timeout is not None or rules.max_lease_time is not None):
+        limits = (rules.idle_timeout, rules.max_lease_time, rules.preempt_idle_after)
+        if self._thread is None and any(t is not None for t in limits):
             self._stop.clear()
             self._thread = threading.Thread(target=self._watch, name="hvd-release-watch", daemon=True)
             self._thread.start()
@@ -113,7 +118,8 @@ class Tenancy:
             self.card = None
 
     def _period(self) -> float:
-        limits = [t for t in (self.rules.idle_timeout, self.rules.max_lease_time) if t is not None]
+        limits = [t for t in (self.rules.idle_timeout, self.rules.max_lease_time, self.rules.preempt_idle_after)
+                  if t is not None]
         return max(0.5, min([WATCH_PERIOD_S, *(t / 10 for t in limits)]))
 
     def _watch(self) -> None:
