@@ -175,3 +175,21 @@ def test_preempt_idle_after_is_a_policy_rule_whose_tightest_source_wins(tmp_path
     system.write_text('preempt_idle_after = "later"\n')
     with pytest.raises(policy.PolicyError, match="'later' is not a duration"):
         policy.load({}, system)
+
+
+def test_an_idle_cluster_is_due_early_when_someone_waits_for_gpus(node, sleeper):
+    from hvd_notebook.cluster.node import registry
+    from hvd_notebook.cluster.node.policy import Policy
+    from hvd_notebook.kernel.tenancy import due
+
+    rules = Policy(preempt_idle_after=60.0, idle_timeout=3600.0)
+    card = registry.Card(cluster="hvd-1", workdir="", kernel=os.getpid(), kernel_started=0.0, ranks=1, gpus=["0"],
+                         started=1000.0, last_cell=1000.0)
+    assert due(rules, card, 1100.0) is None  # idle for 100 s, but nobody waits
+    _write(node / "queue", sleeper.pid, sleeper.create_time())
+    assert "another start waits for GPUs in the node's queue" in due(rules, card, 1100.0)
+    assert due(rules, card, 1050.0) is None  # not idle long enough
+    from dataclasses import replace
+
+    assert due(rules, replace(card, busy=True), 1100.0) is None  # a cell runs
+    assert due(rules, replace(card, gpus=[]), 1100.0) is None  # no GPUs to give back
