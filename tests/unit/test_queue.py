@@ -46,13 +46,19 @@ def test_a_served_waiter_that_does_not_take_its_turn_loses_its_place():
     assert turns.head([stuck, next_one], free=1, total=2, now=100.0) is stuck
     assert turns.head([stuck, next_one], free=1, total=2, now=100.0 + queue.TURN_S - 1) is stuck
     assert turns.head([stuck, next_one], free=1, total=2, now=100.0 + queue.TURN_S + 1) is next_one
-    assert stuck.key in turns.lost
+    assert turns.lost(stuck)
     assert turns.head([stuck, next_one], free=2, total=2, now=100.0 + queue.TURN_S + 2) is next_one  # lost for good
     # a turn counts only while the GPUs are free for it: a wait for GPUs is not a lost turn
     waits = Turns()
     assert waits.head([stuck], free=1, total=2, now=0.0) is stuck
     assert waits.head([stuck], free=0, total=2, now=queue.TURN_S + 5) is stuck
     assert waits.head([stuck], free=1, total=2, now=queue.TURN_S + 6) is stuck
+    # a user's other entries made until then go with it: a flood of entries costs others one turn's time
+    flood = [_entry(1001, 11.0 + i, pid=200 + i) for i in range(3)]
+    turns = Turns()
+    assert turns.head([stuck, *flood, next_one], free=1, total=2, now=0.0) is stuck
+    assert turns.head([stuck, *flood, next_one], free=1, total=2, now=queue.TURN_S + 1) is next_one
+    assert not turns.lost(_entry(1001, queue.TURN_S + 2))  # a later entry of theirs queues again, at the back
     # this process's own entry never loses its place in its own view
     assert Turns().head([stuck], free=1, total=2, now=0.0, me=stuck.key) is stuck
 

@@ -12,7 +12,8 @@ it. The rule (``ranked`` and ``Turns.head``):
 - strict at the head: the first entry is served when enough GPUs are free, and nobody behind it before it, so a
   stream of small requests cannot starve a big one;
 - a served entry whose process does not take its GPUs within ``TURN_S`` loses its place, in the view of every
-  other waiter (each one watches the head); its owner's next start queues at the back.
+  other waiter (each one watches the head), and so do its user's other entries made until then (a flood of
+  entries that never take their turn costs the others one ``TURN_S``); their next start queues at the back.
 
 An entry counts only where it is a regular file (opened with ``O_NOFOLLOW | O_NONBLOCK``: a link is not
 followed, a FIFO does not hang the reader) of at most ``MAX_ENTRY_BYTES``, owned by the uid its name claims,
@@ -201,10 +202,19 @@ def ranked(entries: list[Entry], holding: set[int]) -> list[Entry]:
 @dataclass
 class Turns:
     """When each entry's turn came (first in line, with enough GPUs free), in this process's view: one that did
-    not take its GPUs within ``TURN_S`` has lost its place (``lost``) and is passed over from then on."""
+    not take its GPUs within ``TURN_S`` has lost its place, with every entry its user made until then
+    (``lost_until``), and is passed over from then on."""
 
     came: dict[str, float] = field(default_factory=dict)
-    lost: set[str] = field(default_factory=set)
+    lost_until: dict[int, float] = field(default_factory=dict)  # uid -> its entries made until then lost their place
+
+    def lost(self, entry: Entry) -> bool:
+        """Has ``entry`` lost its place?
+
+        Args:
+            entry: an entry.
+        """
+        return entry.since <= self.lost_until.get(entry.uid, float("-inf"))
 
     def head(self, line: list[Entry], free: int, total: int, now: float, me: str | None = None) -> Entry | None:
         """The first entry of ``line`` (``ranked``) still in it: served now where ``free`` GPUs are enough for
@@ -219,14 +229,14 @@ class Turns:
             me: this process's entry's key.
         """
         for entry in line:
-            if entry.key in self.lost or entry.gpus > total:
+            if (entry.key != me and self.lost(entry)) or entry.gpus > total:
                 continue
             if free < entry.gpus:
                 self.came.pop(entry.key, None)
                 return entry
             came = self.came.setdefault(entry.key, now)
             if entry.key != me and now - came > TURN_S:
-                self.lost.add(entry.key)
+                self.lost_until[entry.uid] = max(now, entry.since)
                 log.info("hvd_notebook: %s's queue entry %s lost its place: its GPUs were free for %.0f s",
                          entry.user, entry.path, now - came)
                 continue
@@ -279,7 +289,7 @@ def someone_waits() -> bool:
     except (OSError, LeaseError):
         return False
     head = _TURNS.head(view.line, len(view.free), len(view.gpus), time.time())  # (updates who lost their place)
-    return head is not None and any(e.pid != os.getpid() and e.key not in _TURNS.lost for e in view.line)
+    return head is not None and any(e.pid != os.getpid() and not _TURNS.lost(e) for e in view.line)
 
 
 # ------------------------------------------------------------------ an entry of this process
