@@ -247,6 +247,27 @@ def test_the_order_mark_enter_issue_wait_unpack(thvd, quiet_noise, monkeypatch):
     assert out[1].tolist() == [n * (n + 1)] * 4 and t.tolist() == [n * (n + 1) / 2] * 4
 
 
+@pytest.mark.timeout(60, method="thread")  # (a hang ends the rank, and so the world, instead of waiting for gloo's)
+def test_a_rank_that_never_used_the_transport_serves_the_others_after_join(thvd):
+    """Horovod's test_horovod_join_allreduce: a rank joins before any call of its own went through
+    torch.distributed; it must take part in the others' gloo allreduces there, not through the MPI library."""
+    from hvd_notebook.runtime.core import world
+    from hvd_notebook.runtime.torch import dist_backend
+
+    here, n, r = world.current(), thvd.size(), thvd.rank()
+    for first in range(n):
+        if r == first:  # (as in a fresh process: no DistBackend made, none serving its road)
+            dist_backend._backends.pop(here, None)
+            here.serving.pop(dist_backend.VIA, None)
+            assert thvd.join() != first
+            continue
+        a = thvd.allreduce_async(torch.full((5,), 4, dtype=torch.int32), name="join.a", average=True)
+        b = thvd.allreduce_async(torch.full((17,), 4.0), name="join.b", average=True)
+        assert thvd.synchronize(a).tolist() == [4 * (n - 1) // n] * 5
+        assert thvd.synchronize(b).tolist() == [4.0 * (n - 1) / n] * 17
+        assert thvd.join() != first
+
+
 def test_refusals_uneven_rows_and_mixed_dtypes(thvd):
     """What the MPI library's path refuses is refused on every rank here too; uneven blocks and mixed dtypes."""
     n, r = thvd.size(), thvd.rank()

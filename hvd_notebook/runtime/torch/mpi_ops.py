@@ -1407,6 +1407,9 @@ def join(device: int = -1) -> int:
             ``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS``.
         HorovodInternalError: another rank left this call to reset the world for ``hvd.elastic.run``.
     """
+    world = _world.current()
+    if _group.spans(world):  # the others' calls through torch.distributed are served there, even where this rank
+        dist_backend.of(world, world)  # never made one (its backend registers as their road's server)
     return _objects.join()
 
 
