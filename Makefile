@@ -95,16 +95,23 @@ test-horovod:
 # Horovod's own test files, unchanged, against this runtime: each test in its own 2-rank world (a
 # measurement of compatibility, not part of `make test`; benchmarks/README.md). Needs a Horovod checkout:
 #   make horovod-suite HOROVOD_TESTS=/path/to/horovod [HOROVOD_SUITE_ARGS="-k allreduce --timeout 60"]
+# PyTorch's file over each transport of CPU tensors (HVD_NOTEBOOK_TORCH_TRANSPORT), a report per transport:
+#   make horovod-suite HOROVOD_TESTS=/path/to/horovod HOROVOD_SUITE_FILES=test_torch.py HOROVOD_TORCH_TRANSPORTS="mpi dist"
 HOROVOD_TESTS ?=
 HOROVOD_SUITE_FILES ?= test_tensorflow.py test_tensorflow2_keras.py test_tensorflow_process_sets.py
 HOROVOD_SUITE_ARGS ?=
+HOROVOD_TORCH_TRANSPORTS ?= mpi
 horovod-suite: install
 	@if [ -z "$(HOROVOD_TESTS)" ]; then \
 		echo "make horovod-suite: set HOROVOD_TESTS to a Horovod checkout (or its test/ folder), e.g."; \
 		echo "  git clone --depth 1 --branch v0.28.1 https://github.com/horovod/horovod /tmp/horovod"; \
 		echo "  make horovod-suite HOROVOD_TESTS=/tmp/horovod"; \
 		exit 2; fi
-	$(PY) benchmarks/horovod_suite.py --tests $(HOROVOD_TESTS) $(HOROVOD_SUITE_FILES) $(HOROVOD_SUITE_ARGS)
+	@for t in $(HOROVOD_TORCH_TRANSPORTS); do \
+		out=build/horovod-suite/report$$([ "$(HOROVOD_TORCH_TRANSPORTS)" = mpi ] || echo "-torch-$$t"); \
+		echo "HVD_NOTEBOOK_TORCH_TRANSPORT=$$t, report $$out.md"; \
+		HVD_NOTEBOOK_TORCH_TRANSPORT=$$t $(PY) benchmarks/horovod_suite.py --tests $(HOROVOD_TESTS) --out $$out \
+			$(HOROVOD_SUITE_FILES) $(HOROVOD_SUITE_ARGS) || exit $$?; done
 
 lab: install
 	$(VENV)/bin/hvd-notebook install-kernel --sys-prefix
