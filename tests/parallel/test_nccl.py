@@ -1,10 +1,12 @@
-"""The NCCL path for GPU tensors, under mpiexec.
+"""The NCCL path for TensorFlow's GPU tensors, under mpiexec (the backend itself, ``array_backend`` on cupy and
+NCCL, is tested on both of its seams in test_array_backend.py, on the lent GPU too).
 
 On a machine without GPUs: the bootstrap through MPI up to the point where NCCL would start, and proof
 that nothing of CUDA is imported; the ``gpu`` tests skip, saying why. With one GPU per rank
 (CUDA_VISIBLE_DEVICES listing them, cupy installed by the [gpu] extra): every collective on GPU tensors,
 eager and in tf.function, through NCCL, checked for values, dtypes, the device of the result and the
-timeline's NCCL phases. ``benchmarks/gpu_check.sh`` runs the ``gpu`` tests on a one-GPU machine:
+timeline's NCCL phases. ``benchmarks/gpu_check.sh`` runs the ``gpu`` tests on a one-GPU machine where
+TensorFlow imports (never on the lent GPU machine: no TensorFlow wheel fits what reaches it):
 
     HVD_PARALLEL=1 HVD_PARALLEL_MIN_RANKS=1 HVD_PARALLEL_REQUIRE_NCCL=1 CUDA_VISIBLE_DEVICES=0 \\
         mpiexec -n 1 python -m pytest -m gpu tests/parallel/test_nccl.py
@@ -54,7 +56,7 @@ def test_without_a_gpu_nothing_of_cuda_is_imported(hvd):
     if nccl_backend.gpu_device_present():
         pytest.skip("this host has an NVIDIA device: the CPU-only guarantee is checked on machines without one")
     assert not hvd.nccl_enabled()
-    assert hvd.nccl_built() == nccl_backend.cupy_importable()
+    assert hvd.nccl_built() == nccl_backend.nccl_importable()
     hvd.allreduce(np.ones(3), op=hvd.Sum)
     assert "cupy" not in sys.modules
 

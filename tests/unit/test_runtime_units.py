@@ -22,11 +22,12 @@ RUNTIME = Path(__file__).resolve().parents[2] / "hvd_notebook" / "runtime"
 # lower layer, and no binding
 CORE_LAYERS = [
     {"ops", "exceptions", "events", "timeline", "topology", "noise_scale", "collective_time"},
-    {"rules", "gradients", "signatures", "fusion", "shared_memory"},
-    {"matching"},
+    {"rules", "gradients", "signatures", "fusion", "shared_memory", "transports"},
+    {"matching", "collective_logic"},
     {"coordinator"},
     {"negotiation"},
-    {"mpi_backend", "nccl_backend"},
+    {"mpi_backend", "array_backend"},  # (array_backend: the MPI backend's logic over an array module and a transport)
+    {"nccl_backend"},  # (array_backend on cupy and NCCL)
     {"world"},
     {"process_sets"},
     {"basics", "objects", "compression"},

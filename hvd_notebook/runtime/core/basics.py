@@ -12,7 +12,7 @@ from typing import Any
 
 from . import process_sets as _process_sets
 from . import world as _world
-from .nccl_backend import cupy_importable
+from .nccl_backend import nccl_importable
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
@@ -192,7 +192,7 @@ def nccl_built() -> bool:
     Returns:
         True where cupy's NCCL bindings can be imported, else False.
     """
-    return cupy_importable()
+    return nccl_importable()
 
 
 def nccl_enabled() -> bool:
@@ -247,7 +247,7 @@ def cuda_built() -> bool:
     Returns:
         True where cupy's NCCL bindings can be imported, else False.
     """
-    return cupy_importable()
+    return nccl_importable()
 
 
 def rocm_built() -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import ops
+from .collective_logic import AllreduceWork, alltoall_splits, refuse_dtype
 from .fusion import ALIGN_BYTES, aligned_offsets, fused_label, fusion_groups, fusion_threshold, is_aligned, pool
 from .negotiation import Negotiator
 from .ops import Average, check_op, dtype_name, reduce_dtype
@@ -30,7 +31,7 @@ from .signatures import (
 )
 from .timeline import Timeline
 
-__all__ = ["ALIGN_BYTES", "MpiBackend"]
+__all__ = ["ALIGN_BYTES", "MpiBackend", "alltoall_splits"]
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -39,14 +40,6 @@ def _bytes(arr: np.ndarray) -> np.ndarray:
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(counts)[:-1]])
-
-
-def refuse_dtype(negotiator: Negotiator, sig: Signature, kind: str, name: str, dtype: np.dtype,
-                 reducing: bool = False) -> None:
-    """Raise on every rank where this rank's ``dtype`` cannot take part in the call ``sig``."""
-    why = ops.dtype_refusal(dtype, reducing)
-    if why:
-        negotiator.refuse(sig, f"{kind} of '{name}': {why}")
 
 
 class _CachedCall:
@@ -124,33 +117,6 @@ class SingleTensorAllreduce:
         for factor in call.factors:
             buf *= factor
         return buf
-
-
-class _AllreduceWork:
-    """One agreed (fused) allreduce's data movement, which the allreduces agreed right
-    after it may join (``Coordinator.run_fused``): one MPI call for all their arrays."""
-
-    __slots__ = ("backend", "arrays", "op", "prescale", "postscale", "label", "fusion_key", "nbytes", "solo",
-                 "done", "result")
-
-    def __init__(self, backend: MpiAllreduce, arrays: list[np.ndarray], op: int, prescale: float, postscale: float,
-                 label: str) -> None:
-        self.backend, self.arrays, self.label = backend, arrays, label
-        self.op, self.prescale, self.postscale = op, prescale, postscale
-        self.fusion_key = (arrays[0].dtype.str, op, prescale, postscale)  # (all agreed: part of the signatures)
-        self.nbytes = sum(a.nbytes for a in arrays)
-        self.solo, self.done = True, False
-        self.result: tuple[np.ndarray, list[int]] = (np.empty(0), [])  # the reduced buffer, each array's offset
-
-    def run(self, followers: list[_AllreduceWork]) -> None:
-        works = [self, *followers]
-        arrays = [a for w in works for a in w.arrays]
-        label = fused_label([w.label for w in works])
-        buf, offsets = self.backend.reduce(arrays, self.op, self.prescale, self.postscale, label)
-        start = 0
-        for w in works:
-            w.result = (buf, offsets[start:start + len(w.arrays)])
-            start += len(w.arrays)
 
 
 def pack(arrays: list[np.ndarray], work: np.dtype, timeline: Timeline, label: str) -> tuple[np.ndarray, list[int]]:
@@ -237,7 +203,7 @@ class MpiAllreduce:
             sig = allreduce_signature(op, dtype_name(members[0].dtype), shapes or tuple(a.shape for a in members),
                                       prescale, postscale, label)
             refuse_dtype(self.negotiator, sig, "allreduce", label, members[0].dtype, reducing=True)
-            work = _AllreduceWork(self, members, op, prescale, postscale, label)
+            work = AllreduceWork(self, members, op, prescale, postscale, label)
             self.negotiator.run(sig, work, allow_joined=True)
             out.append((group, *work.result))
         return out
@@ -286,23 +252,6 @@ class MpiAllreduce:
         dtype = ops.numpy_dtype(call.dtype)
         zeros = [np.zeros(shape, dtype=dtype) for shape in call.shapes]
         self.reduce(zeros, call.op, call.prescale, call.postscale, "join")
-
-
-def alltoall_splits(shape: tuple, splits: Any, size: int, name: str) -> np.ndarray:
-    """Rows of a tensor of ``shape`` to send to each of ``size`` ranks: ``splits``
-    checked, or equal parts where it is None."""
-    if len(shape) == 0:
-        raise ValueError(f"alltoall of '{name}': the tensor needs at least one dimension.")
-    if splits is None:
-        if shape[0] % size:
-            raise ValueError(f"alltoall of '{name}': without splits, the first dimension ({shape[0]}) "
-                             f"must divide evenly by the number of ranks ({size}).")
-        return np.full(size, shape[0] // size, dtype=np.int64)
-    splits = np.asarray(splits, dtype=np.int64).reshape(-1)
-    if splits.size != size or splits.min() < 0 or splits.sum() != shape[0]:
-        raise ValueError(f"alltoall of '{name}': splits {splits.tolist()} must have one non-negative entry "
-                         f"per rank ({size}) summing to the first dimension ({shape[0]}).")
-    return splits
 
 
 class MpiBackend:

@@ -96,19 +96,6 @@ def adopt(array: np.ndarray) -> Any:
     return tf().convert_to_tensor(array)
 
 
-def to_cupy(tensor: Any, device_id: int) -> Any:
-    """A GPU tensor's memory as a flat cupy array (no copy)."""
-    import cupy
-
-    return cupy.from_dlpack(DLPackExport(tensor, device_id)).reshape(-1)
-
-
-def cupy_to_tf(array: Any) -> Any:
-    """A cupy array as a TensorFlow tensor on the same GPU (no copy; synchronize its stream first)."""
-    export = getattr(array, "toDlpack", None) or array.__dlpack__
-    return tf().experimental.dlpack.from_dlpack(export())
-
-
 @functools.cache
 def _from_dlpack() -> Any:
     """``tf.experimental.dlpack.from_dlpack`` without its Python wrapper, which costs every small result about

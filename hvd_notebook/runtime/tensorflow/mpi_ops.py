@@ -26,6 +26,7 @@ from ..core import process_sets as _process_sets
 from ..core import world as _world
 from ..core.exceptions import ErrorFamily, MismatchError
 from ..core.fusion import fused_label, fusion_groups
+from ..core.nccl_backend import is_device_array
 from ..core.ops import Adasum, Average, Max, Min, Product, Sum, check_op
 from ..core.rules import auto_name, names, reject_unsupported, resolve_op
 from ..core.rules import scale as _scale
@@ -145,9 +146,6 @@ def _gpu(backends: Any) -> TensorFlowOnNccl:
     return TensorFlowOnNccl(backends.nccl)
 
 
-def _is_cupy(x: Any) -> bool:
-    """A cupy array (asked without importing cupy): it stays on its GPU, through NCCL."""
-    return type(x).__module__.startswith("cupy")
 
 
 def _nccl_of(backends: Any, call: str) -> Any:
@@ -456,7 +454,7 @@ def grouped_allreduce(tensors: list[Any], average: bool | None = None, device_de
     plain = compression is Compression.none  # (the common case: no pass over the tensors for it)
     compressed, ctxs = (tensors, ()) if plain else zip(*(compression.compress(t) for t in tensors))
     names = _names(name, "allreduce", tensors)
-    if _is_cupy(compressed[0]):
+    if is_device_array(compressed[0]):
         reduced = _nccl_of(backends, "hvd.grouped_allreduce").allreduce(list(compressed), op, prescale_factor,
                                                                        postscale_factor, names)
     elif _is_tf(compressed[0]):
@@ -611,7 +609,7 @@ def _differentiable(tensors: list[Any], call: str, backends: Any, process_set: A
     tensors as one op of output shapes ``shape(x)`` whose gradients are ``rule(ops, grads, inputs)``
     (``core/gradients``); ``scaled`` wraps each way of running it."""
     on_host = scaled(lambda arrays: collective(backends.mpi, arrays))
-    if _is_cupy(tensors[0]):
+    if is_device_array(tensors[0]):
         return scaled(lambda arrays: collective(_nccl_of(backends, call), arrays))(list(tensors))
     if not _is_tf(tensors[0]):
         return on_host([np.asarray(t) for t in tensors])
@@ -1003,6 +1001,9 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
     """
     backends = _backends(process_set, "hvd.alltoall", tensor)
     label = _name(_scoped(name, ignore_name_scope, tensor), "alltoall", tensor)
+    if is_device_array(tensor):  # (a GPU array: through NCCL, where it is)
+        out, received = _nccl_of(backends, "hvd.alltoall").alltoall(tensor, splits, label)
+        return out if splits is None else (out, received.astype(np.int32))
     if not _is_tf(tensor):
         out, received = backends.mpi.alltoall(np.asarray(tensor), None if splits is None else np.asarray(splits), label)
         return out if splits is None else (out, received.astype(np.int32))

@@ -1,21 +1,28 @@
-"""TensorFlow GPU tensors through the core's NCCL backend (``nccl_backend``, which works on cupy arrays).
+"""TensorFlow GPU tensors through the core's NCCL backend (``array_backend.ArrayBackend`` on the GPU seams of
+``nccl_backend``).
 
-A tensor's device memory reaches cupy through DLPack (``bridges.to_cupy``: no copy), the backend
-reduces it on its stream, and each result goes back to TensorFlow the same way
-(``bridges.cupy_to_tf``). cupy has no bfloat16: those tensors are reduced as float32 (cast on the
-device) and sent as their 16-bit patterns where nothing is reduced. TensorFlow does not expose its
-compute stream to Python, so before NCCL reads a tensor the backend waits for the device's queued
-work (``tf.test.experimental.sync_devices``): one sync per collective call, not per tensor.
+A tensor's device memory reaches the backend through DLPack (``nccl_backend.from_dlpack``: no copy), the
+backend packs, reduces and unpacks on its stream, and each result goes back to TensorFlow the same way
+(``nccl_backend.to_dlpack``). The backend's arrays have no bfloat16: those tensors are reduced as float32
+(cast on the device) and sent as their 16-bit patterns where nothing is reduced. TensorFlow does not
+expose its compute stream to Python, so before the backend reads a tensor it waits for the device's queued
+work (``tf.test.experimental.sync_devices``), once per collective call, not per tensor; the backend then
+waits once for its own stream before TensorFlow reads the results.
+
+Unverified on a GPU: no TensorFlow wheel fits what reaches the lent GPU machine, so this path runs only
+where a user has TensorFlow's CUDA build (``docs/gpus.md``). The backend itself runs on the CPU tests with
+numpy and mpi4py, and on the lent GPU with cupy arrays (``tests/parallel/test_array_backend.py``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .bridges import cupy_to_tf, tf, to_cupy
+from ..core import nccl_backend as _device
+from .bridges import DLPackExport, tf
 
 
-def _wait_for_tensorflow(stream: Any) -> None:
+def _wait_for_tensorflow() -> None:
     tf().test.experimental.sync_devices()
 
 
@@ -30,7 +37,7 @@ def _narrowed(result: Any, original: Any) -> Any:
 
 
 def _as_bits(tensor: Any) -> Any:
-    """A bfloat16 tensor as int16 (cupy has no bfloat16); any other as it is."""
+    """A bfloat16 tensor as int16 (the backend's arrays have no bfloat16); any other as it is."""
     t = tf()
     return t.bitcast(tensor, t.int16) if tensor.dtype == t.bfloat16 else tensor
 
@@ -40,37 +47,43 @@ def _from_bits(result: Any, original: Any) -> Any:
     return t.bitcast(result, t.bfloat16) if original.dtype == t.bfloat16 else result
 
 
-class TensorFlowOnNccl:
-    """The collectives of ``collectives`` for eager TensorFlow GPU tensors, on one ``NcclBackend``."""
+def _adopted(array: Any) -> Any:
+    """A backend result as a TensorFlow tensor on the same GPU (no copy)."""
+    return tf().experimental.dlpack.from_dlpack(_device.to_dlpack(array))
 
-    def __init__(self, nccl: Any) -> None:
-        self.nccl = nccl
+
+class TensorFlowOnNccl:
+    """The collectives of ``mpi_ops`` for eager TensorFlow GPU tensors, on one NCCL backend."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
 
     def _arrays(self, tensors: list[Any]) -> list[Any]:
-        return [to_cupy(t, self.nccl.device_id).reshape(tuple(t.shape.as_list())) for t in tensors]
+        device_id = self.backend.device_id
+        return [_device.from_dlpack(DLPackExport(t, device_id)).reshape(tuple(t.shape.as_list())) for t in tensors]
 
     def allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float,
                   names: list[str]) -> list[Any]:
         work = [_widened(t) for t in tensors]
-        outs = self.nccl.allreduce(self._arrays(work), op, prescale, postscale, names,
-                                   [t.dtype.name for t in tensors], wait=_wait_for_tensorflow)
-        return [_narrowed(cupy_to_tf(o), t) for o, t in zip(outs, tensors)]
+        outs = self.backend.allreduce(self._arrays(work), op, prescale, postscale, names,
+                                      [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
+        return [_narrowed(_adopted(o), t) for o, t in zip(outs, tensors)]
 
     def allgather(self, tensors: list[Any], names: list[str]) -> list[Any]:
-        outs = self.nccl.allgather(self._arrays([_as_bits(t) for t in tensors]), names,
-                                   [t.dtype.name for t in tensors], wait=_wait_for_tensorflow)
-        return [_from_bits(cupy_to_tf(o), t) for o, t in zip(outs, tensors)]
+        outs = self.backend.allgather(self._arrays([_as_bits(t) for t in tensors]), names,
+                                      [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
+        return [_from_bits(_adopted(o), t) for o, t in zip(outs, tensors)]
 
     def broadcast(self, tensors: list[Any], root_rank: int, names: list[str]) -> list[Any]:
-        outs = self.nccl.broadcast(self._arrays([_as_bits(t) for t in tensors]), root_rank, names,
-                                   [t.dtype.name for t in tensors], wait=_wait_for_tensorflow)
-        return [_from_bits(cupy_to_tf(o), t) for o, t in zip(outs, tensors)]
+        outs = self.backend.broadcast(self._arrays([_as_bits(t) for t in tensors]), root_rank, names,
+                                      [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
+        return [_from_bits(_adopted(o), t) for o, t in zip(outs, tensors)]
 
     def reducescatter(self, tensors: list[Any], op: int, names: list[str]) -> list[Any]:
         work = [_widened(t) for t in tensors]
-        outs = self.nccl.reducescatter(self._arrays(work), op, names, [t.dtype.name for t in tensors],
-                                       wait=_wait_for_tensorflow)
-        return [_narrowed(cupy_to_tf(o), t) for o, t in zip(outs, tensors)]
+        outs = self.backend.reducescatter(self._arrays(work), op, names, [t.dtype.name for t in tensors],
+                                          order_in=_wait_for_tensorflow)
+        return [_narrowed(_adopted(o), t) for o, t in zip(outs, tensors)]
 
 
 __all__ = ["TensorFlowOnNccl"]
