@@ -975,3 +975,78 @@ def test_a_cuda_call_outside_the_device_module_is_found(tmp_path):
         (tmp_path / name).write_text(text)
     assert device_violations(tmp_path) == ["bad.py (line 1) says torch.cuda", "bad.py (line 2) says .synchronize(",
                                            "bad.py (line 3) says cupy"]
+
+
+# ------------------------------------------------------------------ one cupy module in the core and TensorFlow
+CUPY_HOME = PACKAGE / "runtime" / "core" / "nccl_backend.py"  # the GPU's array module, NCCL and DLPack
+CUPY_SCOPE = (PACKAGE / "runtime" / "core", PACKAGE / "runtime" / "tensorflow")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of ``tree`` (what a user reads may name cupy: it takes cupy arrays)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _says_cupy(node: ast.AST, docstrings: set[int]) -> str | None:
+    """What ``node`` says of cupy in code: an import, a name, an attribute, an argument, or a string naming
+    the module (``type(x).__module__.startswith("cupy")``); None where it says nothing of it."""
+    import re
+
+    if isinstance(node, ast.Import):
+        texts = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        texts = [node.module or "", *(a.name for a in node.names)]
+    elif isinstance(node, ast.Name):
+        texts = [node.id]
+    elif isinstance(node, ast.Attribute):
+        texts = [node.attr]
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        texts = [node.name]
+    elif isinstance(node, ast.arg):
+        texts = [node.arg]
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+        return node.value if re.fullmatch(r"cupy(\.[\w.]*)?", node.value) else None
+    else:
+        return None
+    return next((t for t in texts if "cupy" in t.lower()), None)
+
+
+def cupy_violations(folders: tuple[Path, ...], home: Path) -> list[str]:
+    """The lines of the modules in ``folders`` other than ``home`` whose code says cupy."""
+    found = []
+    for folder in folders:
+        for path in sorted(folder.glob("*.py")):
+            if path == home:
+                continue
+            tree = ast.parse(path.read_text())
+            docstrings = _docstrings(tree)
+            for node in ast.walk(tree):
+                said = _says_cupy(node, docstrings)
+                if said is not None:
+                    found.append(f"{folder.name}/{path.name} (line {node.lineno}) says {said}")
+    return sorted(set(found), key=lambda v: (v.split(" (")[0], int(v.split("line ")[1].split(")")[0])))
+
+
+def test_every_cupy_call_of_the_core_and_tensorflow_is_in_one_module():
+    violations = cupy_violations(CUPY_SCOPE, CUPY_HOME)
+    assert not violations, "\n".join(violations) + "\n(move them into hvd_notebook/runtime/core/nccl_backend.py)"
+
+
+def test_cupy_outside_its_module_is_found(tmp_path):
+    (tmp_path / "core").mkdir()
+    home = tmp_path / "core" / "nccl_backend.py"
+    home.write_text("import cupy\n")
+    (tmp_path / "core" / "fine.py").write_text('"""Takes cupy arrays."""\n# cupy, in a comment\ndef f(x):\n'
+                                               '    """A cupy array."""\n    raise ValueError("pass cupy arrays")\n')
+    (tmp_path / "core" / "bad.py").write_text('import cupy.cuda\ndef to_cupy(x):\n    from cupy import asarray\n'
+                                              '    return x.cupy_view\nok = type(1).__module__.startswith("cupy")\n'
+                                              'def g(cupy_array):\n    pass\n')
+    assert cupy_violations((tmp_path / "core",), home) == [
+        "core/bad.py (line 1) says cupy.cuda", "core/bad.py (line 2) says to_cupy", "core/bad.py (line 3) says cupy",
+        "core/bad.py (line 4) says cupy_view", "core/bad.py (line 5) says cupy", "core/bad.py (line 6) says cupy_array"]
