@@ -199,3 +199,23 @@ def test_an_idle_cluster_is_due_early_when_someone_waits_for_gpus(node, sleeper)
 
     assert due(rules, replace(card, busy=True), 1100.0) is None  # a cell runs
     assert due(rules, replace(card, gpus=[]), 1100.0) is None  # no GPUs to give back
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs a process as another uid (nobody): needs root; the suite's root "
+                    "run covers it")
+def test_entries_written_for_another_users_live_process_do_not_count(tmp_path):
+    nobody = 65534
+    proc = subprocess.Popen(["sleep", "60"], user=nobody, group=nobody, cwd="/")
+    try:
+        other = psutil.Process(proc.pid)
+        comes = time.monotonic() + 10
+        while other.uids().real != nobody and time.monotonic() < comes:
+            time.sleep(0.05)
+        for _ in range(queue.MAX_PER_UID + 1):  # root's files naming nobody's process: they would fill its cap
+            _write(tmp_path, other.pid, other.create_time(), uid=nobody)
+        assert queue.read_entries(tmp_path) == []
+        os.chown(_write(tmp_path, other.pid, other.create_time(), uid=nobody), nobody, nobody)  # nobody's own
+        assert [e.uid for e in queue.read_entries(tmp_path)] == [nobody]
+    finally:
+        proc.kill()
+        proc.wait()
