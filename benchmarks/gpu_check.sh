@@ -16,7 +16,9 @@
 #                and raw cupy NCCL; ResNet-50's 161 gradients grouped vs one raw call; the host back from
 #                backward + step() before a queued 0.2 s GPU sleep ends, the values right after a synchronize;
 #                a step under set_sync_debug_mode("error"); a ResNet-50 step, DistributedOptimizer vs DDP;
-#   tests 120 s: pytest's `gpu` tests (tests/parallel/test_torch_gpu.py) under mpiexec -n 1;
+#   tests 120 s: pytest's `gpu` tests (tests/parallel/test_torch_gpu.py, and test_array_backend.py: cupy arrays
+#                through NCCL, the path of TensorFlow's GPU tensors, which never reaches this machine) under
+#                mpiexec -n 1;
 #   cell   70 s: benchmarks/gpu_cell_check.py: %hvd start -n 1 --framework torch, a ResNet-50 step in a %%hvd cell;
 #   panel  30 s: benchmarks/gpu_panel_check.py: the JupyterLab panel's GPU reader (NVML).
 # The log goes to $GPU_CHECK_OUT/gpu-check.log as it is written; $GPU_CHECK_OUT/gpu-check.json is rewritten
@@ -100,7 +102,7 @@ step_rows() {
 }
 
 step_tests() {
-  local tests=(tests/parallel/test_torch_gpu.py)
+  local tests=(tests/parallel/test_torch_gpu.py tests/parallel/test_array_backend.py)
   [ "$GPU_CHECK_REHEARSE" = 0 ] && "$PY" -c 'import tensorflow' 2>/dev/null && tests+=(tests/parallel/test_nccl.py)
   "$MPIEXEC" -n 1 "$PY" -m pytest -q -rs -p no:cacheprovider -o addopts= -m gpu --junitxml "$OUTDIR/gpu-tests.xml" \
     "${tests[@]}"
