@@ -40,6 +40,7 @@ ENGINE_NAMES = frozenset({"hvd", "In", "Out", "_", "__", "___", "_i", "_ii", "_i
 _HISTORY_NAME = re.compile(r"_i?\d+$")  # IPython's _5, _i5
 _restored: dict[str, Any] = {}  # name: the object restore() put there, for reconcile()
 _kept_states: dict[str, tuple[str, Any]] = {}  # name: the state of an object that is made again by replay
+_process: list[dict[str, Any]] = []  # the RNGs restored: set again after the replay, which may have drawn from them
 
 
 class RankMismatchError(RuntimeError):
@@ -63,9 +64,9 @@ def _rank(namespace: dict[str, Any]) -> int:
         return 0
 
 
-def _dumps(value: Any) -> bytes:
+def _dumps(value: Any, namespace: dict[str, Any]) -> bytes:
     buffer = io.BytesIO()
-    formats.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    formats.Pickler(buffer, pickle.HIGHEST_PROTOCOL, namespace).dump(value)
     return buffer.getvalue()
 
 
@@ -80,12 +81,12 @@ def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:160]
 
 
-def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+def _split(values: dict[str, Any], namespace: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The values that pickle, and a reason for each that does not (each name tried alone)."""
     saved, unsaved = {}, {}
     for name, value in values.items():
         try:
-            _dumps(value)
+            _dumps(value, namespace)
         except Exception as exc:  # anything a __reduce__ raises
             unsaved[name] = _why(exc)
         else:
@@ -93,11 +94,11 @@ def _split(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     return saved, unsaved
 
 
-def _kept_state(value: Any) -> tuple[str, Any] | None:
+def _kept_state(value: Any, namespace: dict[str, Any]) -> tuple[str, Any] | None:
     try:
         state = formats.state_of(value)
         if state is not None:
-            _dumps(state)
+            _dumps(state, namespace)
         return state
     except Exception:  # its state does not pickle either: nothing to load into what the replay makes
         return None
@@ -124,11 +125,11 @@ def save(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
     values = {n: v for n, v in values.items() if n not in modules}
     process = formats.process_state()
     try:
-        data, unsaved = _dumps({"values": values, "process": process, "states": {}}), {}
+        data, unsaved = _dumps({"values": values, "process": process, "states": {}}, namespace), {}
     except Exception:  # (one object fails the one call: find which, and save the rest in one call)
-        values, unsaved = _split(values)
-        states = {n: s for n in unsaved if (s := _kept_state(namespace[n])) is not None}
-        data = _dumps({"values": values, "process": process, "states": states})
+        values, unsaved = _split(values, namespace)
+        states = {n: s for n in unsaved if (s := _kept_state(namespace[n], namespace)) is not None}
+        data = _dumps({"values": values, "process": process, "states": states}, namespace)
     rank = _rank(namespace)
     report = {"rank": rank, "bytes": len(data), "seconds": 0.0, "saved": sorted([*values, *modules]),
               "unsaved": unsaved}
@@ -168,13 +169,15 @@ def restore(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
                                     "Give each rank the folder its own rank saved.")
         for name, module in header["modules"].items():
             namespace[name] = __import__(module, fromlist=["_"]) if "." in module else __import__(module)
-        state = pickle.load(f)
+        with formats.unpickling_into(namespace):
+            state = pickle.load(f)
     formats.set_process_state(state["process"])
     namespace.update(state["values"])
     _restored.clear()
     _restored.update(state["values"])
     _kept_states.clear()
     _kept_states.update(state["states"])
+    _process[:] = [state["process"]]
     report = json.loads(private.read_text(path / REPORT_FILE)) if (path / REPORT_FILE).exists() else {}
     return {"rank": rank, "seconds": round(time.perf_counter() - start, 3),
             "restored": sorted([*state["values"], *header["modules"]]),
@@ -186,7 +189,8 @@ def reconcile(namespace: dict[str, Any]) -> dict[str, Any]:
     bound to a new object gets the restored state loaded into the new object (``load_state_dict``,
     ``set_weights``, optimizer variables), and the new object stays (others may reference it); where that is
     impossible (a plain value, a list) the restored object is put back. Each unsaved name the replay made gets
-    the state kept of its old object.
+    the state kept of its old object. The RNGs are set again as they were saved (the replay may have drawn
+    from them).
 
     Args:
         namespace: the namespace ``restore`` filled, after the replay.
@@ -212,6 +216,8 @@ def reconcile(namespace: dict[str, Any]) -> dict[str, Any]:
         if name in namespace:
             formats.load_into(namespace[name], kind, payload)
             loaded.append(name)
+    if _process:  # (a replayed cell may have drawn random numbers, or seeded)
+        formats.set_process_state(_process.pop())
     _restored.clear()
     _kept_states.clear()
     return {"loaded": sorted(loaded), "kept_restored": sorted(kept)}

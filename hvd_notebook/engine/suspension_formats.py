@@ -18,11 +18,13 @@ formats; it imports no framework: it looks at ``sys.modules`` for the ones the r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import queue
 import random
 import sys
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -44,9 +46,24 @@ def _has_base(obj: Any, where: tuple[str, str]) -> bool:
 
 
 class Pickler(cloudpickle.Pickler):
-    """cloudpickle's pickler, with the framework formats above."""
+    """cloudpickle's pickler, with the framework formats above. A function defined in ``namespace`` (a cell's)
+    keeps no copy of its globals: restored, its globals are the namespace it is restored into
+    (``unpickling_into``), so that it sees what a replay or a later cell binds there.
+
+    Args:
+        file: where the pickle goes.
+        protocol: the pickle protocol.
+        namespace: the namespace being saved.
+    """
+
+    def __init__(self, file: Any, protocol: int, namespace: dict[str, Any] | None = None) -> None:
+        super().__init__(file, protocol=protocol)
+        self._namespace = namespace
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType) and self._namespace is not None and obj.__globals__ is self._namespace:
+            return _rebuild_function, (obj.__code__, obj.__name__, obj.__defaults__, obj.__closure__,
+                                       obj.__kwdefaults__, obj.__qualname__, obj.__doc__, obj.__dict__)
         for reducer in _REDUCERS:
             reduced = reducer(obj)
             if reduced is not NotImplemented:
@@ -59,6 +76,31 @@ def _file_reduce(obj: Any) -> Any:
     if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
         raise Unsaveable(f"an open file ({getattr(obj, 'name', type(obj).__name__)}): opened again by replay")
     return NotImplemented
+
+
+_target: list[dict[str, Any]] = []  # the namespace being restored into
+
+
+@contextlib.contextmanager
+def unpickling_into(namespace: dict[str, Any]) -> Iterator[None]:
+    """Within it, the cells' functions unpickled take ``namespace`` as their globals.
+
+    Args:
+        namespace: the namespace the state is restored into.
+    """
+    _target.append(namespace)
+    try:
+        yield
+    finally:
+        _target.pop()
+
+
+def _rebuild_function(code: Any, name: str, defaults: Any, closure: Any, kwdefaults: Any, qualname: str,
+                      doc: Any, attributes: dict[str, Any]) -> Any:
+    function = types.FunctionType(code, _target[-1] if _target else {}, name, defaults, closure)
+    function.__kwdefaults__, function.__qualname__, function.__doc__ = kwdefaults, qualname, doc
+    function.__dict__.update(attributes)
+    return function
 
 
 # ------------------------------------------------------------------ PyTorch
@@ -144,8 +186,10 @@ def _reduce_model(model: Any, flavour: str, module: Any) -> Any:
     if compile_config is not None:
         compile_config = {k: v for k, v in compile_config.items() if k != "optimizer"}
     customs = {module.saving.get_registered_name(type(layer)): type(layer) for layer in _layers(model)}
-    return _rebuild_model, (flavour, module.saving.serialize_keras_object(model), customs, model.get_weights(),
-                            compile_config, model.optimizer if compiled else None)
+    config = module.saving.serialize_keras_object(model)
+    config.pop("compile_config", None)  # (compiled below, with the optimizer object itself)
+    return _rebuild_model, (flavour, config, customs, model.get_weights(), compile_config,
+                            model.optimizer if compiled else None)
 
 
 def _layers(model: Any) -> list[Any]:
