@@ -23,7 +23,7 @@ import psutil
 
 from .. import private
 from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
-from ..cluster.node import leases, policy, registry
+from ..cluster.node import leases, policy, queue, registry
 from ..cluster.processes import stacks
 from ..cluster.processes.pids import same_process
 from ..cluster.processes.workdir import Activity
@@ -36,6 +36,7 @@ SERVER_ACTIONS = ("stacks",)  # answered here, for any cluster (what ``hvd-noteb
 SCRIPT_ACTIONS = ("stacks", "stop")  # a job of hvd-notebook run: its launcher ends the ranks on SIGTERM
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # how MPICH's and Open MPI's launchers say it
 MAX_WARNINGS = 64  # distinct warnings a server logs (a poll every 1.5 s would repeat each for ever)
+MAX_QUEUE_SHOWN = 32  # entries of the node's queue for GPUs in a reading (each user has at most 4 that count)
 _warned: set[str] = set()
 
 
@@ -120,6 +121,7 @@ class Readings:
                      "my_gpus": sum(len(c.gpus) for c in mine.values()),
                      "my_cpu_ranks": sum(c.ranks for c in mine.values() if not c.gpus)},
             "others": _others(cards, holders, me),
+            "queue": _queue(me),
         }
 
     def _own_clusters(self, cards: list[registry.Card]) -> list[ClusterDir]:
@@ -259,6 +261,18 @@ def _others(cards: list[registry.Card], holders: dict[str, str | None], me: str)
         if holders[gpu] in lines:
             lines[holders[gpu]]["gpus"].append(gpu)
     return sorted(lines.values(), key=lambda line: line["user"])
+
+
+def _queue(me: str) -> list[dict[str, Any]]:
+    """The node's queue for GPUs in the order it serves (``queue.look``): each start's place, user, GPUs wanted
+    and since when it waits, at most ``MAX_QUEUE_SHOWN``; none where the queue cannot be read."""
+    try:
+        line = queue.look().line
+    except (OSError, leases.LeaseError) as exc:
+        _warn_once(f"hvd_notebook: the node's queue for GPUs could not be read: {exc}")
+        return []
+    return [{"place": place, "user": entry.user, "gpus": entry.gpus, "since": entry.since, "mine": entry.user == me}
+            for place, entry in enumerate(line[:MAX_QUEUE_SHOWN], start=1)]
 
 
 def _warn_once(text: str) -> None:

@@ -220,6 +220,38 @@ def test_another_users_cluster_id_is_404_and_nothing_done(lab):
     _still_runs(lab)
 
 
+def test_the_queue_for_gpus_is_listed_in_order_with_its_caps(lab):
+    if os.geteuid() != 0:
+        pytest.skip("plants a queue entry of another uid (chown, a process as nobody): needs root, as make test "
+                    "runs it")
+    from hvd_notebook.cluster.node import queue
+
+    folder = nodedir.sticky_dir(nodedir.QUEUE, create=True)
+    waiter = subprocess.Popen(["sleep", "120"], user=NOBODY, group=NOBODY)
+    planted = []
+    try:
+        def put(uid: int, pid: int, gpus: int) -> None:
+            path = folder / f"wait-{uid}-{pid}-{secrets.token_hex(8)}.json"
+            path.write_text(json.dumps({"pid": pid, "pid_started": psutil.Process(pid).create_time(), "gpus": gpus}))
+            os.chown(path, uid, uid)
+            planted.append(path)
+            time.sleep(0.02)  # (one entry after the other: their ctimes say the order)
+
+        put(NOBODY, waiter.pid, 2)
+        for _ in range(queue.MAX_PER_UID + 3):  # this user's entries beyond the cap are not counted
+            put(os.geteuid(), os.getpid(), 1)
+        listed = _clusters(lab["server"]).json()["queue"]
+        assert [(e["place"], e["user"], e["gpus"], e["mine"]) for e in listed] == [
+            (1, "nobody", 2, False), *[(p, "root", 1, True) for p in range(2, queue.MAX_PER_UID + 2)]], listed
+        assert listed[0]["since"] <= listed[1]["since"] <= time.time()
+    finally:
+        waiter.kill()
+        waiter.wait()
+        for path in planted:
+            path.unlink(missing_ok=True)
+    assert _clusters(lab["server"]).json()["queue"] == []
+
+
 def test_two_tabs_polling_at_once_get_json_and_no_error(lab):
     def poll(_: int) -> tuple[int, str]:
         answer = _clusters(lab["server"])
