@@ -342,6 +342,12 @@ def test_refusals_raise_on_every_rank_before_any_transport_call(backend, seam):
         backend.allgather([xp.ones((), np.float32) if r == 1 else xp.ones(1, np.float32)], ["scalar"])
     with pytest.raises(ValueError, match="Adasum"):
         backend.reducescatter([xp.ones((4, 2), np.float32)], ops.Adasum, ["rs.adasum"])
+    with pytest.raises(ValueError, match="at least one dimension" if r == 0 else r"refused on rank\(s\) \[0\]"):
+        backend.reducescatter([xp.ones((), np.float32) if r == 0 else xp.ones(2, np.float32)], ops.Sum, ["rs.0d"])
+    with pytest.raises(ValueError, match="at least one dimension"):
+        backend.alltoall(xp.ones((), np.float32), None, "a2a.0d")
+    with pytest.raises(ValueError, match="must divide evenly"):
+        backend.alltoall(xp.ones((2 * n + 1, 2), np.float32), None, "a2a.uneven")
     assert backend.transport.calls == []
 
 
