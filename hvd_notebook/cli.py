@@ -3,7 +3,10 @@
     hvd-notebook list             this user's clusters, with the kernel that owns each
     hvd-notebook list --all       every user's clusters and GPU leases on this node (from the
                                   node's register: who, which GPUs, since when, idle for how long)
-    hvd-notebook clean            stop this user's orphaned clusters (their kernel is gone)
+    hvd-notebook list             ... and the suspended ones (since when, ranks, size on disk)
+    hvd-notebook delete ID        throw a suspended cluster's saved state away
+    hvd-notebook clean            stop this user's orphaned clusters (their kernel is gone), remove suspended
+                                  ones older than the node's suspended_ttl
     hvd-notebook clean --dry-run  only say what would be stopped
     hvd-notebook clean --user U   (root) stop user U's orphaned clusters
     hvd-notebook install-kernel [--user | --sys-prefix | --prefix P] [--name N] [--env K=V ...]
@@ -42,8 +45,9 @@ from pathlib import Path
 
 from . import scaling
 from .cluster.errors import ClusterError
-from .cluster.finding import clean_own, find_clusters, own_cluster_dirs
+from .cluster.finding import clean_own, delete_suspended, describe_suspended, find_clusters, own_cluster_dirs
 from .cluster.launching.run import Job, run_job
+from .cluster.launching.suspension import find_suspended
 from .cluster.node import leases, registry
 from .cluster.node.gpus import detect_gpus
 from .cluster.node.privileges import as_user
@@ -388,11 +392,27 @@ def list_command(args: argparse.Namespace) -> int:
             print(f"hvd-notebook list --all: {exc}", file=sys.stderr)
             return 2
         return 0
-    clusters = find_clusters()
-    if not clusters:
+    clusters, suspended = find_clusters(), find_suspended()
+    if not clusters and not suspended:
         print(f"No clusters in {clusters_dir()}.")
     for c in clusters:
         print(c.describe())
+    for s in suspended:
+        print(describe_suspended(s))
+    return 0
+
+
+def delete_command(args: argparse.Namespace) -> int:
+    """``delete ID``: a suspended cluster's saved state thrown away; 2 with a message where it cannot be.
+
+    Args:
+        args: the parsed ``delete`` line.
+    """
+    try:
+        print(delete_suspended(args.id))
+    except (ClusterError, OSError) as exc:
+        print(f"hvd-notebook delete: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -420,6 +440,7 @@ def clean_command(args: argparse.Namespace) -> int:
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "list": list_command,
     "clean": clean_command,
+    "delete": delete_command,
     "install-kernel": install_kernel_command,
     "stacks": lambda args: print_stacks(args.cluster, args.all_threads, args.timeout),
     "setup-node": lambda args: leases.setup_node_command(args.gpus),

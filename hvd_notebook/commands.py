@@ -35,6 +35,10 @@ def _stacks_arguments(parser: argparse.ArgumentParser) -> None:
                         "running a cell, a script or a collective")
 
 
+def _delete_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID", help="the suspended cluster (hvd-notebook list names them)")
+
+
 _BOTH, _NOTEBOOK, _TERMINAL = frozenset({MAGIC, CLI}), frozenset({MAGIC}), frozenset({CLI})
 
 COMMANDS: tuple[Command, ...] = (
@@ -43,6 +47,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("restart", "stop and start again with the options of the last start", _NOTEBOOK),
     Command("replay", "run again, in order, the %%%%hvd cells that completed since the last %%hvd start (after a "
             "restart lost the ranks' variables)", _NOTEBOOK),
+    Command("suspend", "save every rank's state into your private folder, end the ranks and give the GPUs back; "
+            "the next %%%%hvd cell (or %%hvd resume) brings it back as it was", _NOTEBOOK),
+    Command("resume", "take a suspended cluster back: this notebook's, or ID, one suspended in another notebook of "
+            "yours (its ranks started, their state restored, the cells that made what could not be saved "
+            "replayed)", _NOTEBOOK),
+    Command("delete", "throw a suspended cluster's saved state away", _BOTH, _delete_arguments),
     Command("status", "each rank: alive or dead, host, pid, device, memory, activity", _NOTEBOOK),
     Command("stacks", "each rank's Python stack now, even inside an MPI call (the notebook waits while a cell "
             "runs; a terminal's hvd-notebook stacks answers then)", _BOTH, _stacks_arguments),
@@ -55,8 +65,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("push", "copy a notebook variable to every rank", _NOTEBOOK),
     Command("cell", "options of %%%%hvd cells", _NOTEBOOK),
     Command("help", "show this help", _NOTEBOOK),
-    Command("list", "list this user's clusters and the kernels that own them", _TERMINAL),
-    Command("clean", "stop this user's clusters whose kernel is gone", _TERMINAL),
+    Command("list", "list this user's clusters and the kernels that own them, and the suspended ones", _TERMINAL),
+    Command("clean", "stop this user's clusters whose kernel is gone (and remove suspended ones past the node's "
+            "suspended_ttl)", _TERMINAL),
     Command("install-kernel", "install the Jupyter kernel with the extension preloaded", _TERMINAL),
     Command("setup-node", "(root, at install) make the node's GPU lease folder: root's, a lock file per GPU and "
             "the register; one made by someone else is moved aside", _TERMINAL),

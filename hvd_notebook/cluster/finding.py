@@ -2,18 +2,25 @@
 JupyterLab panel show and do.
 
 A cluster is a directory of the user's private folder (``processes.workdir``) that records the kernel (or
-``hvd-notebook run`` job) that started it and every process of it; it is orphaned once that kernel is gone.
+``hvd-notebook run`` job) that started it and every process of it; it is orphaned once that kernel is gone. A
+suspended cluster is a folder of ``suspended/`` there (``launching.suspension``): no process, only its state,
+kept until it is resumed, deleted, or older than the node's ``suspended_ttl``.
 Above ``node`` and ``processes``: it reads the node's register to find the folders where a user's clusters
 may be, and stops a cluster with the reaper.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import private
-from .node import registry, shm
+from ..liveness import pid_alive
+from .errors import ClusterError
+from .launching import suspension
+from .launching.suspension import Suspended, SuspendError
+from .node import policy, registry, shm
 from .processes import stacks
 from .processes.pids import is_alive, live_processes
 from .processes.reaper import reap
@@ -108,6 +115,58 @@ def stop_orphans(clusters: list[ClusterDir], dry_run: bool) -> None:
             print(f"left alone: {c.describe()}")
 
 
+def describe_suspended(suspended: Suspended) -> str:
+    """One line of ``hvd-notebook list`` on a suspended cluster: since when, its ranks, its size on disk, and how
+    to take it back.
+
+    Args:
+        suspended: the suspended cluster.
+    """
+    try:
+        manifest = suspended.manifest()
+    except SuspendError as exc:
+        return f"{suspended.id}: suspended, unreadable ({exc})"
+    since = time.strftime("%m-%d %H:%M", time.localtime(manifest.suspended))
+    kernel = f"kernel {manifest.kernel} ({'running' if pid_alive(manifest.kernel) else 'gone'})"
+    return (f"{suspended.id}: suspended since {since} by {kernel}, {manifest.ranks} rank(s), "
+            f"{suspension.format_size(suspended.size())} on disk; %hvd resume {suspended.id} takes it back, "
+            f"hvd-notebook delete {suspended.id} throws it away")
+
+
+def delete_suspended(ident: str) -> str:
+    """``hvd-notebook delete ID`` (and ``%hvd delete ID``): the suspended cluster removed, unless a notebook
+    takes it back right now (a SuspendError says so, or that there is no such one); what was freed.
+
+    Args:
+        ident: its name.
+    """
+    target = suspension.find_one(ident)
+    size = target.size()
+    suspension.Claim(target).done()
+    return f"Deleted the suspended cluster {ident} ({suspension.format_size(size)} freed)."
+
+
+def clean_suspended(dry_run: bool, base: Path) -> None:
+    """What ``clean`` does to suspended clusters: those older than the node's ``suspended_ttl`` removed (said),
+    what killed kernels left half-made removed, the others left alone (said).
+
+    Args:
+        dry_run: only say what would be removed.
+        base: the user's private folder.
+    """
+    try:
+        ttl = policy.load().suspended_ttl
+    except ClusterError as exc:  # (the policy cannot be read: nothing counts as expired)
+        print(f"hvd-notebook clean: {exc}")
+        ttl = None
+    if not dry_run:
+        suspension.remove_leftovers(base)
+        for ident in suspension.remove_expired(ttl, base):
+            print(f"removed the suspended cluster {ident}: suspended longer than the node's suspended_ttl")
+    for suspended in suspension.find_suspended(base):
+        print(f"left alone: {describe_suspended(suspended)}")
+
+
 def clean_own(dry_run: bool, bases: list[Path]) -> int:
     """This user's orphaned clusters in ``bases`` stopped, and what killed ranks and kernels left (stack
     files, elastic commits, cards, shared-memory segments) removed; 0 (``hvd-notebook clean``'s status).
@@ -120,6 +179,8 @@ def clean_own(dry_run: bool, bases: list[Path]) -> int:
     for base in bases:
         remove_leftovers(base)  # (the hvd.elastic commits and half-made folders of killed kernels and jobs)
     stop_orphans([c for base in bases for c in find_clusters(base)], dry_run)
+    for base in bases:
+        clean_suspended(dry_run, base)
     if dry_run:
         return 0
     for card in registry.read_all():

@@ -81,6 +81,11 @@ def _debug_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rank", type=non_negative_int, default=None, help="the rank to debug")
 
 
+def _resume_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID", nargs="?", help="the suspended cluster (default: this notebook's, else "
+                        "your only one; hvd-notebook list names them)")
+
+
 def _pull_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="variable name on the rank")
     parser.add_argument("--rank", type=non_negative_int, default=0, help="rank to copy from (default 0)")
@@ -90,7 +95,8 @@ def _push_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", help="variable name in this notebook")
 
 
-_OWN_ARGUMENTS = {"start": _start_arguments, "restart": _restart_arguments, "auto": _auto_arguments,
+_OWN_ARGUMENTS = {"start": _start_arguments, "restart": _restart_arguments, "resume": _resume_arguments,
+                  "auto": _auto_arguments,
                   "debug": _debug_arguments, "pull": _pull_arguments, "push": _push_arguments}
 
 
@@ -291,11 +297,19 @@ class HvdMagics(Magics):
     def _handlers(self) -> dict[str, Callable[[argparse.Namespace, Session], None]]:
         """The handler of each ``%hvd`` command (``commands.COMMANDS``), by name."""
         return {"start": self._start, "stop": self._stop, "restart": self._restart, "replay": self._replay,
+                "suspend": lambda args, session: print(session.suspension.suspend()),
+                "resume": lambda args, session: print(session.suspension.resume(args.id)),
+                "delete": lambda args, session: print(session.suspension.delete(args.id)),
                 "status": self._status, "stacks": self._stacks, "auto": lambda args, _: self._auto(args.state),
                 "debug": self._debug, "pull": self._pull, "push": self._push, "cell": self._cell_help,
                 "help": lambda args, session: print(usage())}
 
     def _start(self, args: argparse.Namespace, session: Session) -> None:
+        kept = session.suspension.own if session.cluster is None else None
+        if kept is not None:  # (a fresh start: the next cell no longer resumes it, but it is kept)
+            session.suspension.own = None
+            print(f"This notebook's suspended cluster {kept.id} is kept: %hvd resume {kept.id} takes it back once "
+                  f"this one is suspended or stopped; %hvd delete {kept.id} throws it away.")
         ranks = session.start(ClusterOptions.from_arguments(args), restart=args.restart)
         print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
         rules = session.require().rules.describe()
@@ -304,6 +318,9 @@ class HvdMagics(Magics):
 
     def _stop(self, args: argparse.Namespace, session: Session) -> None:
         print("Cluster stopped." if session.stop() else "No cluster was running.")
+        if session.suspension.own is not None:
+            print(f"This notebook's cluster is suspended ({session.suspension.own.id}): %hvd resume brings it back, "
+                  f"%hvd delete {session.suspension.own.id} throws its state away.")
         if self.auto is not None and self.auto.on:
             self.auto.on = False
             print(auto.state(False))
@@ -364,11 +381,11 @@ class HvdMagics(Magics):
         args = _build_cell_parser().parse_args(argv)
         session = Session.get()
         if args.auto:
-            if session.cluster is None:  # stopped or lost since %hvd auto on
+            if session.cluster is None and not session.suspension.pending:  # stopped or lost since %hvd auto on
                 if self.auto is not None:
                     self.auto.on = False
                 raise failures.auto_without_cluster(session.released)
-            print(auto.ran_on(session.cluster.n), flush=True)
+            print(auto.ran_on(session.cluster.n if session.cluster else session.options.n), flush=True)
         output_ranks = args.output_ranks
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]

@@ -87,17 +87,19 @@ class CellRunner:
             self._cell_ended(runs)
             raise
 
-    def replay(self, say: Callable[[str], None]) -> int:
-        """The recorded cells again, each once, as it was recorded, quietly (no resets, no change to the node's
-        card); the number replayed. A cell that fails stops it with an error naming the cell.
+    def replay(self, say: Callable[[str], None], cells: list[RecordedCell] | None = None) -> int:
+        """The recorded cells again (or ``cells``, those of them a resume replays), each once, as it was recorded,
+        quietly (no resets, no change to the node's card); the number replayed. A cell that fails stops it with an
+        error naming the cell.
 
         Args:
             say: shows a line per cell.
+            cells: the cells to replay; None: every recorded cell.
         """
         def run(recorded: RecordedCell) -> None:
             self._once(recorded.code, recorded.ranks, [], recorded.timeout, DashboardMode.NONE)
 
-        return replay(list(self.session.history), run, say)
+        return replay(list(self.session.history if cells is None else cells), run, say)
 
     def replay_all(self, say: Callable[[str], None]) -> int:
         """``replay`` for ``%hvd restart --replay``; where it fails, no later cell resumes from the last commit.

@@ -26,6 +26,7 @@ from .failures import CellTimeout, HvdError, NoClusterError, RankDied, RankError
 from .panel import PanelLink
 from .recovery import ElasticCommits, RecordedCell
 from .runner import CellRunner
+from .suspending import Suspension
 from .tenancy import Tenancy, released_message
 
 __all__ = ["CellTimeout", "HvdError", "NoClusterError", "RankDied", "RankError", "RankValue", "RecordedCell",
@@ -49,6 +50,7 @@ class Session:
         self.released: str | None = None  # why the cluster was stopped (the rules, the panel), for the next command
         self.panel = PanelLink(self)  # what JupyterLab's panel sees and asks
         self.failed_ranks: list[int] = []  # the ranks that raised in the last cell that failed (%hvd debug)
+        self.suspension = Suspension(self)  # %hvd suspend, and the resume at the next %%hvd cell
         self._lock = threading.RLock()  # held by every command that uses the cluster (``in_use``)
         atexit.register(self.shutdown)
 
@@ -95,7 +97,7 @@ class Session:
     def _release(self, why: str) -> bool:
         """The node's rules stop the cluster (from the watch's thread): False where it is in use."""
         with self.in_use(wait=False) as held:
-            if not held or self.cluster is None:
+            if not held or self.cluster is None or self.suspension.on_idle(why):  # (suspended, where the rules say)
                 return not held
             gpus = list(self.cluster.gpus)
             self.stop()
@@ -127,9 +129,8 @@ class Session:
         return ranks
 
     def replay(self, say: Callable[[str], None] = print) -> int:
-        """Run the recorded cells again, in order, on the ranks of now (after a restart, which lost
-        every rank's variables): without output or dashboard, a line each through ``say``. A cell
-        that fails stops the replay with an error naming it. The number of cells replayed."""
+        """Run the recorded cells again, in order, on the ranks of now (after a restart, which lost every rank's
+        variables): quietly, a line each through ``say``; a cell that fails stops it. The number replayed."""
         with self.in_use():
             self.require()
             return self.runner.replay_all(say)
@@ -168,7 +169,7 @@ class Session:
     def require(self) -> MPICluster:
         """The running cluster, or NoClusterError."""
         if self.cluster is None:
-            raise NoClusterError(self.released) if self.released else failures.no_cluster()
+            raise self.suspension.no_cluster(self.released)
         return self.cluster
 
     # ----------------------------------------------------------------- cells
@@ -203,6 +204,7 @@ class Session:
         """Hold the running cluster for a cell (or a sweep): the node's card says it is busy meanwhile;
         where its lease ran out, it stops after."""
         with self.in_use():
+            self.suspension.resume_pending(say=print)  # (this kernel's suspended cluster comes back first)
             cluster = self.require()
             self.tenancy.cell(busy=True)
             self.panel.cell_starts()
@@ -213,7 +215,7 @@ class Session:
                 self.panel.cell_ends()
                 why = self.tenancy.due()
                 if why is not None and self._release(why):
-                    print(f"{PREFIX} {self.released}", file=sys.stderr, flush=True)
+                    print(f"{PREFIX} {self.released or self.suspension.note}", file=sys.stderr, flush=True)
 
     def run_measured(self, code: str, dashboard: Dashboard, timeout: float | None = None) -> None:
         """Run ``code`` once on every rank with its progress into ``dashboard`` (a point of a ``%%hvd

@@ -1,7 +1,8 @@
 """This kernel's cluster as the node sees it: its card in the node's register
 (``cluster.registry``), kept up to date as cells run, and a watch that stops the
 cluster when the node's rules (``cluster.policy``) say its time is up: no
-``%%hvd`` cell for ``idle_timeout``, or ``max_lease_time`` since it started.
+``%%hvd`` cell for ``idle_timeout`` (suspended instead where the rules' ``idle_action`` says so: ``suspends``),
+or ``max_lease_time`` since it started.
 
 The watch never stops a cluster while one of its cells runs: it asks the session,
 which holds its lock around every use of the cluster, and a cell that runs past
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 
 from ..cluster.node import queue, registry
-from ..cluster.node.policy import Policy, format_duration
+from ..cluster.node.policy import IDLE_SUSPEND, Policy, format_duration
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,18 @@ def due(rules: Policy, card: registry.Card, now: float) -> str | None:
         return (f"it had run no %%hvd cell for {format_duration(rules.preempt_idle_after)} and another start waits "
                 f"for GPUs in the node's queue ({rules.source('preempt_idle_after')})")
     return None
+
+
+def suspends(rules: Policy, card: registry.Card, now: float) -> bool:
+    """Whether what is due now (``due``) is the idle rule, and the node's ``idle_action`` suspends.
+
+    Args:
+        rules: the node's policy.
+        card: the cluster's card.
+        now: the time, as ``time.time()``.
+    """
+    lease_over = rules.max_lease_time is not None and now - card.started >= rules.max_lease_time
+    return rules.idle_action == IDLE_SUSPEND and not lease_over and due(rules, card, now) is not None
 
 
 class Tenancy:
@@ -106,6 +119,10 @@ class Tenancy:
     def due(self) -> str | None:
         """Why the cluster must stop now, or None."""
         return due(self.rules, self.card, time.time()) if self.card is not None else None
+
+    def suspends(self) -> bool:
+        """Whether the rules' action now is a suspend (``suspends``), not a stop."""
+        return suspends(self.rules, self.card, time.time()) if self.card is not None else False
 
     def end(self) -> None:
         """The cluster stopped: no card, no watch."""

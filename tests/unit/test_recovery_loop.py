@@ -113,6 +113,9 @@ class Tenancy:
     def due(self):
         return "the lease is over" if self.lease_over else None
 
+    def suspends(self):
+        return False  # (the lease's end stops the cluster)
+
     def begin(self, *args, **kwargs):
         pass
 
