@@ -12,6 +12,7 @@ Each test counts the transport's calls (a fused round makes one) and, on the hos
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -385,3 +386,77 @@ def test_join_serves_the_other_ranks_allreduce_with_zeros(backend, seam, hvd):
         assert found == [np.full((2, 3), contributed).tolist(), np.full((2, 3), contributed / n).tolist()]
     assert last == n - 1
 
+
+
+# ------------------------------------------------------------------ the call context: one entry, one wait
+class RecordingDevice(HostDevice):
+    """The host device, counting each call's entries and the waits a GPU makes on leaving (``CupyDevice``)."""
+
+    def __init__(self) -> None:
+        self.entered = self.left = 0
+
+    @contextlib.contextmanager
+    def call(self, order_in: Any) -> Any:
+        self.entered += 1
+        if order_in is not None:
+            order_in()
+        yield
+        self.left += 1  # (where CupyDevice synchronizes its stream: the call's one host wait)
+
+
+def test_each_call_enters_the_device_once_however_many_buffers(host_backend):
+    device = RecordingDevice()
+    backend = ArrayBackend(host_backend.comm, host_backend.negotiator, host_backend.timeline, device,
+                           host_backend.transport)
+    backend.transport.calls.clear()
+    waits = []
+    order_in = lambda: waits.append(1)  # noqa: E731
+    r = backend.rank
+    calls = [
+        lambda: backend.allreduce([np.ones(3, np.float32), np.ones(4, np.float64), np.ones(5, np.float32)], ops.Sum,
+                                  1.0, 1.0, ["a", "b", "c"], order_in=order_in),
+        lambda: backend.allgather([np.ones((r + 1, 2)), np.ones(3, np.int8)], ["g", "h"], order_in=order_in),
+        lambda: backend.broadcast([np.ones(2), np.ones(3, np.int8)], 0, ["x", "y"], order_in=order_in),
+        lambda: backend.alltoall(np.ones((2 * backend.size, 2)), None, "t", order_in=order_in),
+        lambda: backend.reducescatter([np.ones((4, 2)), np.ones((3,))], ops.Sum, ["p", "q"], order_in=order_in),
+    ]
+    for i, call in enumerate(calls, 1):
+        call()
+        assert (device.entered, device.left, len(waits)) == (i, i, i)
+    # two dtypes: two buffers, two transport calls, one context; the reducescatter's two arrays likewise
+    assert backend.transport.kinds() == {"allreduce": 2, "allgather": 1, "broadcast": 1, "alltoall": 1,
+                                         "reduce_scatter": 2}
+
+
+# ------------------------------------------------------------------ TensorFlow's route, on the host seams
+def test_tensorflow_tensors_through_the_backend(host_backend, tf):
+    """TensorFlow's GPU route (runtime/tensorflow/nccl.py: bfloat16 widened or sent as bits, the dtypes named
+    in the agreement, TensorFlow's device sync before each call) on host tensors and the host seams: the
+    route's own logic, which the lent GPU cannot run (it has no TensorFlow)."""
+    from hvd_notebook.runtime.tensorflow.bridges import to_numpy
+    from hvd_notebook.runtime.tensorflow.nccl import TensorFlowOnNccl
+
+    on = TensorFlowOnNccl(host_backend, to_array=to_numpy, to_tensor=tf.convert_to_tensor)
+    host_backend.transport.calls.clear()
+    r, n = host_backend.rank, host_backend.size
+    values = contribution((2, 3), r, np.float32)
+    tensors = [tf.constant(values, dtype) for dtype in (tf.bfloat16, tf.float32, tf.float16)]
+    outs = on.allreduce(tensors, ops.Average, 1.0, 1.0, ["bf16", "f32", "f16"])
+    for t, out in zip(tensors, outs):
+        assert out.dtype == t.dtype
+        np.testing.assert_allclose(out.numpy().astype(np.float64), expected(ops.Average, (2, 3), n), rtol=1e-2)
+    # bfloat16 reduced as float32 beside the float32 tensor, but agreed as bfloat16: its own buffer
+    assert [c[:2] for c in host_backend.transport.calls] == [("allreduce", "float32")] * 3
+    (gathered,) = on.allgather([tf.fill([r + 1, 2], tf.constant(r + 0.5, tf.bfloat16))], ["bf16.rows"])
+    assert gathered.dtype == tf.bfloat16
+    np.testing.assert_array_equal(gathered.numpy().astype(np.float64),
+                                  np.concatenate([np.full((k + 1, 2), k + 0.5) for k in range(n)]))
+    root = n - 1
+    sent = on.broadcast([tf.constant([r + 1.5], tf.bfloat16), tf.constant([r, r], tf.int32)], root, ["b", "i"])
+    assert [s.dtype for s in sent] == [tf.bfloat16, tf.int32]
+    assert sent[0].numpy().astype(float).tolist() == [root + 1.5] and sent[1].numpy().tolist() == [root, root]
+    (scattered,) = on.reducescatter([tf.ones([2 * n, 2], tf.bfloat16) * (r + 1)], ops.Sum, ["bf16.rs"])
+    assert scattered.dtype == tf.bfloat16 and scattered.shape == (2, 2)
+    np.testing.assert_array_equal(scattered.numpy().astype(np.float64), np.full((2, 2), n * (n + 1) / 2))
+    with pytest.raises(MismatchError):
+        on.allreduce([tf.ones([2 + r])], ops.Sum, 1.0, 1.0, ["tf.shapes"])

@@ -53,37 +53,45 @@ def _adopted(array: Any) -> Any:
 
 
 class TensorFlowOnNccl:
-    """The collectives of ``mpi_ops`` for eager TensorFlow GPU tensors, on one NCCL backend."""
+    """The collectives of ``mpi_ops`` for eager TensorFlow GPU tensors, on one NCCL backend.
 
-    def __init__(self, backend: Any) -> None:
+    Args:
+        backend: the NCCL backend (``array_backend.ArrayBackend`` on cupy and NCCL).
+        to_array: a tensor as the backend's array; None: its GPU memory through DLPack, no copy (the CPU tests
+            give the host backend numpy's view of a host tensor).
+        to_tensor: a backend result as a TensorFlow tensor; None: adopted through DLPack, no copy.
+    """
+
+    def __init__(self, backend: Any, to_array: Any = None, to_tensor: Any = None) -> None:
         self.backend = backend
+        self.to_array = to_array or (lambda t: _device.from_dlpack(DLPackExport(t, backend.device_id)))
+        self.to_tensor = to_tensor or _adopted
 
     def _arrays(self, tensors: list[Any]) -> list[Any]:
-        device_id = self.backend.device_id
-        return [_device.from_dlpack(DLPackExport(t, device_id)).reshape(tuple(t.shape.as_list())) for t in tensors]
+        return [self.to_array(t).reshape(tuple(t.shape.as_list())) for t in tensors]
 
     def allreduce(self, tensors: list[Any], op: int, prescale: float, postscale: float,
                   names: list[str]) -> list[Any]:
         work = [_widened(t) for t in tensors]
         outs = self.backend.allreduce(self._arrays(work), op, prescale, postscale, names,
                                       [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
-        return [_narrowed(_adopted(o), t) for o, t in zip(outs, tensors)]
+        return [_narrowed(self.to_tensor(o), t) for o, t in zip(outs, tensors)]
 
     def allgather(self, tensors: list[Any], names: list[str]) -> list[Any]:
         outs = self.backend.allgather(self._arrays([_as_bits(t) for t in tensors]), names,
                                       [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
-        return [_from_bits(_adopted(o), t) for o, t in zip(outs, tensors)]
+        return [_from_bits(self.to_tensor(o), t) for o, t in zip(outs, tensors)]
 
     def broadcast(self, tensors: list[Any], root_rank: int, names: list[str]) -> list[Any]:
         outs = self.backend.broadcast(self._arrays([_as_bits(t) for t in tensors]), root_rank, names,
                                       [t.dtype.name for t in tensors], order_in=_wait_for_tensorflow)
-        return [_from_bits(_adopted(o), t) for o, t in zip(outs, tensors)]
+        return [_from_bits(self.to_tensor(o), t) for o, t in zip(outs, tensors)]
 
     def reducescatter(self, tensors: list[Any], op: int, names: list[str]) -> list[Any]:
         work = [_widened(t) for t in tensors]
         outs = self.backend.reducescatter(self._arrays(work), op, names, [t.dtype.name for t in tensors],
                                           order_in=_wait_for_tensorflow)
-        return [_narrowed(_adopted(o), t) for o, t in zip(outs, tensors)]
+        return [_narrowed(self.to_tensor(o), t) for o, t in zip(outs, tensors)]
 
 
 __all__ = ["TensorFlowOnNccl"]
