@@ -155,7 +155,11 @@ class NcclTransport:
                       np.dtype(np.float64): nccl.NCCL_FLOAT64}
 
     def free(self) -> None:
-        with self.cupy.cuda.Device(self.device_id):
+        """Destroy the communicator once the device has finished the calls issued on it (cupy arrays' calls run
+        on their callers' streams, which may still be working: a wait at shutdown only)."""
+        device = self.cupy.cuda.Device(self.device_id)
+        with device:
+            device.synchronize()
             self.comm.destroy()
 
     def array_dtype(self, name: str) -> np.dtype:
