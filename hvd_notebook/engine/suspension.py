@@ -64,10 +64,40 @@ def _rank(namespace: dict[str, Any]) -> int:
         return 0
 
 
-def _dumps(value: Any, namespace: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
-    formats.Pickler(buffer, pickle.HIGHEST_PROTOCOL, namespace).dump(value)
-    return buffer.getvalue()
+class _Discard(io.RawIOBase):
+    """A file that keeps nothing: a value pickled into it is only tried."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        return len(memoryview(data))
+
+
+def _try(value: Any, namespace: dict[str, Any]) -> None:
+    formats.Pickler(_Discard(), pickle.HIGHEST_PROTOCOL, namespace).dump(value)
+
+
+def _write_state(path: Path, header: dict[str, Any], state: dict[str, Any], namespace: dict[str, Any]) -> int:
+    """``header`` (read first, to check the rank) and ``state`` pickled into ``path`` through a fresh file beside it
+    (``O_EXCL``, never through a link) renamed over it; its size. Streamed: no copy of the state is kept in memory.
+
+    Raises:
+        Exception: what pickling ``state`` raised (nothing is left behind).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | private.OPEN_FLAGS, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        with os.fdopen(fd, "wb", buffering=1 << 20) as f:
+            pickle.dump(header, f, protocol=pickle.HIGHEST_PROTOCOL)
+            formats.Pickler(f, pickle.HIGHEST_PROTOCOL, namespace).dump(state)
+            size = f.tell()
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size
 
 
 def _why(exc: BaseException) -> str:
@@ -86,7 +116,7 @@ def _split(values: dict[str, Any], namespace: dict[str, Any]) -> tuple[dict[str,
     saved, unsaved = {}, {}
     for name, value in values.items():
         try:
-            _dumps(value, namespace)
+            _try(value, namespace)
         except Exception as exc:  # anything a __reduce__ raises
             unsaved[name] = _why(exc)
         else:
@@ -98,7 +128,7 @@ def _kept_state(value: Any, namespace: dict[str, Any]) -> tuple[str, Any] | None
     try:
         state = formats.state_of(value)
         if state is not None:
-            _dumps(state, namespace)
+            _try(state, namespace)
         return state
     except Exception:  # its state does not pickle either: nothing to load into what the replay makes
         return None
@@ -124,17 +154,16 @@ def save(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
     modules = {n: v.__name__ for n, v in values.items() if isinstance(v, types.ModuleType)}
     values = {n: v for n, v in values.items() if n not in modules}
     process = formats.process_state()
+    rank = _rank(namespace)
+    header, target = {"rank": rank, "modules": modules}, path / STATE_FILE
     try:
-        data, unsaved = _dumps({"values": values, "process": process, "states": {}}, namespace), {}
+        size, unsaved = _write_state(target, header, {"values": values, "process": process, "states": {}},
+                                     namespace), {}
     except Exception:  # (one object fails the one call: find which, and save the rest in one call)
         values, unsaved = _split(values, namespace)
         states = {n: s for n in unsaved if (s := _kept_state(namespace[n], namespace)) is not None}
-        data = _dumps({"values": values, "process": process, "states": states}, namespace)
-    rank = _rank(namespace)
-    report = {"rank": rank, "bytes": len(data), "seconds": 0.0, "saved": sorted([*values, *modules]),
-              "unsaved": unsaved}
-    header = pickle.dumps({"rank": rank, "modules": modules}, protocol=pickle.HIGHEST_PROTOCOL)
-    private.write_bytes(path / STATE_FILE, header + data)  # (the header: read before the state, to check the rank)
+        size = _write_state(target, header, {"values": values, "process": process, "states": states}, namespace)
+    report = {"rank": rank, "bytes": size, "seconds": 0.0, "saved": sorted([*values, *modules]), "unsaved": unsaved}
     report["seconds"] = round(time.perf_counter() - start, 3)
     private.write_text(path / REPORT_FILE, json.dumps(report))
     return report

@@ -159,3 +159,37 @@ class _Unpicklable:
 
     def load_state_dict(self, state):
         self.module.load_state_dict({k.removeprefix("module."): v for k, v in state.items()})
+
+
+def test_a_keras_model_keeps_its_optimizer_its_elastic_state_and_the_tensorflow_rng(folder):
+    keras = pytest.importorskip("keras")
+    import tensorflow as tf
+
+    from hvd_notebook.runtime.keras import elastic
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    model.compile(opt, loss="mse")
+    x, y = np.random.rand(8, 4).astype("float32"), np.random.rand(8, 1).astype("float32")
+    model.fit(x, y, epochs=2, verbose=0)
+    state = elastic.KerasState(model, epoch=2)
+    counter = tf.Variable(5.0)
+    tf.random.get_global_generator().normal([1])
+    suspension.save({"model": model, "opt": opt, "state": state, "counter": counter}, str(folder))
+    expected_draw = tf.random.get_global_generator().normal([2]).numpy()
+    namespace: dict = {}
+    suspension.restore(namespace, str(folder))
+    assert np.array_equal(tf.random.get_global_generator().normal([2]).numpy(), expected_draw)
+    new_model, new_opt, new_state = namespace["model"], namespace["opt"], namespace["state"]
+    assert new_model.optimizer is new_opt and new_state.model is new_model and new_state.epoch == 2
+    assert int(new_opt.iterations) == int(opt.iterations) == 2
+    for old, new in zip([*model.weights, *opt.variables], [*new_model.weights, *new_opt.variables], strict=True):
+        assert np.array_equal(old.numpy(), new.numpy()), old.path
+    assert float(namespace["counter"].numpy()) == 5.0
+    new_model.layers[0].kernel.assign(np.zeros((4, 3)))
+    new_state.restore()  # (back to the commit: the restored model's own variables)
+    assert np.array_equal(new_model.layers[0].kernel.numpy(), model.layers[0].kernel.numpy())
+    for m in (model, new_model):  # (one step on, alike: the momentum was kept)
+        m.train_on_batch(x, y)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), new_model.get_weights(), strict=True))
