@@ -28,6 +28,8 @@ SHARED_WORLDS = {
     "torch-dist": ["test_torch.py", "test_torch_dist.py"],
 }
 WORLD_ENV = {"torch-dist": {"HVD_NOTEBOOK_TORCH_TRANSPORT": "dist"}}  # a world's own environment
+# a world whose ranks must run every line of a module (the data path CUDA tensors take, here on gloo)
+COVERED = {"torch-dist": ROOT / "hvd_notebook" / "runtime" / "torch" / "dist_backend.py"}
 _SHARED = {f for files in SHARED_WORLDS.values() for f in files}
 WORLDS = {**SHARED_WORLDS, **{f: [f] for f in FILES if f not in _SHARED}}
 
@@ -60,8 +62,22 @@ def test_every_file_runs_in_a_world():
 
 
 @pytest.mark.parametrize("world", sorted(WORLDS))
-def test_under_mpiexec(record_property, world):
-    run_under_mpiexec(record_property, [f"tests/parallel/{f}" for f in WORLDS[world]], **WORLD_ENV.get(world, {}))
+def test_under_mpiexec(record_property, tmp_path, world):
+    files, env = [f"tests/parallel/{f}" for f in WORLDS[world]], WORLD_ENV.get(world, {})
+    covered = COVERED.get(world)
+    if covered is None or os.environ.get("COVERAGE_PROCESS_CONFIG"):  # (make coverage measures every rank itself)
+        run_under_mpiexec(record_property, files, **env)
+        return
+    data = tmp_path / ".coverage"
+    run_under_mpiexec(record_property, ["-p", "tests.integration.line_coverage", *files],
+                      HVD_LINE_COVERAGE=f"{covered}{os.pathsep}{data}", **env)
+    report = [sys.executable, "-m", "coverage"]
+    rc = tmp_path / "coveragerc"  # (none of pyproject.toml's [tool.coverage] settings)
+    rc.write_text("")
+    subprocess.run([*report, "combine", "-q", f"--rcfile={rc}", f"--data-file={data}"], check=True, cwd=ROOT)
+    shown = subprocess.run([*report, "report", f"--rcfile={rc}", f"--data-file={data}", "--show-missing",
+                            "--fail-under=100"], capture_output=True, text=True, cwd=ROOT)
+    assert shown.returncode == 0, f"{covered.name}: lines its ranks never ran (Missing):\n{shown.stdout}{shown.stderr}"
 
 
 def test_agreement_through_a_collective(record_property):
