@@ -460,3 +460,38 @@ def test_tensorflow_tensors_through_the_backend(host_backend, tf):
     np.testing.assert_array_equal(scattered.numpy().astype(np.float64), np.full((2, 2), n * (n + 1) / 2))
     with pytest.raises(MismatchError):
         on.allreduce([tf.ones([2 + r])], ops.Sum, 1.0, 1.0, ["tf.shapes"])
+
+
+# ------------------------------------------------------------------ hvd's API routes device arrays here
+class Marked(np.ndarray):
+    """A host array that stands for a cupy array (``mpi_ops.is_device_array`` patched to say so)."""
+
+
+def test_hvds_api_routes_device_arrays_to_the_nccl_backend(hvd, host_backend, monkeypatch):
+    """``hvd.allreduce`` and friends hand device arrays (cupy's, on a GPU) to the world's NCCL backend, here
+    the host seams standing in for it; without one, each rank says what to do, before any communication."""
+    from hvd_notebook.runtime.core import world
+    from hvd_notebook.runtime.tensorflow import mpi_ops
+
+    monkeypatch.setattr(mpi_ops, "is_device_array", lambda x: isinstance(x, Marked))
+    monkeypatch.setattr(world.current(), "nccl", host_backend)
+    host_backend.transport.calls.clear()
+    r, n = hvd.rank(), hvd.size()
+    x = np.full((2, 3), r + 1.0, np.float32).view(Marked)
+    np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum), np.full((2, 3), n * (n + 1) / 2))
+    outs = hvd.grouped_allreduce([x, x * 2], op=hvd.Average)
+    np.testing.assert_allclose(outs[1], np.full((2, 3), (n + 1.0)))
+    gathered = hvd.allgather(np.full((r + 1, 2), r, np.int64).view(Marked))
+    np.testing.assert_array_equal(gathered, np.concatenate([np.full((k + 1, 2), k) for k in range(n)]))
+    np.testing.assert_array_equal(hvd.broadcast(x, root_rank=n - 1), np.full((2, 3), float(n)))
+    swapped = hvd.alltoall(np.repeat(np.arange(n, dtype=np.float32), 2).view(Marked) + 10 * r)
+    np.testing.assert_array_equal(swapped, np.repeat(np.arange(n) * 10.0 + r, 2))
+    scattered = hvd.reducescatter(np.ones((2 * n, 2), np.float32).view(Marked), op=hvd.Sum)
+    np.testing.assert_array_equal(scattered, np.full((2, 2), float(n)))
+    assert host_backend.transport.kinds() == {"allreduce": 2, "allgather": 1, "broadcast": 1, "alltoall": 1,
+                                              "reduce_scatter": 1}, host_backend.transport.calls
+    monkeypatch.setattr(world.current(), "nccl", None)
+    with pytest.raises(ValueError, match="needs NCCL on every rank"):
+        hvd.allreduce(x, op=hvd.Sum)
+    with pytest.raises(ValueError, match="needs NCCL on every rank"):
+        hvd.alltoall(x)
