@@ -76,6 +76,15 @@ export interface IOtherLease {
   since: number;
 }
 
+/** A start waiting in the node's queue for GPUs, in the order the node serves them. */
+export interface IQueueEntry {
+  place: number;
+  user: string;
+  gpus: number;
+  since: number;
+  mine: boolean;
+}
+
 export interface IClustersReply {
   time: number;
   user: string;
@@ -83,6 +92,7 @@ export interface IClustersReply {
   gpus: INodeGpu[] | null;
   caps: ICaps | null;
   others: IOtherLease[];
+  queue?: IQueueEntry[];
 }
 
 export interface IActionReply {

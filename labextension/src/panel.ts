@@ -438,6 +438,9 @@ export class HvdPanel extends Widget {
     this._caps.hidden = true;
     this._others.appendChild(el('h3', 'hvd-subheading', 'Other users'));
     this._others.appendChild(this._otherList);
+    this._queue.hidden = true;
+    this._queue.appendChild(el('h3', 'hvd-subheading', 'Waiting for GPUs'));
+    this._queue.appendChild(this._queueList);
     this.node.append(
       header,
       this._error,
@@ -446,7 +449,8 @@ export class HvdPanel extends Widget {
       this._clusters,
       this._nodeGpus,
       this._caps,
-      this._others
+      this._others,
+      this._queue
     );
     model.changed.connect(this._render, this);
     this._render();
@@ -604,6 +608,7 @@ export class HvdPanel extends Widget {
     this._renderGpus(data);
     this._renderCaps(data);
     this._renderOthers(data);
+    this._renderQueue(data);
   }
 
   private _renderGpus(data: IClustersReply): void {
@@ -694,6 +699,27 @@ export class HvdPanel extends Widget {
     );
   }
 
+  /** The node's queue for GPUs: one line per waiting start, in the order the node serves them. */
+  private _renderQueue(data: IClustersReply): void {
+    const waiting = data.queue ?? [];
+    this._queue.hidden = waiting.length === 0;
+    this._queueList.replaceChildren(
+      ...waiting.map(entry => {
+        const who = entry.mine ? `${entry.user} (you)` : entry.user;
+        const wants = plural(entry.gpus, 'GPU');
+        const since = formatClock(entry.since);
+        const line = el(
+          'div',
+          entry.mine ? 'hvd-queue-entry hvd-queue-mine' : 'hvd-queue-entry',
+          `${entry.place}. ${who}: ${wants}, waiting since ${since}`
+        );
+        line.dataset.user = entry.user;
+        line.dataset.place = String(entry.place);
+        return line;
+      })
+    );
+  }
+
   private _views = new Map<string, ClusterView>();
   private _pending = new Map<string, ClusterAction>();
   private _error = el('div', 'hvd-error');
@@ -705,6 +731,8 @@ export class HvdPanel extends Widget {
   private _caps = el('div', 'hvd-caps');
   private _others = el('section', 'hvd-others');
   private _otherList = el('div', 'hvd-others-list');
+  private _queue = el('section', 'hvd-queue');
+  private _queueList = el('div', 'hvd-queue-list');
 }
 
 /** The stacks' text in a dialog: a scrollable monospace <pre class="hvd-stacks">, with a Copy button. */

@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import queue as queues
+import re
 import shutil
 import subprocess
 import tempfile
@@ -393,3 +394,46 @@ def test_a_hostile_user_can_neither_jump_nor_jam_the_queue(node, users):
         holder.release()
         for proc in started:
             proc.end()
+
+
+# ------------------------------------------------------------------ the panel
+@ROOT_ONLY
+def test_the_panel_shows_the_queue_in_order(node, tmp_path):
+    """JupyterLab's panel in a real browser: a section with each waiting start's place, user, GPUs wanted and
+    since when, the user's own marked (nobody's entry: a process of uid 65534; root's: this test's process)."""
+    import secrets
+    import signal
+
+    from conftest import artifacts_dir, browser_page, jupyter_lab
+    from playwright.sync_api import sync_playwright
+
+    built = ROOT / "hvd_notebook" / "lab" / "labextension" / "package.json"
+    assert built.exists(), f"the JupyterLab extension is not built ({built} is missing): make install builds it"
+    nobody = 65534
+    waiter = subprocess.Popen(["sleep", "300"], user=nobody, group=nobody, start_new_session=True)
+    try:
+        for uid, pid, gpus in ((nobody, waiter.pid, 2), (os.geteuid(), os.getpid(), 1)):
+            path = node / "queue" / f"wait-{uid}-{pid}-{secrets.token_hex(8)}.json"
+            path.write_text(json.dumps({"pid": pid, "pid_started": psutil.Process(pid).create_time(), "gpus": gpus}))
+            os.chown(path, uid, uid)
+            time.sleep(0.05)
+        with jupyter_lab(tmp_path, {}, {"HVD_NOTEBOOK_LEASE_DIR": str(node)}) as lab, sync_playwright() as pw:
+            browser, page = browser_page(pw, 1200, 800)
+            try:
+                page.goto(f"{lab['url']}/lab?token={lab['token']}")
+                page.wait_for_function("() => !!window.jupyterapp?.commands.hasCommand('hvd-notebook:open-panel')",
+                                       timeout=90_000)
+                page.evaluate("() => window.jupyterapp.restored.then(() => null)")
+                page.evaluate("() => window.jupyterapp.commands.execute('hvd-notebook:open-panel')")
+                page.wait_for_selector("#hvd-notebook-panel .hvd-queue-entry", timeout=60_000)
+                lines = page.locator("#hvd-notebook-panel .hvd-queue-entry").all_inner_texts()
+                mine = page.locator("#hvd-notebook-panel .hvd-queue-mine").all_inner_texts()
+                page.screenshot(path=str(artifacts_dir() / "jupyterlab-panel-queue.png"))
+            finally:
+                browser.close()
+    finally:
+        os.killpg(waiter.pid, signal.SIGKILL)
+        waiter.wait()
+    figure("The panel's queue for GPUs:\n" + "\n".join(lines))
+    assert len(lines) == 2 and re.fullmatch(r"1\. nobody: 2 GPUs, waiting since \d\d:\d\d", lines[0]), lines
+    assert re.fullmatch(r"2\. root \(you\): 1 GPU, waiting since \d\d:\d\d", lines[1]) and mine == lines[1:], lines
