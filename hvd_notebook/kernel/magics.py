@@ -380,12 +380,13 @@ class HvdMagics(Magics):
             return self._sweep(argv[1:], cell)
         args = _build_cell_parser().parse_args(argv)
         session = Session.get()
+        session.suspension.resume_pending(say=print)  # (this notebook's suspended cluster comes back first)
         if args.auto:
-            if session.cluster is None and not session.suspension.pending:  # stopped or lost since %hvd auto on
+            if session.cluster is None:  # stopped or lost since %hvd auto on
                 if self.auto is not None:
                     self.auto.on = False
                 raise failures.auto_without_cluster(session.released)
-            print(auto.ran_on(session.cluster.n if session.cluster else session.options.n), flush=True)
+            print(auto.ran_on(session.cluster.n), flush=True)
         output_ranks = args.output_ranks
         if args.all_output:
             output_ranks = [r.rank for r in session.require().ranks]
