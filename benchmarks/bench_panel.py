@@ -35,7 +35,7 @@ while True:  # (until the benchmark kills it)
 
 def run(ctx: Context) -> Report:
     # (rounds of several seconds, so that each holds a few of the panel's reads)
-    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 8192, 4)
+    rounds, samples, epochs = (1, 512, 1) if ctx.smoke else (2, 512, 1) if ctx.quick else (6, 8192, 4)
     closed, opened, reads = [], [], []
     with fitting_cluster(samples) as (ip, session):
         timed = "%%hvd --no-progress" + f"\nEPOCHS = {epochs}" + TIMED

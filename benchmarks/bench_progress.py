@@ -48,28 +48,52 @@ def _check(result: Any) -> None:
         result.raise_error()
 
 
+_kept: list[int] = []  # the samples per rank of the set-up cluster that --smoke kept running for the next benchmark
+
+
 @contextlib.contextmanager
-def fitting_cluster(samples: int) -> Iterator[tuple[Any, Any]]:
+def fitting_cluster(samples: int, keep: bool = False) -> Iterator[tuple[Any, Any]]:
     """A 2-rank cluster of this process's session with this benchmark's model set up on ``samples`` per rank
-    (``SETUP``), all it prints swallowed; stopped at the end. Yields the IPython shell and the session."""
+    (``SETUP``), all it prints swallowed; stopped at the end, unless ``keep`` (then the next call for as many
+    samples takes it as it is, and ``release`` stops it). Yields the IPython shell and the session."""
     os.environ["HVD_NOTEBOOK_GPUS"] = ""
     from hvd_notebook.kernel.session import Session
 
     ip, session = ipython_shell(), Session.get()
+    kept = _kept == [samples] and session.cluster is not None
+    _kept.clear()
     try:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            ip.run_line_magic("hvd", "start -n 2 --restart" if session.cluster else "start -n 2")
-            _check(ip.run_cell(f"%%hvd\nN = {samples}" + SETUP))
+            if not kept:
+                ip.run_line_magic("hvd", "start -n 2 --restart" if session.cluster else "start -n 2")
+                _check(ip.run_cell(f"%%hvd\nN = {samples}" + SETUP))
             yield ip, session
+    except BaseException:
+        keep = False
+        raise
     finally:
+        if keep:
+            _kept.append(samples)
+        else:
+            release()
+
+
+def release(kept_only: bool = False) -> None:
+    """Stop this process's cluster, which ``fitting_cluster`` started (with ``kept_only``: only one it kept)."""
+    if kept_only and not _kept:
+        return
+    from hvd_notebook.kernel.session import Session
+
+    _kept.clear()
+    if Session.get().cluster is not None:
         with contextlib.redirect_stdout(io.StringIO()):
-            ip.run_line_magic("hvd", "stop")
+            ipython_shell().run_line_magic("hvd", "stop")
 
 
 def run(ctx: Context) -> Report:
-    rounds, samples, epochs = (2, 512, 1) if ctx.quick else (6, 2048, 2)
+    rounds, samples, epochs = (1, 512, 1) if ctx.smoke else (2, 512, 1) if ctx.quick else (6, 2048, 2)
     on, off = [], []
-    with fitting_cluster(samples) as (ip, session):
+    with fitting_cluster(samples, keep=ctx.smoke) as (ip, session):  # (--smoke: the panel's benchmark takes it)
         timed = f"\nEPOCHS = {epochs}" + TIMED
         for _ in range(rounds):  # alternate, so drift hits both alike
             _check(ip.run_cell("%%hvd --no-progress" + timed))

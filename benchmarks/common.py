@@ -130,6 +130,9 @@ class Context:
     """Settings every benchmark gets from the command line."""
 
     quick: bool = False  # a short smoke run: fewer repetitions, figures are rough
+    # the test suite's run (implies quick): the least that shows each benchmark's harness works and makes its rows;
+    # its figures mean nothing (fewer rounds, no disk-cache warm-up, one cluster for progress and panel)
+    smoke: bool = False
 
 
 # ------------------------------------------------------------------ processes

@@ -8,6 +8,7 @@ side in one run and checks the ratio against a target.
     .venv/bin/python benchmarks/run.py              # every benchmark (what `make bench` runs)
     .venv/bin/python benchmarks/run.py cluster      # only those whose name contains "cluster"
     .venv/bin/python benchmarks/run.py --quick      # short smoke run, rough figures
+    .venv/bin/python benchmarks/run.py --smoke      # the test suite's run: each harness once, figures meaningless
     .venv/bin/python benchmarks/run.py --list
     .venv/bin/python benchmarks/run.py gpu          # on an NVIDIA GPU only: not among "every benchmark"
 
@@ -144,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="run only benchmarks whose name contains one of these")
     parser.add_argument("--quick", action="store_true", help="short smoke run; figures are rough")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the test suite's run (implies --quick): each harness and its rows, figures meaningless")
     parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = parser.parse_args(argv)
 
@@ -156,9 +159,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no benchmark matches {args.names}; see --list")
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    ctx = Context(quick=args.quick)
+    ctx = Context(quick=args.quick or args.smoke, smoke=args.smoke)
     crashed: list[str] = []
+    try:
+        _run_each(chosen, ctx, crashed)
+    finally:
+        bench_progress.release(kept_only=True)  # (a cluster that --smoke kept for a benchmark that did not run)
+
+    if crashed:
+        print(f"\ncrashed: {', '.join(crashed)}")
+        return 1
+    return 0
+
+
+def _run_each(chosen: list[Benchmark], ctx: Context, crashed: list[str]) -> None:
+    """Run each chosen benchmark, print its table and write its figures; a crash is printed and named in
+    ``crashed``, and the others still run."""
     for bench in chosen:
+        if bench.name != "panel":  # (the one benchmark that takes the progress benchmark's cluster --smoke keeps)
+            bench_progress.release(kept_only=True)
         print(f"-- running {bench.name}: {bench.description}", flush=True)
         t0 = time.perf_counter()
         try:
@@ -171,16 +190,12 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.perf_counter() - t0
         report.data.setdefault("elapsed_s", round(elapsed, 2))
         report.data.setdefault("quick", ctx.quick)
+        report.data.setdefault("smoke", ctx.smoke)
         path = OUT_DIR / f"{bench.name}.json"
         path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
         print()
         print(format_report(report))
         print(f"  (took {elapsed:.0f} s; figures written to {path})", flush=True)
-
-    if crashed:
-        print(f"\ncrashed: {', '.join(crashed)}")
-        return 1
-    return 0
 
 
 if __name__ == "__main__":
