@@ -156,6 +156,9 @@ IDLE_ACTION = EnvSetting("HVD_NOTEBOOK_IDLE_ACTION", "suspend", "what idle_timeo
 SUSPENDED_TTL = EnvSetting("HVD_NOTEBOOK_SUSPENDED_TTL", None, "a suspended cluster's saved state is removed this "
                            "long after its suspend, e.g. 7d, by hvd-notebook clean and the kernel's next suspend "
                            "(a policy rule)")
+KEEP_ON_KERNEL_END = EnvSetting("HVD_NOTEBOOK_KEEP_ON_KERNEL_END", None, "a cluster whose kernel shuts down or "
+                                "restarts is suspended instead of stopped, as %hvd start --keep asks (a policy rule: "
+                                "any source that says true)")
 PREEMPT_IDLE_AFTER = EnvSetting("HVD_NOTEBOOK_PREEMPT_IDLE_AFTER", None, "a cluster that ran no %%hvd cell for "
                                 "this long, e.g. 5m, releases its GPUs early when another start waits in the "
                                 "node's queue for them (a policy rule)")
@@ -202,10 +205,11 @@ HOROVOD_ALIAS = EnvSetting("HVD_NOTEBOOK_HOROVOD_ALIAS", True, "import horovod.t
                            "ModuleNotFoundError as without hvd_notebook")
 
 ENV_SETTINGS = (GPUS, LEASE_DIR, POLICY_FILE, MAX_GPUS_PER_USER, MAX_CPU_RANKS_PER_USER, MAX_LEASE_TIME,
-                IDLE_TIMEOUT, IDLE_ACTION, SUSPENDED_TTL, PREEMPT_IDLE_AFTER, PROGRESS, HUGEPAGES, SRUN_MPI, NCCL,
-                SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD, CYCLE_TIME, TIMELINE, TIMELINE_MARK_CYCLES,
-                STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS, DYNAMIC_PROCESS_SETS,
-                ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY, REDUCE_ALONE, TORCH_TRANSPORT)
+                IDLE_TIMEOUT, IDLE_ACTION, SUSPENDED_TTL, KEEP_ON_KERNEL_END, PREEMPT_IDLE_AFTER, PROGRESS,
+                HUGEPAGES, SRUN_MPI, NCCL, SHM_AGREEMENT, RANK_WATCH, FUSION_THRESHOLD, CYCLE_TIME, TIMELINE,
+                TIMELINE_MARK_CYCLES, STALL_CHECK_TIME, STALL_CHECK_DISABLE, STALL_SHUTDOWN_TIME, HOROVOD_ALIAS,
+                DYNAMIC_PROCESS_SETS, ELASTIC_DIR, STANDBY, NOISE_SCALE, NOISE_SCALE_DECAY, REDUCE_ALONE,
+                TORCH_TRANSPORT)
 
 
 # ------------------------------------------------------------ option parsers
@@ -349,6 +353,9 @@ class ClusterOptions:
                                   "imported, which a restart promotes in about a second (default: "
                                   "$HVD_NOTEBOOK_STANDBY, else auto: on for ranks on this host where its free "
                                   "memory allows)", choices=choices(Standby))
+    keep: bool = _option(("--keep",), "when this notebook's kernel shuts down or restarts, suspend the cluster "
+                         "instead of stopping it (a running cell is interrupted first): %hvd resume in a new kernel "
+                         "takes it back (default: the node's keep_on_kernel_end)", default=False, action="store_true")
     wait: bool = _option(("--no-wait",), "fail at once, saying who holds them, where the GPUs asked for are "
                          "taken (default: wait in the node's queue for them, showing the place; interrupting "
                          "the cell leaves the queue)", default=True, action="store_false")
