@@ -354,7 +354,7 @@ class ClusterOptions:
                                   "$HVD_NOTEBOOK_STANDBY, else auto: on for ranks on this host where its free "
                                   "memory allows)", choices=choices(Standby))
     keep: bool = _option(("--keep",), "when this notebook's kernel shuts down or restarts, suspend the cluster "
-                         "instead of stopping it (a running cell is interrupted first): %hvd resume in a new kernel "
+                         "instead of stopping it (a running cell is interrupted first): %%hvd resume in a new kernel "
                          "takes it back (default: the node's keep_on_kernel_end)", default=False, action="store_true")
     wait: bool = _option(("--no-wait",), "fail at once, saying who holds them, where the GPUs asked for are "
                          "taken (default: wait in the node's queue for them, showing the place; interrupting "
