@@ -20,6 +20,7 @@ import os
 import pwd
 import queue as queues
 import re
+import select
 import shutil
 import subprocess
 import tempfile
@@ -76,6 +77,8 @@ def _iopub(kc, msg_id: str, into: list, stop: threading.Event) -> None:
             msg = kc.get_iopub_msg(timeout=0.5)
         except queues.Empty:
             continue
+        except Exception:  # (the kernel's channels closed: the test has ended)
+            return
         if msg["parent_header"].get("msg_id") == msg_id:
             into.append(msg)
             if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
@@ -143,8 +146,71 @@ def test_a_start_waits_in_the_queue_shows_its_place_and_an_interrupt_leaves_at_o
         pids = cluster_pids(kc)
         msg_id, msgs, thread = _run(kc, "%hvd stop")
         shell_reply(kc, msg_id)
+        thread.join(30)
     assert_gone(pids)
     assert not list((node / "queue").iterdir())
+
+
+WAITER = """
+import sys, time
+from hvd_notebook.cluster.node import queue
+lease = queue.acquire([sys.argv[1]], 1, "a waiter")
+print("served", lease.gpus, time.time(), flush=True)
+sys.stdin.read()
+"""
+
+
+def _waiter(node: Path, gpu: str) -> subprocess.Popen:
+    env = {**os.environ, "HVD_NOTEBOOK_LEASE_DIR": str(node)}
+    return subprocess.Popen([str(PYTHON), "-c", WAITER, gpu], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_an_idle_cluster_gives_its_gpu_back_to_a_waiting_start_and_a_dead_waiter_blocks_no_one(node):
+    env = {"HVD_NOTEBOOK_GPUS": "0", "HVD_NOTEBOOK_LEASE_DIR": str(node), "HVD_NOTEBOOK_STANDBY": "off",
+           "HVD_NOTEBOOK_PREEMPT_IDLE_AFTER": "3s"}
+    with started_kernel(env) as (_, kc):
+        msg_id, msgs, thread = _run(kc, "%load_ext hvd_notebook\nfrom hvd_notebook.kernel.session import Session\n"
+                                        "%hvd start -n 1 --framework torch --timeout 170")
+        assert shell_reply(kc, msg_id)["content"]["status"] == "ok", _text(msgs)
+        thread.join(30)
+        assert "an idle cluster gives its GPUs back after 3 s when another start waits for them" in _text(msgs)
+        pids = cluster_pids(kc)
+        msg_id, msgs, thread = _run(kc, "%%hvd\nx = 41 + hvd.size()")
+        assert shell_reply(kc, msg_id)["content"]["status"] == "ok", _text(msgs)
+        thread.join(30)
+        # a waiter whose process dies: its entry stays on disk, and counts for no one
+        dead = _waiter(node, "0")
+        assert comes_within(lambda: len(list((node / "queue").glob("wait-*.json"))) == 1, 30)
+        dead.kill()
+        dead.wait()
+        time.sleep(5)  # (idle for longer than preempt_idle_after: only a live waiter takes the GPU back)
+        assert all(psutil.pid_exists(p) for p in pids) and not queue.someone_waits()
+        # a live one: the idle cluster gives GPU 0 back
+        waiter = _waiter(node, "0")
+        t0 = time.monotonic()
+        try:
+            ready, _, _ = select.select([waiter.stdout], [], [], 120)
+            served = waiter.stdout.readline() if ready else "not served within 120 s\n"
+            waited = time.monotonic() - t0
+            assert served.startswith("served ['0']"), served
+            assert_gone(pids)
+            figure(f"An idle cluster (preempt_idle_after 3 s) gave its GPU to a waiting start in {waited:.1f} s")
+        finally:
+            waiter.kill()
+            waiter.wait()
+        msg_id, msgs, thread = _run(kc, "%%hvd\nprint('x is', x)")
+        reply = shell_reply(kc, msg_id)
+        thread.join(30)
+        out = _text(msgs)
+        figure(f"The next cell after the GPU was taken back:\n{out.strip()}")
+        assert "another start waits for GPUs in the node's queue ($HVD_NOTEBOOK_PREEMPT_IDLE_AFTER)" in out, out
+        assert reply["content"]["status"] == "ok" and "x is 42" in out, out
+        pids = cluster_pids(kc)
+        msg_id, msgs, thread = _run(kc, "%hvd stop")
+        shell_reply(kc, msg_id)
+        thread.join(30)
+    assert_gone(pids)
 
 
 # ------------------------------------------------------------------ real users
