@@ -160,7 +160,7 @@ class Session:
     def shutdown(self) -> None:
         """atexit: the kernel is going away; leave nothing behind."""
         try:
-            self.stop()
+            self.suspension.on_kernel_end() or self.stop()  # (a cluster started with --keep is suspended)
         except Exception:  # never let clean-up raise at interpreter exit
             log.exception("stopping the hvd cluster at exit failed")
         self.commits.remove()

@@ -28,6 +28,7 @@ from ..cluster.launching.suspension import (
     find_one,
     find_suspended,
     format_size,
+    interrupt_running,
     on_each_rank,
     options_record,
     rank_dir,
@@ -137,6 +138,22 @@ class Suspension:
         log.warning("hvd cluster suspended by the node's rules: %s", why)
         return True
 
+    def on_kernel_end(self) -> bool:
+        """At the kernel's end (atexit): where the cluster is to be kept (``%hvd start --keep``, or the node's
+        ``keep_on_kernel_end``), suspend it, ranks still running a cell interrupted first; whether it was (else the
+        caller stops it; a failed suspend is logged)."""
+        cluster, options = self.session.cluster, self.session.options
+        if cluster is None or options is None or not (options.keep or cluster.rules.keep_on_kernel_end):
+            return False
+        try:
+            cut = interrupt_running(cluster)
+            log.warning("%s", self.suspend("its kernel ended" + (" while a cell ran, which was interrupted" if cut
+                                                                  else "")))
+            return True
+        except Exception:  # (at exit: never raise; the cluster is stopped instead)
+            log.exception("hvd cluster: the suspend at the kernel's end failed, so it is stopped")
+            return False
+
     # ----------------------------------------------------------------- resume
     @property
     def pending(self) -> bool:
@@ -198,7 +215,7 @@ class Suspension:
         timings = Timings()
         self._restore(target, manifest, claim, timings)
         self.own, self.note = None, None
-        replayed = self._replay(manifest, timings, say)
+        replayed = _replay(session, manifest, timings, say)
         return describe_resume(manifest, timings, replayed)
 
     def _restore(self, target: Suspended, manifest: Manifest, claim: Claim, timings: Timings) -> None:
@@ -222,24 +239,6 @@ class Suspension:
             raise
         claim.done()
 
-    def _replay(self, manifest: Manifest, timings: Timings, say: Callable[[str], None]) -> list[RecordedCell]:
-        """Replay, in order, the cells that bind what could not be saved, then load the restored state into what
-        they made; the cells replayed. The recorded cells become this session's (``%hvd replay``)."""
-        session = self.session
-        session.history = [RecordedCell(c.code, c.ranks, c.timeout) for c in manifest.cells]
-        cells = to_replay(session.history, [c.binds for c in manifest.cells], set(manifest.unsaved()))
-        try:
-            if cells:
-                session.runner.replay(lambda line: say(f"{PREFIX} {line}"), cells)
-            timings.mark("replay")
-            cluster = session.require()
-            on_each_rank(cluster, suspend_here.reconcile, {r.rank: () for r in cluster.ranks},
-                         "loading the restored state into what the replay made")
-            timings.mark("reconcile")
-        except (HvdError, ClusterError) as exc:
-            raise HvdError(f"{manifest.id} was resumed (every rank's saved state restored), but: {exc}") from None
-        return cells
-
     # ----------------------------------------------------------------- delete
     def delete(self, ident: str) -> str:
         """Throw a suspended cluster's state away (not one that a notebook takes back right now); what it says.
@@ -257,6 +256,24 @@ class Suspension:
         if self.own is not None and self.own.id == ident:
             self.own, self.note = None, None
         return said
+
+
+def _replay(session: Host, manifest: Manifest, timings: Timings, say: Callable[[str], None]) -> list[RecordedCell]:
+    """Replay, in order, the cells that bind what could not be saved, then load the restored state into what
+    they made; the cells replayed. The recorded cells become this session's (``%hvd replay``)."""
+    session.history = [RecordedCell(c.code, c.ranks, c.timeout) for c in manifest.cells]
+    cells = to_replay(session.history, [c.binds for c in manifest.cells], set(manifest.unsaved()))
+    try:
+        if cells:
+            session.runner.replay(lambda line: say(f"{PREFIX} {line}"), cells)
+        timings.mark("replay")
+        cluster = session.require()
+        on_each_rank(cluster, suspend_here.reconcile, {r.rank: () for r in cluster.ranks},
+                     "loading the restored state into what the replay made")
+        timings.mark("reconcile")
+    except (HvdError, ClusterError) as exc:
+        raise HvdError(f"{manifest.id} was resumed (every rank's saved state restored), but: {exc}") from None
+    return cells
 
 
 def _choose(ident: str | None, own: Suspended | None) -> Suspended:
@@ -313,5 +330,7 @@ def describe_resume(manifest: Manifest, timings: Timings, replayed: list[Recorde
         replayed: the cells replayed.
     """
     cells = (f"; replayed {len(replayed)} cell(s): " + ", ".join(repr(c.label) for c in replayed)) if replayed else ""
-    return (f"Resumed {manifest.id} (suspended at {time.strftime('%H:%M:%S', time.localtime(manifest.suspended))}): "
+    why = f": {manifest.why}" if manifest.why else ""
+    return (f"Resumed {manifest.id} (suspended at {time.strftime('%H:%M:%S', time.localtime(manifest.suspended))}"
+            f"{why}): "
             f"{manifest.ranks} rank(s) in {timings.total:.1f} s ({_seconds(timings)}){cells}.")

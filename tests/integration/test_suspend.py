@@ -180,3 +180,22 @@ def test_bad_input_says_what_to_do(session, run, private):
     assert not result.success and "No suspended cluster is named 'hvd-1-2'" in out, out
     result, out = run("%hvd delete")
     assert not result.success and "the following arguments are required: ID" in out, out
+
+
+def test_a_kept_cluster_is_suspended_when_its_kernel_ends_and_a_new_kernel_resumes_it(session, run, private):
+    first = Shell()
+    try:
+        ok, out = first.run("%hvd start -n 2 --keep")
+        assert ok, out
+        ok, out = first.run("%%hvd\nz = [hvd.rank()] * 3")
+        assert ok, out
+        ok, out = first.run("print('PIDS', sorted(Session.get().cluster.pids()))".replace(
+            "Session", "__import__('hvd_notebook.kernel.session').kernel.session.Session"))
+        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+    finally:
+        first.end()  # (a shutdown: its atexit suspends the cluster it was asked to keep)
+    assert_gone(pids)
+    result, out = run("%hvd resume")
+    assert result.success and "(suspended at " in out and ": its kernel ended): 2 rank(s)" in out, out
+    result, out = run("%%hvd --all-output\nprint('z is', z)")
+    assert "[0] z is [0, 0, 0]" in out and "[1] z is [1, 1, 1]" in out, out

@@ -32,6 +32,10 @@ def test_the_tightest_rule_wins_so_a_user_cannot_loosen_the_admins(tmp_path):
                                 "for 1 d")
     system.write_text('idle_action = "suspend"\n')
     assert policy.load({"HVD_NOTEBOOK_IDLE_ACTION": "stop"}, system).idle_action == "stop"
+    system.write_text("keep_on_kernel_end = true\n")  # (any source that says true)
+    assert policy.load({"HVD_NOTEBOOK_KEEP_ON_KERNEL_END": "false"}, system).keep_on_kernel_end is True
+    assert policy.load({"HVD_NOTEBOOK_KEEP_ON_KERNEL_END": "1"}, tmp_path / "none.toml").keep_on_kernel_end is True
+    assert policy.load({}, tmp_path / "none.toml").keep_on_kernel_end is False
     named = tmp_path / "kernel.toml"
     named.write_text("max_cpu_ranks_per_user = 4\n")
     assert policy.load({"HVD_NOTEBOOK_POLICY_FILE": str(named)}, system).max_cpu_ranks_per_user == 4
@@ -42,6 +46,7 @@ def test_the_tightest_rule_wins_so_a_user_cannot_loosen_the_admins(tmp_path):
     ("max_gpus = 2\n", "unknown rule(s) max_gpus; the rules are max_gpus_per_user"),
     ('idle_timeout = "soon"\n', "'soon' is not a duration"),
     ('idle_action = "pause"\n', "'pause' is not an idle action; write \"suspend\" or \"stop\""),
+    ('keep_on_kernel_end = "maybe"\n', "'maybe' is not true or false"),
     ("max_gpus_per_user = -1\n", "-1 is not a whole number of 0 or more"),
     ("max_gpus_per_user = [\n", "is not TOML"),
 ])

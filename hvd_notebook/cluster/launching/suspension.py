@@ -424,6 +424,28 @@ def on_each_rank(cluster: MPICluster, func: Callable[..., Any], args_of: dict[in
     return values
 
 
+def interrupt_running(cluster: MPICluster, grace: float = 10.0) -> bool:
+    """Interrupt the ranks that run a cell now (a kernel that ends while one runs), and wait up to ``grace`` seconds
+    until none does; whether any did. A ClusterError where some still run then (blocked in a collective: no save
+    request would get through).
+
+    Args:
+        cluster: the running cluster.
+        grace: seconds the interrupted ranks get.
+    """
+    channel = cluster.channel
+    running = [rank for rank, busy in channel.busy().items() if busy]
+    if not running:
+        return False
+    channel.interrupt(running)
+    deadline = time.monotonic() + grace
+    while any(channel.busy(running).values()):
+        if time.monotonic() > deadline:
+            raise ClusterError(f"rank(s) {running} did not stop their cell within {grace:g} s of an interrupt")
+        time.sleep(CALL_POLL_S)
+    return True
+
+
 @dataclass
 class Timings:
     """How long each step of a suspend or resume took, in seconds, in order."""

@@ -26,6 +26,7 @@ names (of ``idle_action``, ``stop`` is the tighter)::
     idle_action = "suspend"    # or "stop"
     suspended_ttl = "7d"
     preempt_idle_after = "5m"  # idle this long, and someone waits for GPUs: the idle action now
+    keep_on_kernel_end = true  # a kernel's end suspends its cluster (any source that says true)
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Policy:
     idle_action: str = IDLE_SUSPEND  # what idle_timeout does: IDLE_SUSPEND or IDLE_STOP
     suspended_ttl: float | None = None  # seconds a suspended cluster's saved state is kept
     preempt_idle_after: float | None = None  # seconds idle after which a start waiting for GPUs takes them back
+    keep_on_kernel_end: bool = False  # a kernel's end suspends its cluster (as %hvd start --keep asks)
     sources: tuple[tuple[str, str], ...] = ()  # (rule, where it was set), for messages
 
     def source(self, rule: str) -> str:
@@ -126,7 +128,8 @@ class Policy:
 _RULES = {"max_gpus_per_user": config.MAX_GPUS_PER_USER, "max_cpu_ranks_per_user": config.MAX_CPU_RANKS_PER_USER,
           "max_lease_time": config.MAX_LEASE_TIME, "idle_timeout": config.IDLE_TIMEOUT,
           "idle_action": config.IDLE_ACTION, "suspended_ttl": config.SUSPENDED_TTL,
-          "preempt_idle_after": config.PREEMPT_IDLE_AFTER}  # each rule, its variable
+          "preempt_idle_after": config.PREEMPT_IDLE_AFTER,
+          "keep_on_kernel_end": config.KEEP_ON_KERNEL_END}  # each rule, its variable
 _DURATIONS = ("max_lease_time", "idle_timeout", "suspended_ttl", "preempt_idle_after")
 
 
@@ -156,9 +159,13 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def _parse(rule: str, value: object, where: str) -> float | int | str:
+def _parse(rule: str, value: object, where: str) -> float | int | str | bool:
     if rule in _DURATIONS:
         return parse_duration(value, where)
+    if rule == "keep_on_kernel_end":
+        if str(value).lower() not in ("true", "false", "1", "0"):
+            raise PolicyError(f"{where}: {value!r} is not true or false.")
+        return str(value).lower() in ("true", "1")
     if rule == "idle_action":
         if value not in (IDLE_SUSPEND, IDLE_STOP):
             raise PolicyError(f"{where}: {value!r} is not an idle action; write \"{IDLE_SUSPEND}\" or \"{IDLE_STOP}\".")
@@ -206,8 +213,10 @@ def _read_file(path: Path, required: bool) -> dict[str, object]:
     return rules
 
 
-def _tighter(value: float | int | str, than: float | int | str) -> bool:
+def _tighter(value: float | int | str | bool, than: float | int | str | bool) -> bool:
     """Is ``value`` the tighter of a rule's two values (the smaller number; of idle actions, stop)?"""
+    if isinstance(value, bool):  # (keep_on_kernel_end: any source that says true)
+        return value and not than
     if isinstance(value, str):
         return (IDLE_SUSPEND, IDLE_STOP).index(value) > (IDLE_SUSPEND, IDLE_STOP).index(str(than))
     return value < than  # type: ignore[operator]
@@ -228,7 +237,7 @@ def load(environ: Mapping[str, str] | None = None, system_file: Path = SYSTEM_FI
     for path, required in files:
         found += [(rule, value, f"{path}: {rule}") for rule, value in _read_file(path, required).items()]
     found += [(rule, environ[env.name], f"${env.name}") for rule, env in _RULES.items() if environ.get(env.name)]
-    chosen: dict[str, float | int | str] = {}
+    chosen: dict[str, float | int | str | bool] = {}
     sources: dict[str, str] = {}
     for rule, value, where in found:
         parsed = _parse(rule, value, where)
