@@ -15,6 +15,9 @@ the pickle holds the report (JSON: read without unpickling anything).
 
 The folder must be this user's own with no access for others, and the pickle a regular file of this user's:
 both are checked (``private``) before a byte is unpickled, since unpickling runs code.
+
+The API as first agreed, with one addition: ``restore``'s report also has ``lost`` (what of a restored object could
+not be given back: a custom loop's Keras optimizer whose model is not in the namespace).
 """
 
 from __future__ import annotations
@@ -178,8 +181,9 @@ def restore(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
         folder: the folder ``save`` wrote, for this rank.
 
     Returns:
-        ``{"rank", "seconds", "restored": [names], "unsaved": [names]}``: ``unsaved`` are the names to make again
-        by replaying their cells.
+        ``{"rank", "seconds", "restored": [names], "unsaved": [names], "lost": {name: what}}``: ``unsaved`` are the
+        names to make again by replaying their cells; ``lost``, what of a restored object could not be restored
+        (a custom loop's Keras optimizer whose model is not in the namespace: its variables).
 
     Raises:
         private.UnsafePathError: the folder or its file is not this user's alone (nothing was unpickled).
@@ -200,6 +204,7 @@ def restore(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
             namespace[name] = __import__(module, fromlist=["_"]) if "." in module else __import__(module)
         with formats.unpickling_into(namespace):
             state = pickle.load(f)
+    lost = formats.finish_optimizers(state["values"])
     formats.set_process_state(state["process"])
     namespace.update(state["values"])
     _restored.clear()
@@ -210,7 +215,7 @@ def restore(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
     report = json.loads(private.read_text(path / REPORT_FILE)) if (path / REPORT_FILE).exists() else {}
     return {"rank": rank, "seconds": round(time.perf_counter() - start, 3),
             "restored": sorted([*state["values"], *header["modules"]]),
-            "unsaved": sorted(report.get("unsaved", state["states"]))}
+            "unsaved": sorted(report.get("unsaved", state["states"])), "lost": lost}
 
 
 def reconcile(namespace: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,8 @@ import numpy as np
 _KERAS_FLAVOURS = ("keras", "tf_keras")
 _HVD_TORCH_OPTIMIZER = ("hvd_notebook.runtime.torch.optimizer", "_DistributedOptimizer")
 _ELASTIC_STATE = ("hvd_notebook.runtime.core.elastic", "State")
-_pending_optimizer_values: dict[int, list[Any]] = {}  # an optimizer being restored: its variables' values
+# an optimizer being restored: itself, its variables' values, the paths of the variables it trains
+_pending_optimizer_values: dict[int, tuple[Any, list[Any], list[str | None]]] = {}
 
 
 class Unsaveable(TypeError):
@@ -169,15 +170,48 @@ def _keras_reduce(obj: Any) -> Any:
     config = obj.get_config()
     values = [np.asarray(v) for v in _variables(obj)]
     extras = {k: getattr(obj, k) for k in ("_hvd_noise",) if hasattr(obj, k)}
-    return _rebuild_optimizer, (type(obj), config, values, extras)
+    paths = [getattr(v, "path", None) for v in getattr(obj, "_trainable_variables", [])]  # (Keras 3's)
+    return _rebuild_optimizer, (type(obj), config, values, extras, paths)
 
 
-def _rebuild_optimizer(cls: type, config: dict[str, Any], values: list[Any], extras: dict[str, Any]) -> Any:
+def _rebuild_optimizer(cls: type, config: dict[str, Any], values: list[Any], extras: dict[str, Any],
+                       paths: list[str | None] | None = None) -> Any:
     optimizer = cls.from_config(config)
     for key, value in extras.items():
         setattr(optimizer, key, value)
-    _pending_optimizer_values[id(optimizer)] = values  # (assigned once its model is compiled with it)
+    # assigned once its model is compiled with it, or, in a custom loop, by finish_optimizers
+    _pending_optimizer_values[id(optimizer)] = (optimizer, values, paths or [])
     return optimizer
+
+
+def finish_optimizers(values: dict[str, Any]) -> dict[str, str]:
+    """Give each restored Keras optimizer that no model was compiled with (a custom loop's) its variables, built
+    for the variables of the restored models it trained (found by their paths); the names of those whose
+    variables could not be matched, with why.
+
+    Args:
+        values: the restored values, by name.
+    """
+    pending = list(_pending_optimizer_values.values())
+    _pending_optimizer_values.clear()
+    by_path: dict[str, Any] = {}  # (a model rebuilt from its config names its variables without its own name)
+    for value in values.values():
+        flavour, module = _keras_of(value)
+        if flavour is not None and isinstance(value, module.Model):
+            for v in value.trainable_variables:
+                path = str(getattr(v, "path", ""))
+                by_path[path] = by_path[path.removeprefix(f"{value.name}/")] = v
+    lost = {}
+    for optimizer, saved, paths in pending:
+        found = [by_path.get(p) or by_path.get(p.split("/", 1)[-1]) for p in paths if p]
+        if not saved:
+            continue
+        if paths and len(found) == len(paths) and all(f is not None for f in found):
+            load_optimizer_values(optimizer, found, saved)
+        else:
+            for name in (n for n, v in values.items() if v is optimizer):
+                lost[name] = "its variables (iterations, slots): no restored model holds the variables it trained"
+    return lost
 
 
 def _reduce_model(model: Any, flavour: str, module: Any) -> Any:
@@ -208,21 +242,22 @@ def _rebuild_model(flavour: str, config: Any, customs: dict[str, type], weights:
         if compile_config is not None:
             model.compile(optimizer=optimizer, **module.saving.deserialize_keras_object(compile_config))
     if optimizer is not None:
-        load_optimizer_values(optimizer, model, _pending_optimizer_values.pop(id(optimizer), []))
+        _, values, _ = _pending_optimizer_values.pop(id(optimizer), (None, [], None))
+        load_optimizer_values(optimizer, model.trainable_variables, values)
     return model
 
 
-def load_optimizer_values(optimizer: Any, model: Any, values: list[Any]) -> None:
-    """Give a Keras ``optimizer`` of ``model`` the variables' ``values`` (``iterations`` and slots), building
-    its variables for the model's trainable ones first, as its first step would."""
+def load_optimizer_values(optimizer: Any, trainable: list[Any], values: list[Any]) -> None:
+    """Give a Keras ``optimizer`` the variables' ``values`` (``iterations`` and slots), building its variables
+    for the ``trainable`` variables first, as its first step would."""
     if not values:
         return
     if not _variables(optimizer) or len(_variables(optimizer)) < len(values):
         build = getattr(optimizer, "build", None)
         if build is not None and not getattr(optimizer, "built", False):
-            build(model.trainable_variables)
+            build(trainable)
         else:  # Keras 2's legacy optimizers
-            optimizer._create_all_weights(model.trainable_variables)
+            optimizer._create_all_weights(trainable)
     variables = _variables(optimizer)
     if len(variables) != len(values):
         raise ValueError(f"the optimizer has {len(variables)} variables where {len(values)} were saved")
@@ -288,7 +323,7 @@ def load_into(obj: Any, kind: str, payload: Any) -> None:
         weights, optimizer_values = payload
         obj.set_weights(weights)
         if optimizer_values and getattr(obj, "optimizer", None) is not None:
-            load_optimizer_values(obj.optimizer, obj, optimizer_values)
+            load_optimizer_values(obj.optimizer, obj.trainable_variables, optimizer_values)
         return
     state_dict, noise = payload
     obj.load_state_dict(state_dict)

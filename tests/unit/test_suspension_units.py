@@ -193,3 +193,53 @@ def test_a_keras_model_keeps_its_optimizer_its_elastic_state_and_the_tensorflow_
     for m in (model, new_model):  # (one step on, alike: the momentum was kept)
         m.train_on_batch(x, y)
     assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), new_model.get_weights(), strict=True))
+
+
+def test_a_custom_loops_keras_optimizer_keeps_its_slots(folder):
+    keras = pytest.importorskip("keras")
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.Adam(0.1)
+    x = np.random.rand(8, 4).astype("float32")
+
+    def step(m, o):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(m(x) ** 2)
+        o.apply_gradients(zip(tape.gradient(loss, m.trainable_variables), m.trainable_variables))
+
+    step(model, opt)
+    namespace: dict = {}
+    suspension.save({"model": model, "opt": opt}, str(folder))
+    assert suspension.restore(namespace, str(folder))["lost"] == {}
+    new_model, new_opt = namespace["model"], namespace["opt"]
+    assert int(new_opt.iterations) == 1
+    step(model, opt), step(new_model, new_opt)
+    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), new_model.get_weights(), strict=True))
+    namespace = {}
+    suspension.save({"opt": opt}, str(folder))  # (without its model: its variables cannot be matched)
+    assert list(suspension.restore(namespace, str(folder))["lost"]) == ["opt"]
+
+
+def test_a_tf_data_iterator_is_named_as_not_saved(folder):
+    tf = pytest.importorskip("tensorflow")
+    iterator = iter(tf.data.Dataset.range(4))
+    next(iterator)
+    report = suspension.save({"it": iterator, "n": 1}, str(folder))
+    assert list(report["unsaved"]) == ["it"] and report["saved"] == ["n"]
+
+
+@pytest.mark.gpu
+def test_tensors_on_a_gpu_are_saved_from_host(folder):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU: tensors on it are moved to host to be saved")
+    model = torch.nn.Linear(3, 2).cuda()
+    suspension.save({"model": model, "t": torch.ones(2, device="cuda")}, str(folder))
+    data = (folder / suspension.STATE_FILE).read_bytes()
+    assert b"cuda" in data  # (the device is named, the data is the host's copy)
+    namespace: dict = {}
+    suspension.restore(namespace, str(folder))
+    assert namespace["model"].weight.is_cuda and torch.equal(namespace["model"].weight, model.weight)
+    assert namespace["t"].is_cuda
