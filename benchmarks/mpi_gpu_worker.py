@@ -108,17 +108,45 @@ def raw_cupy(nelems: int) -> tuple[Callable[[], None], Callable[[], None]] | Non
     return call, comm.destroy
 
 
+def hvd_cupy(shapes: list[tuple[int, ...]]) -> Callable[[], None]:
+    """hvd's NCCL backend (``array_backend`` on cupy and NCCL: the path of TensorFlow's GPU tensors, which
+    cannot reach this machine) reducing float32 cupy arrays of ``shapes`` in one call, waited for."""
+    import cupy as cp
+
+    from hvd_notebook.runtime.core import ops, world
+
+    backend = world.current().nccl
+    if backend is None:
+        raise RuntimeError("the world has no NCCL backend (cupy sees no GPU, or HVD_NOTEBOOK_NCCL=0)")
+    arrays = [cp.ones(shape, dtype=cp.float32) for shape in shapes]
+    names = [f"bench.cupy.{i}" for i in range(len(arrays))]
+
+    def call() -> None:
+        backend.allreduce(arrays, ops.Sum, 1.0, 1.0, names)
+        cp.cuda.get_current_stream().synchronize()
+
+    return call
+
+
 def with_cupy(calls: dict[str, Callable[[], Any]], bench: Bench, nelems: int, warmups: int,
-              reps: int) -> dict[str, Any]:
-    """``calls`` timed with raw cupy NCCL beside them where cupy is there (its absence said in the row)."""
+              reps: int, shapes: list[tuple[int, ...]] | None = None) -> dict[str, Any]:
+    """``calls`` timed with raw cupy NCCL beside them where cupy is there, and hvd's NCCL backend on cupy
+    arrays of ``shapes`` (default one of ``nelems``); each absence said in the row."""
     if not bench.cuda:
-        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": NO_GPU}
+        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": NO_GPU, "hvd_cupy_skipped": NO_GPU}
     try:
         call, destroy = raw_cupy(nelems)
     except Exception as exc:  # no cupy, or its NCCL missing: the torch rows still count
-        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": f"no cupy NCCL: {exc}"[:300]}
+        why = f"no cupy NCCL: {exc}"[:300]
+        return {**interleaved(calls, bench, warmups, reps), "raw_cupy_skipped": why, "hvd_cupy_skipped": why}
+    extra: dict[str, Any] = {"raw_cupy_s": call}
+    skipped = {}
     try:
-        return interleaved({**calls, "raw_cupy_s": call}, bench, warmups, reps)
+        extra["hvd_cupy_s"] = hvd_cupy(shapes or [(nelems,)])
+    except Exception as exc:  # the raw row still counts
+        skipped["hvd_cupy_skipped"] = f"hvd's NCCL backend: {type(exc).__name__}: {exc}"[:300]
+    try:
+        return {**interleaved({**calls, **extra}, bench, warmups, reps), **skipped}
     finally:
         destroy()
 
@@ -164,7 +192,7 @@ def gradients(bench: Bench) -> dict[str, Any]:
              "raw_dist_s": lambda: dist.all_reduce(flat)}
     reps = bench.reps(20, 5, 2)
     return {"tensors": len(grads), "nbytes": 4 * nelems, "shapes_from": source, "reps": reps,
-            **with_cupy(calls, bench, nelems, 2, reps)}
+            **with_cupy(calls, bench, nelems, 2, reps, shapes)}
 
 
 def make_model(bench: Bench) -> tuple[torch.nn.Module, str]:
