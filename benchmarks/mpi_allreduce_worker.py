@@ -2,6 +2,8 @@
 against raw mpi4py on the same buffers, interleaved, and rank 0 writes JSON.
 
     mpiexec -n 2 python benchmarks/mpi_allreduce_worker.py OUT.json [--quick]
+
+With HVD_BENCH_SMOKE=1 (run.py --smoke, the test suite's run), the fewest calls that still give every figure.
 """
 
 from __future__ import annotations
@@ -35,13 +37,14 @@ def _nothing() -> None:
 
 def main() -> None:
     out_path, quick = sys.argv[1], "--quick" in sys.argv
+    smoke = os.environ.get("HVD_BENCH_SMOKE") == "1"
     hvd.init()
     comm = MPI.COMM_WORLD.Dup()
     results: dict = {"sizes": {}}
 
     reps_for = {4 << 10: 2000, 1 << 20: 300, 16 << 20: 60, 64 << 20: 12}
     for nbytes, reps in reps_for.items():
-        reps = max(3, reps // 10) if quick else reps
+        reps = 3 if smoke else max(3, reps // 10) if quick else reps
         n = nbytes // 4
         tensor = tf.random.uniform([n])
         send = np.random.rand(n).astype(np.float32)
@@ -52,14 +55,14 @@ def main() -> None:
         if nbytes == 1 << 20:
             ours, raw = median_blocks(lambda tensor=tensor: hvd.allreduce(tensor, op=hvd.Sum),
                                       lambda send=send, recv=recv: comm.Allreduce(send, recv, op=MPI.SUM),
-                                      3 if quick else 10, 10 if quick else 30, comm)
+                                      2 if smoke else 3 if quick else 10, 3 if smoke else 10 if quick else 30, comm)
             results["blocks_1mib"] = {"hvd_s": ours, "raw_mpi_s": raw}
 
     # 4 KiB calls back to back, no barrier before each (a training loop's small calls): best of 3 trials
     tensor, send = tf.random.uniform([1024]), np.random.rand(1024).astype(np.float32)
     recv = np.empty_like(send)
     ours, raw = [], []
-    for _ in range(3):  # (the two sides alternate, so that drift hits both alike)
+    for _ in range(1 if smoke else 3):  # (the two sides alternate, so that drift hits both alike)
         ours.append(best_back_to_back(lambda: hvd.allreduce(tensor, op=hvd.Sum), 200, 1, comm))
         raw.append(best_back_to_back(lambda: comm.Allreduce(send, recv, op=MPI.SUM), 200, 1, comm))
     results["back_to_back_4kib"] = {"hvd_s": min(ours), "raw_mpi_s": min(raw), "calls": 200}
@@ -68,7 +71,7 @@ def main() -> None:
     # times): the same calls with the clock and with its enter/leave swapped for no-ops, rounds alternating
     counted = (negotiation._enter_collective, negotiation._leave_collective)
     timings: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(6 if quick else 30):
+    for i in range(2 if smoke else 6 if quick else 30):
         for clock in ((True, False) if i % 2 == 0 else (False, True)):
             negotiation._enter_collective, negotiation._leave_collective = counted if clock else (_nothing, _nothing)
             timings[clock].append(best_back_to_back(lambda: hvd.allreduce(tensor, op=hvd.Sum), 200, 1, comm))
@@ -77,7 +80,7 @@ def main() -> None:
 
     # 200 tensors of 16 KiB: one grouped call against 200 single calls
     tensors = [tf.random.uniform([4096]) for _ in range(200)]
-    reps = 3 if quick else 10
+    reps = 1 if smoke else 3 if quick else 10
     grouped, singles = median_pair(lambda: hvd.grouped_allreduce(tensors, op=hvd.Sum),
                                    lambda: [hvd.allreduce(t, op=hvd.Sum) for t in tensors], reps, comm)
     # the same inside tf.function, as in a compiled training step
@@ -118,7 +121,7 @@ def main() -> None:
         negotiator.check(sig)
     check_s = (time.perf_counter() - t0) / reps
     mib = tf.random.uniform([1 << 18])
-    reps = 30 if quick else 200
+    reps = 5 if smoke else 30 if quick else 200
     off = statistics.median(timed(lambda: hvd.allreduce(mib, op=hvd.Sum), comm) for _ in range(reps))
     path = hvd.broadcast_object(os.path.join(tempfile.mkdtemp(), "trace.json"), root_rank=0)
     hvd.start_timeline(path)

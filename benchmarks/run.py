@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 import traceback
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     ctx = Context(quick=args.quick or args.smoke, smoke=args.smoke)
+    if args.smoke:  # (for the workers under mpiexec, which are given --quick: mpi_allreduce_worker.py reads it)
+        os.environ["HVD_BENCH_SMOKE"] = "1"
     crashed: list[str] = []
     try:
         _run_each(chosen, ctx, crashed)
