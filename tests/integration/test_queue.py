@@ -370,6 +370,7 @@ def _queued(node: Path, users: list[str]) -> bool:
 
 
 @ROOT_ONLY
+@pytest.mark.timeout(600)  # (four 1-rank clusters started one after the other, as the queue serves them: ~2 min)
 def test_three_users_queuing_for_two_gpus_are_served_in_order(node, users):
     a, b, c = users[:3]
     holder = leases.acquire(GPUS, 2, "root's stand-in holding both GPUs")
