@@ -48,7 +48,7 @@ from .cluster.errors import ClusterError
 from .cluster.finding import clean_own, delete_suspended, describe_suspended, find_clusters, own_cluster_dirs
 from .cluster.launching.run import Job, run_job
 from .cluster.launching.suspension import find_suspended
-from .cluster.node import leases, registry
+from .cluster.node import leases, queue, registry
 from .cluster.node.gpus import detect_gpus
 from .cluster.node.privileges import as_user
 from .cluster.processes import stacks
@@ -73,14 +73,17 @@ from .dashboard.formatting import text_table
 from .engine import scaling_worker
 
 
-def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float) -> str:
+def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], now: float,
+                waiting: list[queue.Entry] | None = None) -> str:
     """``list --all``: a row per cluster of the node's register, then its GPUs' leases (``held``:
-    ``leases.holders()``, who holds each as the lock table and the holder's process say).
+    ``leases.holders()``, who holds each as the lock table and the holder's process say), then the starts
+    waiting in the node's queue for GPUs.
 
     Args:
         cards: the register's cards.
         held: GPU -> (holder's PID, who it is), from ``leases.holders()``.
         now: the time, as ``time.time()``.
+        waiting: the queue, in the order it serves (``queue.look().line``).
     """
     rows = [("user", "cluster", "kernel", "ranks", "GPUs", "since", "idle")]
     for c in cards:
@@ -91,7 +94,11 @@ def format_node(cards: list[registry.Card], held: dict[str, tuple[int, str]], no
                      idle))
     table = text_table(rows)
     leased = "; ".join(f"GPU {gpu}: {who or f'pid {pid}'}" for gpu, (pid, who) in sorted(held.items()))
-    return (table if cards else "No clusters on this node.") + f"\nGPU leases: {leased or 'none held'}"
+    line = "; ".join(f"{place}. {e.user} (kernel {e.pid}) wants {e.gpus} since "
+                     f"{time.strftime('%H:%M:%S', time.localtime(e.since))}"
+                     for place, e in enumerate(waiting or (), start=1))
+    return ((table if cards else "No clusters on this node.") + f"\nGPU leases: {leased or 'none held'}"
+            + (f"\nWaiting for GPUs: {line}" if line else ""))
 
 
 def _ago(seconds: float) -> str:
@@ -387,7 +394,7 @@ def list_command(args: argparse.Namespace) -> int:
     """
     if args.all:
         try:
-            print(format_node(registry.read_all(strict=True), leases.holders(), time.time()))
+            print(format_node(registry.read_all(strict=True), leases.holders(), time.time(), queue.look().line))
         except leases.LeaseError as exc:
             print(f"hvd-notebook list --all: {exc}", file=sys.stderr)
             return 2
