@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ import pytest
 
 from hvd_notebook.cluster.node import leases, queue
 from hvd_notebook.cluster.node.queue import Entry, Turns, ranked
+from hvd_notebook.private import user_name
 
 
 def _entry(uid: int, since: float, gpus: int = 1, pid: int = 100) -> Entry:
@@ -219,3 +221,15 @@ def test_entries_written_for_another_users_live_process_do_not_count(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_list_all_shows_the_starts_waiting_for_gpus(node, sleeper, capsys):
+    from hvd_notebook.cli import main
+
+    assert main(["list", "--all"]) == 0
+    assert "Waiting for GPUs" not in capsys.readouterr().out
+    _write(node / "queue", sleeper.pid, sleeper.create_time(), gpus=2)
+    assert main(["list", "--all"]) == 0
+    out = capsys.readouterr().out
+    me = re.escape(user_name())
+    assert re.search(rf"\nWaiting for GPUs: 1\. {me} \(kernel {sleeper.pid}\) wants 2 since \d\d:\d\d:\d\d\n", out), out
