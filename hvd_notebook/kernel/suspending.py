@@ -94,6 +94,10 @@ class Suspension:
         cluster = session.require()
         assert session.options is not None  # (a running cluster was started with options)
         ranks = [r.rank for r in cluster.ranks]
+        away = [r.rank for r in cluster.ranks if not r.here]
+        if away:  # (their state would go to their own host's folders, which a resume here cannot read)
+            raise HvdError(f"Rank(s) {away} run on other hosts: a suspend keeps each rank's state in your private "
+                           "folder on this host, so it needs every rank here. %hvd stop ends the cluster instead.")
         ident = cluster.workdir.name if cluster.workdir is not None else f"hvd-{os.getpid()}-{int(time.time())}"
         try:
             remove_expired(cluster.rules.suspended_ttl)  # (the node's rule; a suspend is when disk is used)

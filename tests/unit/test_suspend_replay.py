@@ -77,3 +77,21 @@ def test_the_idle_rule_suspends_unless_it_says_stop_and_never_past_the_lease_tim
     assert not suspends(Policy(idle_timeout=30, max_lease_time=50), idle, now)  # (the lease is up: a stop)
     from dataclasses import replace
     assert not suspends(Policy(idle_timeout=30), replace(idle, busy=True), now)
+
+
+def test_a_cluster_with_ranks_on_other_hosts_is_not_suspended(tmp_path, monkeypatch):
+    """(Two hosts do not run here: a stand-in session whose rank 1 is elsewhere; the refusal comes before any
+    rank or file is touched.)"""
+    from types import SimpleNamespace
+
+    from hvd_notebook.config import ClusterOptions
+    from hvd_notebook.kernel.failures import HvdError
+    from hvd_notebook.kernel.suspending import Suspension
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    ranks = [SimpleNamespace(rank=0, here=True), SimpleNamespace(rank=1, here=False)]
+    cluster = SimpleNamespace(ranks=ranks, workdir=tmp_path / "hvd-1-2", gpus=[])
+    session = SimpleNamespace(cluster=cluster, options=ClusterOptions(n=2), history=[], require=lambda: cluster)
+    with pytest.raises(HvdError, match=r"Rank\(s\) \[1\] run on other hosts: a suspend keeps each rank's state"):
+        Suspension(session).suspend()
+    assert not (tmp_path / "hvd_notebook" / "suspended").exists()
