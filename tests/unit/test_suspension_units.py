@@ -243,3 +243,19 @@ def test_tensors_on_a_gpu_are_saved_from_host(folder):
     suspension.restore(namespace, str(folder))
     assert namespace["model"].weight.is_cuda and torch.equal(namespace["model"].weight, model.weight)
     assert namespace["t"].is_cuda
+
+
+def test_the_noise_scale_estimate_is_kept(folder):
+    from hvd_notebook.runtime.core import noise_scale
+
+    estimator = noise_scale.NoiseScale(decay=0.5)
+    for _ in range(3):
+        noise_scale.record(estimator, local_sq=3.0, global_sq=2.0, ranks=2, batch=32)
+    noise_scale.tell_batch(32)
+    expected = noise_scale.noise_scale()
+    suspension.save({"estimator": estimator}, str(folder))
+    noise_scale._latest, noise_scale._told_batch = None, None
+    namespace: dict = {}
+    suspension.restore(namespace, str(folder))
+    assert noise_scale.latest() is namespace["estimator"] and noise_scale.latest().steps == 3
+    assert expected is not None and noise_scale.noise_scale() == expected
