@@ -233,3 +233,37 @@ def test_list_all_shows_the_starts_waiting_for_gpus(node, sleeper, capsys):
     out = capsys.readouterr().out
     me = re.escape(user_name())
     assert re.search(rf"\nWaiting for GPUs: 1\. {me} \(kernel {sleeper.pid}\) wants 2 since \d\d:\d\d:\d\d\n", out), out
+
+
+def test_a_served_start_is_held_to_the_users_cap_as_it_is_then(node, sleeper):
+    import threading
+
+    from hvd_notebook.cluster.launching.placements.one_host import OneHost
+    from hvd_notebook.cluster.node import policy, registry
+    from hvd_notebook.config import ClusterOptions
+
+    rules = policy.Policy(max_gpus_per_user=1)
+    holder = leases.acquire(["0", "1"], 2, "another user's stand-in")
+    ended: list = []
+    start = threading.Thread(target=lambda: ended.append(_outcome(OneHost(ClusterOptions(n=1)), rules)))
+    start.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not list((node / "queue").glob("wait-*.json")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # meanwhile another notebook of this user started a cluster on GPU 1: the cap is reached
+        registry.write(registry.Card(cluster=f"hvd-{sleeper.pid}-1", workdir="/nowhere", kernel=sleeper.pid,
+                                     kernel_started=sleeper.create_time(), ranks=1, gpus=["1"]))
+        holder.drop(["0"])
+        start.join(30)
+    finally:
+        holder.release()
+    assert isinstance(ended[0], policy.PolicyError) and "this node allows 1 GPU(s) per user" in str(ended[0])
+    assert not leases.held_pids()[1]  # the GPU it was served is free again
+
+
+def _outcome(placement, rules):
+    try:
+        return placement.take_gpus(["0", "1"], 1, "test", rules)
+    except Exception as exc:
+        return exc

@@ -84,6 +84,12 @@ class OneHost(Placement):
         if not host_gpus:
             return [], None
         lease = queue.acquire(host_gpus, n, owner, at_most=room, wait=self.options.wait)
+        if rules is not None:
+            try:
+                rules.room(True, len(lease.gpus))  # (again: the user's other clusters may have started while it waited)
+            except BaseException:
+                lease.release()
+                raise
         return lease.gpus, lease
 
     def rank_exits(self, output: str) -> dict[int, str]:
