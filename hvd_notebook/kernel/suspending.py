@@ -43,6 +43,8 @@ from .recovery import RecordedCell, bound_names, to_replay
 
 log = logging.getLogger(__name__)
 
+SHOWN_NAMES = 20  # the saved names a suspend lists; more are counted
+
 
 class Host(Protocol):
     """What a suspend and a resume need of the session (``session.Session``)."""
@@ -311,6 +313,10 @@ def describe_suspend(manifest: Manifest, timings: Timings) -> str:
     freed = f" and GPU(s) {','.join(manifest.gpus)} went back to the node" if manifest.gpus else ""
     lines = [f"Suspended {manifest.id}: {manifest.ranks} rank(s) saved {format_size(manifest.bytes)} ({per_rank}) in "
              f"{timings.total:.1f} s ({_seconds(timings)}); the ranks ended{freed}."]
+    saved = sorted({str(name) for s in manifest.saves for name in s.get("saved", ())})
+    if saved:
+        lines.append(f"Saved: {', '.join(saved[:SHOWN_NAMES])}" + (f" and {len(saved) - SHOWN_NAMES} more" if
+                                                                   len(saved) > SHOWN_NAMES else "") + ".")
     bound = {name for cell in manifest.cells for name in cell.binds}
     for name, whys in sorted(manifest.unsaved().items()):
         by_why: dict[str, list[int]] = {}

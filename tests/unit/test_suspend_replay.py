@@ -57,6 +57,7 @@ def test_a_suspend_says_how_much_how_long_and_each_object_not_saved_per_rank_whe
     assert said.splitlines() == [
         "Suspended hvd-1-2: 2 rank(s) saved 6.0 MiB (rank 0: 3.0 MiB, rank 1: 3.0 MiB) in 1.8 s (save 1.2 s, stop "
         "0.5 s); the ranks ended and GPU(s) 0,1 went back to the node.",
+        "Saved: model.",
         "Not saved: f: an open file (log) (rank 0); an open file (log.1) (rank 1); its cell is replayed on resume.",
         "Not saved: it: a generator (rank 0); no recorded cell binds it (a --no-replay cell, %hvd push?): it will be "
         "missing after a resume.",
