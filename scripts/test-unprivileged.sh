@@ -6,38 +6,43 @@
 #     home): o+x (traverse only, not read) on each folder above them that lacks it, put back at the end;
 #   - runs as that user, with HOME its home, TMPDIR a fresh folder in that home and a clean environment:
 #       1. pytest on the chosen tests below (or on this script's arguments), without pytest's cache and with
-#          --basetemp under its TMPDIR;
-#       2. `make demo`, beside the pytest run (the executed notebook goes under its TMPDIR: the clone is root's);
-#       3. a check that it wrote nothing outside its home (so nothing outside HOME and TMPDIR);
+#          --basetemp under its TMPDIR, `make demo`'s test among them (the executed notebook goes under its
+#          TMPDIR: the clone is root's; make test's root run then leaves that test out);
+#       2. a check that it wrote nothing outside its home (so nothing outside HOME and TMPDIR);
 #   - kills whatever of the user's processes is left (pkill -u) and removes its TMPDIR.
 # Exits 1 where a part failed, so `make test` fails. Run as any other user, `make test`'s pytest run already
 # was the unprivileged run: this script says so and does nothing.
 #
 #   bash scripts/test-unprivileged.sh                       # the chosen part (what `make test` runs)
-#   bash scripts/test-unprivileged.sh tests/unit -x         # these pytest arguments instead (no demo)
+#   bash scripts/test-unprivileged.sh tests/unit -x         # these pytest arguments instead
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$(pwd)
 U=${HVD_TEST_USER:-hvd-ci}
 SAY="test-unprivileged:"
 
-# The part that needs no root, chosen to fit ~3 minutes on 2 cores: the unit tier; start, restart and stop,
-# and a kernel killed with its cluster reaped; `hvd-notebook list/clean` of an orphaned cluster beside a live
-# one; loopback-only sockets, 0600/0700 files and encryption; the panel's HTTP routes (test_lab_http.py).
-# Left out: what needs root (netns, Slurm, the hub, useradd), what writes into the clone (benchmarks), the
-# node-sharing rules on real kernels (test_sharing.py: the root run has them, and test_hostile.py runs clusters
-# as two unprivileged users), and the long remainder (cells, parallel, notebooks, browser), which the root run
-# covers with the same code.
+# The part that needs no root, chosen to fit ~2.5 minutes on 2 cores: the unit files that deal with uids, file
+# modes and owners, private folders, the node's shared files and other users' processes (where being root
+# changes what the code may do; a new unit file of that kind belongs here); start, restart and stop, and a kernel
+# killed with its cluster reaped; `hvd-notebook list/clean` of an orphaned cluster beside a live one;
+# loopback-only sockets, 0600/0700 files and encryption; the panel's HTTP routes (test_lab_http.py); `make
+# demo`'s test (scripts/demo.py, the target's recipe, and its output checked).
+# Left out: the rest of the unit tier (pure functions, the layer rules, lint, docs: the same as root), what
+# needs root (netns, Slurm, the hub, useradd), what writes into the clone (benchmarks), the node-sharing rules
+# on real kernels (test_sharing.py: the root run has them, and test_hostile.py runs clusters as two
+# unprivileged users), and the long remainder (cells, parallel, notebooks, browser), which the root run covers
+# with the same code.
 TESTS=(
-  tests/unit
+  tests/unit/test_{private,cluster_workdir,keycopy,leases,setup_node,queue,policy,shm,rankwatch,lab_units}.py
+  tests/unit/test_{suspension_units,cluster_placement}.py
+  "tests/integration/test_notebooks.py::test_make_demo_runs_the_quickstart_and_prints_its_summary"
   "tests/integration/test_lifecycle.py::test_start_table_status_restart_stop"
   "tests/integration/test_lifecycle.py::test_kernel_shutdown_stops_the_cluster"
   "tests/integration/test_reliability.py::test_clean_stops_orphaned_clusters_and_leaves_live_ones"
   "tests/integration/test_reliability.py::test_only_loopback_private_files_and_encrypted_messages"
   tests/integration/test_lab_http.py
 )
-DEMO=yes
-if [ $# -gt 0 ]; then TESTS=("$@"); DEMO=no; fi
+if [ $# -gt 0 ]; then TESTS=("$@"); fi
 
 if [ "$(id -u)" != 0 ]; then
   echo "$SAY the suite ran as $(id -un) (uid $(id -u)), not root: that was the unprivileged run; nothing more to do."
@@ -117,27 +122,12 @@ record() {  # record NAME STATUS T0: the outcome of a part, timed from T0
   fi
 }
 T0=$(date +%s)
-if [ "$DEMO" = yes ]; then
-  # beside the pytest run (its output follows pytest's); the install is
-  # done (make test's own prerequisite): -o keeps make from trying it again as the user
-  echo "$SAY as $U: make demo, beside pytest (its output in $TMP_U/demo.log, shown after pytest's)"
-  as_user bash -c 'exec make --no-print-directory -o .venv/.installed demo >"$0" 2>&1' "$TMP_U/demo.log" &
-  DEMO_PID=$!
-fi
 echo "$SAY as $U: pytest: ${TESTS[*]}"
 status=0
-# (on two pytest-xdist workers, a module's tests on one: the unit tier beside the integration tests; with the demo,
-# three at a time, as make test's root run)
-as_user "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q -n 2 --dist loadfile \
+# (on three pytest-xdist workers, a module's tests on one, as make test's root run)
+as_user "$REPO/.venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$TMP_U/pytest" -q -n 3 --dist loadfile \
   "${TESTS[@]}" || status=$?
 record pytest "$status" "$T0"
-if [ "$DEMO" = yes ]; then
-  status=0
-  wait "$DEMO_PID" || status=$?
-  echo "$SAY as $U: make demo:"
-  cat "$TMP_U/demo.log"
-  record "make demo (beside pytest)" "$status" "$T0"
-fi
 
 # nothing left running: the user's processes get 15 s to end, then are named, killed and fail the run
 for _ in $(seq 30); do pgrep -u "$U" >/dev/null || break; sleep 0.5; done
