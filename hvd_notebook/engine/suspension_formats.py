@@ -223,7 +223,13 @@ def _reduce_model(model: Any, flavour: str, module: Any) -> Any:
     config = module.saving.serialize_keras_object(model)
     config.pop("compile_config", None)  # (compiled below, with the optimizer object itself)
     return _rebuild_model, (flavour, config, customs, model.get_weights(), compile_config,
-                            model.optimizer if compiled else None)
+                            model.optimizer if compiled else None, [np.asarray(v) for v in _beside_weights(model)])
+
+
+def _beside_weights(model: Any) -> list[Any]:
+    """A Keras 3 model's variables that are not its weights: its layers' seed generators (Dropout's masks)."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in getattr(model, "variables", []) if id(v) not in weights]
 
 
 def _layers(model: Any) -> list[Any]:
@@ -232,13 +238,17 @@ def _layers(model: Any) -> list[Any]:
 
 
 def _rebuild_model(flavour: str, config: Any, customs: dict[str, type], weights: list[Any],
-                   compile_config: dict[str, Any] | None, optimizer: Any) -> Any:
+                   compile_config: dict[str, Any] | None, optimizer: Any, beside: list[Any] | None = None) -> Any:
     import importlib
 
     module = importlib.import_module(flavour)
     with module.saving.custom_object_scope(customs):
         model = module.saving.deserialize_keras_object(config)
         model.set_weights(weights)
+        variables = _beside_weights(model)
+        if beside and [tuple(v.shape) for v in variables] == [np.shape(b) for b in beside]:
+            for variable, value in zip(variables, beside):
+                variable.assign(value)
         if compile_config is not None:
             model.compile(optimizer=optimizer, **module.saving.deserialize_keras_object(compile_config))
     if optimizer is not None:
@@ -350,7 +360,8 @@ def load_from(new: Any, restored: Any) -> bool:
 # ------------------------------------------------------------------ the process's own state
 def process_state() -> dict[str, Any]:
     """The RNGs of the frameworks this rank imported (Python's, numpy's global, TensorFlow's global generator and
-    eager op seeds, PyTorch's CPU and CUDA) and the noise scale that ``hvd.noise_scale()`` reads."""
+    eager op seeds, Keras 3's global seed generator, PyTorch's CPU and CUDA) and the noise scale that
+    ``hvd.noise_scale()`` reads."""
     state: dict[str, Any] = {"random": random.getstate()}
     if "numpy" in sys.modules:
         state["numpy"] = np.random.get_state()
@@ -362,6 +373,10 @@ def process_state() -> dict[str, Any]:
     tf = sys.modules.get("tensorflow")
     if tf is not None and hasattr(tf, "random"):
         state["tensorflow"] = _tensorflow_rng(tf)
+    seeds = sys.modules.get("keras.src.random.seed_generator")
+    generator = seeds.global_state.get_global_attribute(seeds.GLOBAL_SEED_GENERATOR) if seeds else None
+    if generator is not None:  # (keras.random's calls without a seed)
+        state["keras"] = np.asarray(generator.state)
     noise = sys.modules.get("hvd_notebook.runtime.core.noise_scale")
     if noise is not None:
         state["noise_scale"] = (noise._latest, noise._told_batch)
@@ -391,6 +406,10 @@ def set_process_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(state["cuda"])
     if "tensorflow" in state:
         _set_tensorflow_rng(state["tensorflow"])
+    if "keras" in state:
+        from keras.src.random import seed_generator
+
+        seed_generator.global_seed_generator().state.assign(state["keras"])
     if "noise_scale" in state:
         from ..runtime.core import noise_scale
 

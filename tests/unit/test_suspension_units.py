@@ -259,3 +259,24 @@ def test_the_noise_scale_estimate_is_kept(folder):
     suspension.restore(namespace, str(folder))
     assert noise_scale.latest() is namespace["estimator"] and noise_scale.latest().steps == 3
     assert expected is not None and noise_scale.noise_scale() == expected
+
+
+def test_keras_dropout_masks_and_unseeded_draws_go_on_alike(folder):
+    keras = pytest.importorskip("keras")
+
+    keras.utils.set_random_seed(2)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dropout(0.5),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.1), loss="mse")
+    x, y = np.random.rand(8, 4).astype("float32"), np.random.rand(8, 1).astype("float32")
+    model.train_on_batch(x, y), keras.random.uniform((1,))
+    suspension.save({"model": model}, str(folder))
+    model.train_on_batch(x, y)
+    expected = (model.get_weights(), keras.random.uniform((3,)).numpy())
+    keras.utils.set_random_seed(99)
+    namespace: dict = {}
+    suspension.restore(namespace, str(folder))
+    namespace["model"].train_on_batch(x, y)
+    draws = keras.random.uniform((3,)).numpy()
+    assert all(np.array_equal(a, b) for a, b in zip(namespace["model"].get_weights(), expected[0], strict=True))
+    assert np.array_equal(draws, expected[1])
