@@ -114,9 +114,11 @@ def test_a_module_and_its_optimizer_stay_together_with_their_state(folder):
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    model(torch.ones(4, 3)).sum().backward()
-    opt.step(), sched.step()
-    _, _, fresh = _round_trip({"model": model, "opt": opt, "sched": sched}, folder)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1)
+    scaler.scale(model(torch.ones(4, 3)).sum()).backward()
+    scaler.step(opt), scaler.update(), sched.step()
+    _, _, fresh = _round_trip({"model": model, "opt": opt, "sched": sched, "scaler": scaler}, folder)
+    assert fresh["scaler"].get_scale() == scaler.get_scale() == 2048.0
     new_model, new_opt = fresh["model"], fresh["opt"]
     assert new_opt.param_groups[0]["params"][0] is new_model.weight and fresh["sched"].optimizer is new_opt
     assert new_opt.param_groups[0]["lr"] == pytest.approx(0.05)
