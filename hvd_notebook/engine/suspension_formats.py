@@ -154,6 +154,18 @@ def _keras_of(obj: Any) -> tuple[str, Any] | tuple[None, None]:
     return None, None
 
 
+def host_array(value: Any) -> Any:
+    """A TensorFlow or Keras variable's (or tensor's) value as a numpy array on the host. On the CPU, without a
+    copy: the array shares the value's buffer, which TensorFlow copies before a later write to the variable."""
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        try:
+            return np.asarray(tf.convert_to_tensor(value))
+        except (TypeError, ValueError):  # not a TensorFlow value
+            pass
+    return np.asarray(value)
+
+
 def _variables(holder: Any) -> list[Any]:
     found = holder.variables
     return list(found() if callable(found) else found)
@@ -168,7 +180,7 @@ def _keras_reduce(obj: Any) -> Any:
     if hasattr(obj, "_distributed_container"):  # (never: a guard against tf.distribute wrappers)
         raise Unsaveable("an optimizer under a tf.distribute strategy")
     config = obj.get_config()
-    values = [np.asarray(v) for v in _variables(obj)]
+    values = [host_array(v) for v in _variables(obj)]
     extras = {k: getattr(obj, k) for k in ("_hvd_noise",) if hasattr(obj, k)}
     paths = [getattr(v, "path", None) for v in getattr(obj, "_trainable_variables", [])]  # (Keras 3's)
     return _rebuild_optimizer, (type(obj), config, values, extras, paths)
@@ -222,8 +234,8 @@ def _reduce_model(model: Any, flavour: str, module: Any) -> Any:
     customs = {module.saving.get_registered_name(type(layer)): type(layer) for layer in _layers(model)}
     config = module.saving.serialize_keras_object(model)
     config.pop("compile_config", None)  # (compiled below, with the optimizer object itself)
-    return _rebuild_model, (flavour, config, customs, model.get_weights(), compile_config,
-                            model.optimizer if compiled else None, [np.asarray(v) for v in _beside_weights(model)])
+    return _rebuild_model, (flavour, config, customs, [host_array(w) for w in model.weights], compile_config,
+                            model.optimizer if compiled else None, [host_array(v) for v in _beside_weights(model)])
 
 
 def _beside_weights(model: Any) -> list[Any]:
@@ -280,7 +292,7 @@ def _elastic_reduce(obj: Any) -> Any:
     if not _has_base(obj, _ELASTIC_STATE):
         return NotImplemented
     state = {k: v for k, v in vars(obj).items() if k not in ("_host_messages", "_saved_values")}
-    values = [np.asarray(v) for _, v in obj._saved_values] if hasattr(obj, "_saved_values") else None
+    values = [host_array(v) for _, v in obj._saved_values] if hasattr(obj, "_saved_values") else None
     return _rebuild_elastic, (type(obj), state, values)
 
 
@@ -304,7 +316,8 @@ def state_of(obj: Any) -> tuple[str, Any] | None:
     flavour, module = _keras_of(obj)
     if flavour is not None and isinstance(obj, module.Model):
         optimizer = getattr(obj, "optimizer", None)
-        return "keras", (obj.get_weights(), [np.asarray(v) for v in _variables(optimizer)] if optimizer else [])
+        return "keras", ([host_array(w) for w in obj.weights],
+                         [host_array(v) for v in _variables(optimizer)] if optimizer else [])
     if callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)):
         noise = getattr(getattr(obj, "_noise", None), "estimator", None)
         return "state_dict", (_to_host(obj.state_dict()), noise)
