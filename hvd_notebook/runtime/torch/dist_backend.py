@@ -43,6 +43,9 @@ _OPS = {ops.Sum: dist.ReduceOp.SUM, ops.Average: dist.ReduceOp.SUM, ops.Min: dis
 _NUMPY: dict[torch.dtype, np.dtype | None] = {}
 _CACHED_BUFFERS = 64  # flat buffers kept per backend (one per signature in use)
 _ALIGN = 16  # bytes: each tensor's start in a byte buffer, so that it can be viewed as its dtype
+# a call of one tensor this large (agreed: its shape is in its signature) shares no call: reduced in place
+# where it can be (DistributedOptimizer's flat buckets), it would otherwise be copied in and out of a buffer
+ALONE_BYTES = 1 << 20
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -142,16 +145,18 @@ class _AllreduceWork:
     """One agreed allreduce's packing and issue, which the allreduces agreed right after it may join
     (``Coordinator.run_fused``): one ``torch.distributed`` call for all their tensors."""
 
-    __slots__ = ("backend", "tensors", "op", "prescale", "postscale", "label", "marked", "fusion_key", "nbytes",
-                 "solo", "done", "issued", "span")
+    __slots__ = ("backend", "tensors", "op", "prescale", "postscale", "label", "marked", "in_place", "fusion_key",
+                 "nbytes", "solo", "done", "issued", "span")
 
     def __init__(self, backend: DistBackend, tensors: list[torch.Tensor], op: int, prescale: float,
-                 postscale: float, label: str, marked: Any) -> None:
-        self.backend, self.tensors, self.label, self.marked = backend, tensors, label, marked
+                 postscale: float, label: str, marked: Any, in_place: bool) -> None:
+        self.backend, self.tensors, self.label, self.marked, self.in_place = backend, tensors, label, marked, in_place
         self.op, self.prescale, self.postscale = op, prescale, postscale
         dtype = work_dtype(tensors[0].dtype)
-        self.fusion_key = (dtype, tensors[0].device, op, prescale, postscale)  # (all agreed, or alike everywhere)
+        self.fusion_key: tuple = (dtype, tensors[0].device, op, prescale, postscale)  # (agreed, or alike everywhere)
         self.nbytes = sum(t.numel() for t in tensors) * dtype.itemsize
+        if len(tensors) == 1 and self.nbytes >= ALONE_BYTES:  # (its name is agreed and in flight once)
+            self.fusion_key = ("alone", label)
         self.solo, self.done = True, False
         self.issued: Any = None  # (the dist work, the flat buffer, its views)
         self.span = (0, 0, 0)  # this request's elements in the buffer (start, end) and its first view's index
@@ -161,13 +166,18 @@ class _AllreduceWork:
         tensors = [t for w in works for t in w.tensors]
         label = fused_label([w.label for w in works]) if followers else self.label
         backend = self.backend
-        key = (label, tuple(t.shape for t in tensors), tensors[0].dtype, tensors[0].device)
-        flat, views = backend.buffers.get(key, [t.shape for t in tensors], work_dtype(tensors[0].dtype),
-                                          tensors[0].device)
+        own = self.in_place and not followers and len(tensors) == 1 and _flat_already(tensors[0])
+        if own:  # (a flat tensor reduced in place, such as DistributedOptimizer's bucket: no pack, no unpack)
+            flat, views = tensors[0], None
+        else:
+            key = (label, tuple(t.shape for t in tensors), tensors[0].dtype, tensors[0].device)
+            flat, views = backend.buffers.get(key, [t.shape for t in tensors], work_dtype(tensors[0].dtype),
+                                              tensors[0].device)
         # (the inputs stay referenced until their caller has waited for the call: no per-tensor record_stream)
         with device.enter([w.marked for w in works]):
-            with backend.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, flat.nbytes):
-                torch._foreach_copy_(views, tensors)
+            if views is not None:
+                with backend.timeline.phase("MEMCPY_IN_FUSION_BUFFER", label, flat.nbytes):
+                    torch._foreach_copy_(views, tensors)
             if self.prescale != 1.0:
                 scale_(flat, self.prescale)
             with backend.timeline.phase(f"{backend.prefix}_ALLREDUCE", label, flat.nbytes):
@@ -178,16 +188,19 @@ class _AllreduceWork:
             w.issued, w.span = (work, flat, views), (start, start + count, first)
             start, first = start + count, first + len(w.tensors)
 
-    def finished(self, in_place: bool) -> Issued:
+    def finished(self) -> Issued:
         """How the caller finishes: its slice averaged and scaled, then copied out (into the tensors where
         ``in_place``) with one batched copy."""
         work, flat, views = self.issued
         start, end, first = self.span
-        size, op, postscale, tensors = self.backend.size, self.op, self.postscale, self.tensors
+        size, op, postscale, tensors, in_place = self.backend.size, self.op, self.postscale, self.tensors, \
+            self.in_place
 
         def then(flat: torch.Tensor) -> list[torch.Tensor]:
             piece = flat if end - start == flat.numel() else flat[start:end]
             finish_(piece, op, size, postscale)
+            if views is None:  # (reduced in the tensor itself)
+                return tensors
             if in_place:
                 torch._foreach_copy_(tensors, views[first:first + len(tensors)])
                 return tensors
@@ -195,6 +208,11 @@ class _AllreduceWork:
             return [o.view(t.shape) for o, t in zip(out.split([t.numel() for t in tensors]), tensors)]
 
         return Issued(work, flat, then)
+
+
+def _flat_already(tensor: torch.Tensor) -> bool:
+    """Can ``tensor`` itself be the call's buffer (one dense, contiguous tensor of its work dtype)?"""
+    return tensor.layout == torch.strided and tensor.is_contiguous() and tensor.dtype == work_dtype(tensor.dtype)
 
 
 def _in_order(results: list[Any], order: list[int] | None) -> list[Any]:
@@ -419,9 +437,9 @@ class DistBackend(_Moves):
             sig = allreduce_signature(op, dtype_name(members[0].dtype), tuple(tuple(t.shape) for t in members),
                                       prescale, postscale, label, via=VIA)
             self.refuse_dtype(sig, "allreduce", label, members[0].dtype, reducing=True)
-            work = _AllreduceWork(self, members, op, prescale, postscale, label, marked)
+            work = _AllreduceWork(self, members, op, prescale, postscale, label, marked, in_place)
             self.negotiator.run(sig, work, allow_joined=True)
-            parts.append(work.finished(in_place))
+            parts.append(work.finished())
         order = [i for group in self.fusion_plan(tensors) for i in group] if len(parts) > 1 else None
         return Deferred(parts, lambda results: _in_order([r for rs in results for r in rs], order))
 

@@ -352,6 +352,14 @@ def _route(tensors: list[torch.Tensor], process_set: Any, call: str) -> _Route |
     return _Route(dist_backend.of(backends, world), device.mark(tensors))
 
 
+def through_dist(tensor: torch.Tensor, process_set: Any) -> bool:
+    """Would a call of ``tensor`` on ``process_set`` go through ``torch.distributed`` now (``_route``'s choice,
+    without its errors)?"""
+    if device.is_cuda([tensor]):
+        return _group.has_nccl(None) and _group.spans(_world.current())
+    return _group.transport() == "dist" and _group.spans(_world.current())
+
+
 def _reduce_op(op: int | None, average: bool | None) -> int:
     op = resolve_op(op, average)
     check_op(op)

@@ -36,7 +36,7 @@ from ..core.noise_scale import NoiseScale
 from ..core.process_sets import global_process_set
 from . import device
 from .compression import Compression
-from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize
+from .mpi_ops import allreduce_async_, grouped_allreduce_async_, sparse_allreduce_async, synchronize, through_dist
 
 # a parameter's attribute holding the hook of the newest DistributedOptimizer that took it
 _HOOK_ATTRIBUTE = "_hvd_notebook_hook"
@@ -61,6 +61,8 @@ class _GradientReduction:
         self._group_ready: dict[tuple, int] = {g: 0 for g in set(self._groups.values())}
         self._synchronized, self._should_synchronize = False, True
         self._hooks: list[Any] = []
+        self._flats: dict[tuple, _FlatBucket | None] = {}  # a group's flat buffer, where it may have one
+        self._filling: dict[tuple, _FlatBucket | None] = {}  # this step's choice for each group begun
         backends = _backends(process_set)
         self._ranks = 1 if backends is None else backends.size
         self._noise = _StepNoise(op, self._ranks, process_set)
@@ -85,12 +87,47 @@ class _GradientReduction:
             if self._passes_left[p] > 0:
                 return
             group = self._groups[p]
-            self._group_ready[group] += 1
-            if self._group_ready[group] == len(group):
+            ready = self._group_ready[group]
+            flat = self._filling[group] if ready else self._begin(group)
+            if flat is not None and not flat.place(p):
+                self._filling[group] = self._flats[group] = flat.abandon()  # (a sparse gradient: the general way)
+            self._group_ready[group] = ready = ready + 1
+            if ready == len(group):
                 self._handles[group] = self._reduce_async(group)
                 self._group_ready[group] = 0
 
         return hook
+
+    def _begin(self, group: tuple) -> _FlatBucket | None:
+        """This step's way for ``group``, chosen as its first gradient is final: its flat buffer where the bucket
+        goes through ``torch.distributed`` with a plain average or sum (DDP's ``gradient_as_bucket_view`` way: each
+        gradient copied in, divided, by its hook; the buffer reduced in place), else None (one grouped call)."""
+        flat = None
+        if self._plain() and through_dist(group[0], self._process_set):
+            flat = self._flats.get(group, False)
+            if flat is False:
+                scale = 1.0 / self._ranks if self._op == ops.Average else 1.0
+                flat = self._flats[group] = _FlatBucket.of(group, scale)
+        self._filling[group] = flat and flat.begin()
+        return self._filling[group]
+
+    def _plain(self) -> bool:
+        """Are this optimizer's reductions a plain average or sum (no compression, predivision or sparse as
+        dense)?"""
+        return (self._op in (ops.Average, ops.Sum) and self._predivide == 1.0 and not self._sparse_as_dense
+                and self._compression is Compression.none)
+
+    def _reduce_flat(self, group: tuple, flat: _FlatBucket) -> list[tuple[tuple, Any, Any]] | None:
+        """Start reducing ``group``'s flat buffer (its gradients not placed by a hook placed now: zeros where a
+        parameter has none on this rank); None where a sparse gradient sends it the general way."""
+        for p in group:
+            if not flat.placed(p) and not flat.place(p, zeros=p.grad is None):
+                self._flats[group] = flat.abandon()
+                return None
+        self._noise.add_local_flat(flat.buffer, flat.scale)
+        handle = allreduce_async_(flat.buffer, name=self._parameter_names[group[0]], op=ops.Sum,
+                                  process_set=self._process_set)
+        return [(group, handle, flat)]
 
     def _scales(self) -> tuple[float, float]:
         """Horovod's split of an average around the sum: 1/f before it, f (and 1/size) after."""
@@ -101,7 +138,14 @@ class _GradientReduction:
     def _reduce_async(self, group: tuple) -> list[tuple[tuple, Any, Any]]:
         """Start reducing ``group``'s gradients: one grouped call for the dense ones, one sparse call each for
         the sparse ones (unless ``sparse_as_dense``); the parts as (parameters, handle, context). A parameter
-        frozen since (``requires_grad`` off, no gradient) takes no part, on every rank alike."""
+        frozen since (``requires_grad`` off, no gradient) takes no part, on every rank alike. A group filled
+        into its flat buffer (``_begin``) is one in-place call of that buffer."""
+        flat = self._filling[group] if group in self._filling else self._begin(group)
+        del self._filling[group]
+        if flat is not None and all(p.requires_grad for p in group):
+            parts = self._reduce_flat(group, flat)
+            if parts is not None:
+                return parts
         group = tuple(p for p in group if p.requires_grad or p.grad is not None)
         for p in group:
             if p.grad is None:  # no gradient on this rank; another rank may have one: take part with zeros
@@ -143,8 +187,13 @@ class _GradientReduction:
             if p.requires_grad and group not in self._handles:
                 self._handles[group] = self._reduce_async(group)
         noise = self._noise.reduce_local_async(next(iter(self._parameter_names.values())))
+        flats: list[_FlatBucket] = []
         for parts in self._handles.values():
             for params, handle, ctx in parts:
+                if isinstance(ctx, _FlatBucket):
+                    synchronize(handle)  # (the gradients are views of its buffer: nothing to copy back)
+                    flats.append(ctx)
+                    continue
                 if ctx == "sparse":
                     output = handle()  # (sparse_allreduce_async's handle is a function, as Horovod's)
                     with torch.no_grad():
@@ -154,12 +203,15 @@ class _GradientReduction:
                 for p, (c, compressed) in zip(params, ctx):
                     _set_grad(p, self._compression.decompress(compressed, c))
         if noise is not None:
-            self._noise.record(noise, [p.grad for p in self._parameter_names if p.requires_grad and p.grad is not None],
-                               self.backward_passes_per_step)
+            in_flats = {id(p) for flat in flats for p in flat.params}
+            grads = [p.grad for p in self._parameter_names if p.requires_grad and p.grad is not None
+                     and id(p) not in in_flats]
+            self._noise.record(noise, [flat.buffer for flat in flats] + grads, self.backward_passes_per_step)
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         for g in self._group_ready:
             self._group_ready[g] = 0
         self._handles.clear()
+        self._filling.clear()
         self._synchronized = True
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -275,6 +327,12 @@ class _StepNoise:
         if self.on:
             self.local_sq.append(_squared_norm(grads))
 
+    def add_local_flat(self, flat: torch.Tensor, scale: float) -> None:
+        """Keep the squared norm of gradients held in ``flat`` multiplied by ``scale`` (one dot product)."""
+        if self.on:
+            with torch.no_grad():
+                self.local_sq.append(torch.dot(flat, flat).float() / (scale * scale))
+
     def reduce_local_async(self, name: str) -> tuple[int, torch.Tensor] | None:
         """Start averaging the local squared norms over the ranks (a call named after ``name``), beside the
         gradients' reductions: (its handle, this rank's sum), or None where nothing was kept."""
@@ -317,6 +375,70 @@ def _set_grad(p: torch.Tensor, reduced: torch.Tensor) -> None:
             p.grad.zero_().add_(reduced.to_sparse() if not reduced.is_sparse else reduced)
         else:
             p.grad.copy_(reduced)
+
+
+class _FlatBucket:
+    """A group's gradients as views of one flat buffer (``buffer``; DDP's ``gradient_as_bucket_view``): each
+    copied in by its hook as it is final, multiplied by ``scale`` (1/ranks for an average, as DDP divides while it
+    copies), and ``.grad`` made its view; the buffer is then reduced in place with a sum. No pack, division or
+    unpack pass over the bucket."""
+
+    __slots__ = ("params", "buffer", "views", "scale", "index", "filled")
+
+    def __init__(self, group: tuple, scale: float) -> None:
+        first = group[0]
+        self.params = group
+        self.buffer = torch.zeros(sum(p.numel() for p in group), dtype=first.dtype, device=first.device)
+        self.views = [v.view_as(p) for v, p in zip(self.buffer.split([p.numel() for p in group]), group)]
+        self.index = {id(p): i for i, p in enumerate(group)}
+        self.scale, self.filled = scale, [False] * len(group)
+
+    @classmethod
+    def of(cls, group: tuple, scale: float) -> _FlatBucket | None:
+        """A flat bucket for ``group`` where its parameters share a float dtype and device (None elsewhere)."""
+        first = group[0]
+        if first.dtype not in (torch.float32, torch.float64) or any(
+                p.dtype != first.dtype or p.device != first.device for p in group):
+            return None
+        return cls(group, scale)
+
+    def begin(self) -> _FlatBucket:
+        """Start a step: no gradient placed yet."""
+        self.filled = [False] * len(self.filled)
+        return self
+
+    def placed(self, p: torch.Tensor) -> bool:
+        return self.filled[self.index[id(p)]]
+
+    def place(self, p: torch.Tensor, zeros: bool = False) -> bool:
+        """Make ``p``'s gradient its view, scaled (zeros where ``zeros``: none on this rank); False for a sparse
+        one."""
+        i = self.index[id(p)]
+        view, grad = self.views[i], p.grad
+        with torch.no_grad():
+            if zeros:
+                view.zero_()
+            elif grad.layout != torch.strided:
+                return False
+            elif grad is view:  # (zero_grad(set_to_none=False): backward accumulated into the view)
+                if self.scale != 1.0:
+                    view.mul_(self.scale)
+            elif self.scale == 1.0:
+                view.copy_(grad)
+            else:
+                torch.mul(grad, self.scale, out=view)
+            p.grad = view
+        self.filled[i] = True
+        return True
+
+    def abandon(self) -> None:
+        """Undo this step's scaling of the gradients placed so far (they stay views: the general way reduces
+        them in place)."""
+        with torch.no_grad():
+            for view, filled in zip(self.views, self.filled):
+                if filled and self.scale != 1.0:
+                    view.div_(self.scale)
+        self.begin()
 
 
 def _squared_norm(grads: list[torch.Tensor]) -> torch.Tensor:
