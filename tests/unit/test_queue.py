@@ -267,3 +267,21 @@ def _outcome(placement, rules):
         return placement.take_gpus(["0", "1"], 1, "test", rules)
     except Exception as exc:
         return exc
+
+
+def test_a_start_for_every_free_gpu_leaves_those_the_starts_behind_it_want(node, sleeper):
+    import threading
+
+    holder = leases.acquire(["0", "1"], 2, "another user's stand-in")
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(queue.acquire(["0", "1"], None, "one rank per free GPU")))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not list((node / "queue").glob("wait-*.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.05)
+    _write(node / "queue", sleeper.pid, sleeper.create_time())  # another start, behind it, wants one
+    holder.release()
+    waiter.join(30)
+    assert got and got[0].gpus == ["0"], got  # not both: GPU 1 is for the start behind
+    got[0].release()

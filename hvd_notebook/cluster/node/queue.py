@@ -419,11 +419,12 @@ def _wait(gpus: list[str], n: int | None, owner: str, at_most: int | None, wante
             if mine is None:  # (removed by root, or it no longer counts): queue again, at the back
                 leave(path)
                 path = enqueue(wanted)
+                time.sleep(POLL_S)
                 continue
             head = _TURNS.head(view.line, len(view.free), len(gpus), time.time(), me=mine.key)
             if head is mine and len(view.free) >= wanted:
                 try:
-                    lease = leases.acquire(gpus, n, owner, at_most)
+                    lease = leases.acquire(gpus, n, owner, _spare(view, mine, at_most) if n is None else at_most)
                 except LeaseError:
                     pass  # (taken meanwhile by a start outside the queue)
                 else:
@@ -434,6 +435,14 @@ def _wait(gpus: list[str], n: int | None, owner: str, at_most: int | None, wante
     finally:
         leave(path)
         shown.close(outcome)
+
+
+def _spare(view: View, mine: Entry, at_most: int | None) -> int:
+    """How many GPUs a served start that asked for one per free GPU (``-n`` omitted) takes: the free ones less
+    those the starts behind it want, one at least, ``at_most`` at most."""
+    behind = sum(e.gpus for e in view.line[view.line.index(mine) + 1:] if not _TURNS.lost(e))
+    spare = max(1, len(view.free) - behind)
+    return spare if at_most is None else min(spare, at_most)
 
 
 def _ahead_text(entries: list[Entry]) -> str:
