@@ -41,6 +41,8 @@ REPORT_FILE = "report.json"
 ENGINE_NAMES = frozenset({"hvd", "In", "Out", "_", "__", "___", "_i", "_ii", "_iii", "_ih", "_oh", "_dh", "exit",
                           "quit", "get_ipython", "_exit_code"})
 _HISTORY_NAME = re.compile(r"_i?\d+$")  # IPython's _5, _i5
+# ipyparallel's names for the call being applied (the save itself): _<session>_<pid>_<n>_f, ..._args, ..._result
+_APPLY_NAME = re.compile(r"_[0-9a-f]{8}_[0-9a-f]{24}_\d+_\d+_(?:f|args|kwargs|result)$")
 _restored: dict[str, Any] = {}  # name: the object restore() put there, for reconcile()
 _kept_states: dict[str, tuple[str, Any]] = {}  # name: the state of an object that is made again by replay
 _process: list[dict[str, Any]] = []  # the RNGs restored: set again after the replay, which may have drawn from them
@@ -50,9 +52,21 @@ class RankMismatchError(RuntimeError):
     """The state in a folder was saved by another rank than the one restoring it."""
 
 
+def _shell_names(namespace: dict[str, Any]) -> dict[str, Any]:
+    """What IPython itself put in ``namespace`` (``open``, ``exit``...), where it is the running shell's."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return {}
+    shell = get_ipython()
+    return shell.user_ns_hidden if shell is not None and shell.user_ns is namespace else {}
+
+
 def _user_names(namespace: dict[str, Any]) -> dict[str, Any]:
+    hidden = _shell_names(namespace)
     return {name: value for name, value in namespace.items()
-            if name not in ENGINE_NAMES and not name.startswith("__") and not _HISTORY_NAME.match(name)}
+            if name not in ENGINE_NAMES and not name.startswith("__") and not _HISTORY_NAME.match(name)
+            and not _APPLY_NAME.match(name) and not (name in hidden and hidden[name] is value)}
 
 
 def _rank(namespace: dict[str, Any]) -> int:

@@ -37,7 +37,8 @@ def _round_trip(namespace, folder):
 def test_shared_objects_stay_shared_and_engine_names_are_left_out(folder):
     shared = [1, 2, 3]
     namespace = {"a": shared, "b": shared, "nested": {"again": shared}, "np": np, "array": np.arange(4),
-                 "hvd": object(), "In": ["x"], "_5": "out", "_i5": "in", "__builtins__": {}}
+                 "hvd": object(), "In": ["x"], "_5": "out", "_i5": "in", "__builtins__": {},
+                 "_1a2b3c4d_0123456789abcdef01234567_4242_7_args": ("folder",)}  # (ipyparallel's, the call's)
     report, restored, fresh = _round_trip(namespace, folder)
     assert fresh["a"] is fresh["b"] is fresh["nested"]["again"] and fresh["a"] == [1, 2, 3]
     assert fresh["np"] is np and fresh["array"].tolist() == [0, 1, 2, 3]
@@ -282,3 +283,15 @@ def test_keras_dropout_masks_and_unseeded_draws_go_on_alike(folder):
     draws = keras.random.uniform((3,)).numpy()
     assert all(np.array_equal(a, b) for a, b in zip(namespace["model"].get_weights(), expected[0], strict=True))
     assert np.array_equal(draws, expected[1])
+
+
+def test_what_ipython_puts_in_its_namespace_is_left_out(folder):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_cell("steps = [1, 2]")
+        report = suspension.save(shell.user_ns, str(folder))
+    finally:
+        InteractiveShell.clear_instance()  # (other tests expect no shell in this process)
+    assert report["saved"] == ["steps"]  # (not IPython's own open)
