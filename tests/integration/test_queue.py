@@ -42,6 +42,7 @@ from conftest import (
 )
 
 from hvd_notebook.cluster.node import leases, queue
+from hvd_notebook.private import user_name
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -116,7 +117,8 @@ def test_a_start_waits_in_the_queue_shows_its_place_and_an_interrupt_leaves_at_o
         reply, _ = shell_reply(kc, msg_id), thread.join(30)
         out = _text(msgs)
         assert reply["content"]["status"] == "error", out
-        assert "needs 1 GPU(s), but only 0 of this host's 2 (none) are free" in out and "Held: GPU 0 by root" in out
+        assert "needs 1 GPU(s), but only 0 of this host's 2 (none) are free" in out, out
+        assert f"Held: GPU 0 by {user_name()}" in out, out
         assert not list((node / "queue").iterdir())  # --no-wait never queued
         # waiting: an entry, the place shown; the stop button leaves the queue at once
         msg_id, msgs, thread = _run(kc, start)
