@@ -176,6 +176,8 @@ def save(namespace: dict[str, Any], folder: str) -> dict[str, Any]:
     try:
         size, unsaved = _write_state(target, header, {"values": values, "process": process, "states": {}},
                                      namespace), {}
+    except OSError:  # the disk's (full, gone): no name is to blame
+        raise
     except Exception:  # (one object fails the one call: find which, and save the rest in one call)
         values, unsaved = _split(values, namespace)
         states = {n: s for n in unsaved if (s := _kept_state(namespace[n], namespace)) is not None}

@@ -177,8 +177,6 @@ def _keras_reduce(obj: Any) -> Any:
         return NotImplemented
     if isinstance(obj, module.Model):
         return _reduce_model(obj, flavour, module)
-    if hasattr(obj, "_distributed_container"):  # (never: a guard against tf.distribute wrappers)
-        raise Unsaveable("an optimizer under a tf.distribute strategy")
     config = obj.get_config()
     values = [host_array(v) for v in _variables(obj)]
     extras = {k: getattr(obj, k) for k in ("_hvd_noise",) if hasattr(obj, k)}
