@@ -16,8 +16,9 @@ the pickle holds the report (JSON: read without unpickling anything).
 The folder must be this user's own with no access for others, and the pickle a regular file of this user's:
 both are checked (``private``) before a byte is unpickled, since unpickling runs code.
 
-The API as first agreed, with one addition: ``restore``'s report also has ``lost`` (what of a restored object could
-not be given back: a custom loop's Keras optimizer whose model is not in the namespace).
+The API as first agreed, with two additions: ``restore``'s report also has ``lost`` (what of a restored object
+could not be given back: a custom loop's Keras optimizer whose model is not in the namespace), and
+``reconcile``'s ``not_loaded`` (unsaved names whose kept state could not be loaded into what the replay made).
 """
 
 from __future__ import annotations
@@ -246,7 +247,8 @@ def reconcile(namespace: dict[str, Any]) -> dict[str, Any]:
         namespace: the namespace ``restore`` filled, after the replay.
 
     Returns:
-        ``{"loaded": [names], "kept_restored": [names]}``.
+        ``{"loaded": [names], "kept_restored": [names], "not_loaded": {name: why}}``: ``not_loaded``, the unsaved
+        names whose kept state could not be given to what the replay made (or that it did not make).
     """
     loaded, kept = [], []
     for name, restored in _restored.items():
@@ -262,12 +264,20 @@ def reconcile(namespace: dict[str, Any]) -> dict[str, Any]:
         else:
             namespace[name] = restored
             kept.append(name)
+    not_loaded = {}
     for name, (kind, payload) in _kept_states.items():
-        if name in namespace:
+        if name not in namespace:
+            not_loaded[name] = "the replay did not make it again"
+            continue
+        try:
             formats.load_into(namespace[name], kind, payload)
+        except Exception as exc:  # (what the replay made differs from what was saved)
+            text = " ".join(str(exc).split())[:200]
+            not_loaded[name] = f"its saved state does not fit what the replay made: {type(exc).__name__}: {text}"
+        else:
             loaded.append(name)
     if _process:  # (a replayed cell may have drawn random numbers, or seeded)
         formats.set_process_state(_process.pop())
     _restored.clear()
     _kept_states.clear()
-    return {"loaded": sorted(loaded), "kept_restored": sorted(kept)}
+    return {"loaded": sorted(loaded), "kept_restored": sorted(kept), "not_loaded": not_loaded}

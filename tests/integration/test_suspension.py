@@ -78,4 +78,6 @@ def test_the_reports_name_what_was_replayed_and_loaded(worlds):
         assert {"k3", "k2", "net", "ddp_net", "ddp_opt", "train", "step", "x"} <= set(saved["saved"])
         resumed = reports["second"][rank]["resume"]
         assert resumed["restore"]["rank"] == rank and resumed["restore"]["unsaved"] == ["ddp", "opt"]
-        assert resumed["reconcile"] == {"loaded": ["ddp", "ddp_net", "ddp_opt", "opt"], "kept_restored": []}
+        assert resumed["reconcile"] == {"loaded": ["ddp", "ddp_net", "ddp_opt", "opt"], "kept_restored": [],
+                                        "not_loaded": {}}
+        assert resumed["restore"]["lost"] == {}

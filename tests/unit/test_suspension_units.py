@@ -142,7 +142,7 @@ def test_reconcile_loads_into_what_the_replay_made_and_puts_plain_values_back(fo
     replayed, epoch_zero = namespace["model"], 0
     namespace["epoch"] = epoch_zero
     outcome = suspension.reconcile(namespace)
-    assert outcome == {"loaded": ["model", "wrapper"], "kept_restored": ["epoch"]}
+    assert outcome == {"loaded": ["model", "wrapper"], "kept_restored": ["epoch"], "not_loaded": {}}
     assert namespace["model"] is replayed and namespace["wrapper"].module is replayed
     assert torch.equal(replayed.weight, model.weight) and namespace["epoch"] == 5
 
@@ -295,3 +295,15 @@ def test_what_ipython_puts_in_its_namespace_is_left_out(folder):
     finally:
         InteractiveShell.clear_instance()  # (other tests expect no shell in this process)
     assert report["saved"] == ["steps"]  # (not IPython's own open)
+
+
+def test_a_kept_state_that_does_not_fit_what_the_replay_made_is_named(folder):
+    torch = pytest.importorskip("torch")
+    suspension.save({"wrapper": _Unpicklable(torch.nn.Linear(3, 2)), "other": _Unpicklable(torch.nn.Linear(1, 1))},
+                    str(folder))
+    namespace: dict = {}
+    suspension.restore(namespace, str(folder))
+    namespace["wrapper"] = _Unpicklable(torch.nn.Linear(5, 2))  # (the replay made another shape; "other": nothing)
+    outcome = suspension.reconcile(namespace)
+    assert outcome["loaded"] == [] and sorted(outcome["not_loaded"]) == ["other", "wrapper"]
+    assert "size mismatch" in outcome["not_loaded"]["wrapper"] and "did not make" in outcome["not_loaded"]["other"]
