@@ -21,6 +21,7 @@ from . import auto, debugging, failures, sweep
 from .auto import AutoCells
 from .failures import HvdError
 from .session import Session
+from .suspending import keep_record
 
 
 class _HelpShown(Exception):
@@ -311,6 +312,7 @@ class HvdMagics(Magics):
             print(f"This notebook's suspended cluster {kept.id} is kept: %hvd resume {kept.id} takes it back once "
                   f"this one is suspended or stopped; %hvd delete {kept.id} throws it away.")
         ranks = session.start(ClusterOptions.from_arguments(args), restart=args.restart)
+        keep_record(session.require(), session.options, session.history)  # (--keep: what the reaper suspends)
         print(f"Started {len(ranks)} MPI ranks ({describe_hvd(ranks[0])}).\n{format_rank_table(ranks)}")
         rules = session.require().rules.describe()
         if rules:

@@ -19,6 +19,7 @@ from .cell import RankValue, RunningCell
 from .failures import HvdError, RankDied
 from .panel import ActivityState, PanelLink
 from .recovery import ElasticCommits, RecordedCell, replay
+from .suspending import keep_record
 
 
 class Host(Protocol):
@@ -161,6 +162,7 @@ class CellRunner:
                 session.lose_cluster()
         if record:
             session.history.append(RecordedCell(code, None if ranks == all_ranks else list(ranks), timeout))
+            keep_record(cluster, session.options, session.history)  # (a --keep cluster: the reaper's record)
         return value
 
     def _max_resets(self) -> int:

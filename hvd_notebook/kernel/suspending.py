@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .. import private
@@ -35,6 +36,7 @@ from ..cluster.launching.suspension import (
     remove_expired,
     suspended_root,
     tree_size,
+    write_keep,
 )
 from ..config import PREFIX
 from ..engine import suspend_here
@@ -115,12 +117,8 @@ class Suspension:
             raise HvdError(f"The cluster was not suspended: {exc}. It runs on as it was (nothing was lost; the "
                            "ranks that did save threw it away).") from None
         timings.mark("save")
-        gpus = list(cluster.gpus)
-        manifest = Manifest(id=ident, user=private.user_name(), kernel=os.getpid(), ranks=len(ranks), gpus=gpus,
-                            options=options_record(session.options),
-                            cells=[SavedCell(c.code, c.ranks, c.timeout, bound_names(c.code)) for c in session.history],
-                            saves=[saves[r] for r in ranks], suspended=time.time(), seconds=timings.total,
-                            bytes=tree_size(making.path), why=why)
+        manifest = replace(draft(cluster, session.options, session.history, ident), saves=[saves[r] for r in ranks],
+                           suspended=time.time(), seconds=timings.total, bytes=tree_size(making.path), why=why)
         self.own = making.finish(manifest)
         session.stop()  # the ranks end, the GPUs' leases go back to the node, the card leaves the register
         timings.mark("stop")
@@ -149,7 +147,7 @@ class Suspension:
         ``keep_on_kernel_end``), suspend it, ranks still running a cell interrupted first; whether it was (else the
         caller stops it; a failed suspend is logged)."""
         cluster, options = self.session.cluster, self.session.options
-        if cluster is None or options is None or not (options.keep or cluster.rules.keep_on_kernel_end):
+        if cluster is None or options is None or not keeps(cluster, options):
             return False
         try:
             cut = interrupt_running(cluster)
@@ -222,6 +220,7 @@ class Suspension:
         self._restore(target, manifest, claim, timings)
         self.own, self.note = None, None
         replayed = _replay(session, manifest, timings, say)
+        keep_record(session.require(), session.options, session.history)
         return describe_resume(manifest, timings, replayed)
 
     def _restore(self, target: Suspended, manifest: Manifest, claim: Claim, timings: Timings) -> None:
@@ -262,6 +261,46 @@ class Suspension:
         if self.own is not None and self.own.id == ident:
             self.own, self.note = None, None
         return said
+
+
+def draft(cluster: MPICluster, options: ClusterOptions, history: list[RecordedCell], ident: str) -> Manifest:
+    """The manifest of a suspend of ``cluster`` as ``ident``, before its ranks saved: who, its shape and start
+    options, the recorded cells with the names each binds.
+
+    Args:
+        cluster: the running cluster.
+        options: its start options.
+        history: the recorded cells.
+        ident: the suspended cluster's name.
+    """
+    return Manifest(id=ident, user=private.user_name(), kernel=os.getpid(), ranks=len(cluster.ranks),
+                    gpus=list(cluster.gpus), options=options_record(options),
+                    cells=[SavedCell(c.code, c.ranks, c.timeout, bound_names(c.code)) for c in history],
+                    saves=[], suspended=0.0, seconds=0.0, bytes=0)
+
+
+def keeps(cluster: MPICluster, options: ClusterOptions) -> bool:
+    """Whether the cluster is suspended, not stopped, when its kernel ends (``--keep``, ``keep_on_kernel_end``).
+
+    Args:
+        cluster: the running cluster.
+        options: its start options.
+    """
+    return options.keep or cluster.rules.keep_on_kernel_end
+
+
+def keep_record(cluster: MPICluster, options: ClusterOptions | None, history: list[RecordedCell]) -> None:
+    """Where the cluster is to be kept, what the reaper needs to suspend it if the kernel dies outright
+    (``suspension.write_keep``): after its start and each recorded cell.
+
+    Args:
+        cluster: the running cluster.
+        options: its start options.
+        history: the recorded cells.
+    """
+    if options is None or cluster.workdir is None or not keeps(cluster, options):
+        return
+    write_keep(cluster, draft(cluster, options, history, cluster.workdir.name))
 
 
 def _replay(session: Host, manifest: Manifest, timings: Timings, say: Callable[[str], None]) -> list[RecordedCell]:

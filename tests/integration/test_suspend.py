@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import assert_gone, comes_within, figure
@@ -108,14 +109,18 @@ class Shell:
                                      stderr=subprocess.STDOUT, text=True, env=os.environ)
 
     def run(self, cell: str) -> tuple[bool, str]:
-        self.proc.stdin.write(cell.replace("\n", "\\n") + "\n")
-        self.proc.stdin.flush()
+        self.send(cell)
         said = []
         for line in self.proc.stdout:
             if line.startswith("DONE "):
                 return line.split()[1] == "ok", "".join(said)
             said.append(line)
         raise AssertionError(f"the shell ended:\n{''.join(said)}")
+
+    def send(self, cell: str) -> None:
+        """Start ``cell`` without waiting for it."""
+        self.proc.stdin.write(cell.replace("\n", "\\n") + "\n")
+        self.proc.stdin.flush()
 
     def end(self) -> None:
         """The kernel ends (its stdin closed: atexit runs, as at a kernel's shutdown)."""
@@ -199,3 +204,27 @@ def test_a_kept_cluster_is_suspended_when_its_kernel_ends_and_a_new_kernel_resum
     assert result.success and "(suspended at " in out and ": its kernel ended): 2 rank(s)" in out, out
     result, out = run("%%hvd --all-output\nprint('z is', z)")
     assert "[0] z is [0, 0, 0]" in out and "[1] z is [1, 1, 1]" in out, out
+
+
+def test_a_kept_cluster_whose_kernel_is_killed_in_a_cell_is_suspended_by_its_reaper(session, run, private):
+    first = Shell()
+    try:
+        ok, out = first.run("%hvd start -n 2 --keep")
+        assert ok, out
+        ok, out = first.run("%%hvd\nw = {'rank': hvd.rank()}")
+        assert ok, out
+        ok, out = first.run("print('PIDS', sorted(__import__('hvd_notebook.kernel.session').kernel.session.Session"
+                            ".get().cluster.pids()))")
+        pids = {int(p) for p in out.split("PIDS", 1)[1].strip().strip("[]").split(",")}
+        first.send("%%hvd\nimport time\nwhile True: time.sleep(0.1)")
+        time.sleep(3)  # (the cell runs on the ranks)
+    finally:
+        first.proc.kill()  # SIGKILL: no atexit; the reaper finds the kernel gone
+        first.proc.wait()
+    suspended = private / "hvd_notebook" / "suspended"
+    assert comes_within(lambda: suspended.is_dir() and [p for p in suspended.iterdir() if p.name[0] != "."], 120.0, 0.5)
+    assert_gone(pids, timeout=60)
+    result, out = run("%hvd resume")
+    assert result.success and ": its kernel died while a cell ran, which was interrupted): 2 rank(s)" in out, out
+    result, out = run("%%hvd --all-output\nprint('w is', w)")
+    assert "[0] w is {'rank': 0}" in out and "[1] w is {'rank': 1}" in out, out

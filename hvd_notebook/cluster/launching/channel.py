@@ -273,3 +273,18 @@ class RankChannel:
                 return result.get(timeout=QUEUE_ANSWER_S)
             except TimeoutError:  # (ipyparallel's is one)
                 self._queues(None, QUEUE_ANSWER_S)
+
+
+def connect(connection_file: str, engine_of_rank: dict[int, int]) -> RankChannel:
+    """A second client of a running world, from its controller's connection file (which its owner alone can read):
+    the reaper's, suspending a ``--keep`` cluster whose kernel died.
+
+    Args:
+        connection_file: the controller's ``ipcontroller-*-client.json``.
+        engine_of_rank: rank -> engine id, as the world bound them.
+    """
+    import ipyparallel
+
+    channel = RankChannel(ipyparallel.Client(connection_file))
+    channel.bind(engine_of_rank)
+    return channel

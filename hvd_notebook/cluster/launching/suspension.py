@@ -23,9 +23,10 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,8 +34,10 @@ from ... import private
 from ...config import ClusterOptions
 from ...liveness import pid_alive
 from ..errors import ClusterError
+from ..processes.workdir import KEEP_FILE
 
 if TYPE_CHECKING:
+    from .channel import RankChannel
     from .cluster import MPICluster
 
 SUSPENDED_DIR = "suspended"
@@ -387,13 +390,13 @@ class Claim:
 
 
 # ------------------------------------------------------------------ calls on the ranks
-def on_each_rank(cluster: MPICluster, func: Callable[..., Any], args_of: dict[int, tuple], what: str,
+def on_each_rank(cluster: MPICluster | Orphan, func: Callable[..., Any], args_of: dict[int, tuple], what: str,
                  timeout: float | None = None) -> dict[int, Any]:
     """``func(*args_of[rank])`` on each rank at once: rank -> its value. A ClusterError naming the rank where one
     raised, died, or (with ``timeout``) did not answer in time; the others' calls still run then.
 
     Args:
-        cluster: the running cluster.
+        cluster: the running cluster (or a dead kernel's, ``Orphan``).
         func: a function of the engine side.
         args_of: each rank's arguments.
         what: what the call does, for the error ("saving its state").
@@ -424,7 +427,7 @@ def on_each_rank(cluster: MPICluster, func: Callable[..., Any], args_of: dict[in
     return values
 
 
-def interrupt_running(cluster: MPICluster, grace: float = 10.0) -> bool:
+def interrupt_running(cluster: MPICluster | Orphan, grace: float = 10.0) -> bool:
     """Interrupt the ranks that run a cell now (a kernel that ends while one runs), and wait up to ``grace`` seconds
     until none does; whether any did. A ClusterError where some still run then (blocked in a collective: no save
     request would get through).
@@ -465,3 +468,98 @@ class Timings:
     @property
     def total(self) -> float:
         return sum(self.steps.values())
+
+
+# ------------------------------------------------------------------ a --keep cluster whose kernel died
+def write_keep(cluster: MPICluster, draft: Manifest) -> None:
+    """What the reaper needs to suspend a ``--keep`` cluster whose kernel died: the manifest as far as the kernel
+    knows it, and each rank's engine and process (``KEEP_FILE`` in the cluster's directory).
+
+    Args:
+        cluster: the running cluster.
+        draft: the manifest, without the ranks' reports.
+    """
+    if cluster.workdir is not None:
+        private.write_text(cluster.workdir / KEEP_FILE, json.dumps({
+            "manifest": json.loads(draft.to_json()), "engines": {r.rank: r.engine_id for r in cluster.ranks},
+            "pids": {r.rank: r.pid for r in cluster.ranks}}))
+
+
+@dataclass
+class Orphan:
+    """A dead kernel's ``--keep`` cluster, as the reaper's suspend reaches it: a second client of its controller.
+
+    Args:
+        channel: the rank channel of the second client.
+        pids: rank -> process id.
+    """
+
+    channel: RankChannel
+    pids: dict[int, int]
+
+    def alive(self) -> dict[int, bool]:
+        return {rank: pid_alive(pid) for rank, pid in self.pids.items()}
+
+
+def suspend_orphan(workdir: Path, timeout: float = 300.0) -> Suspended:
+    """Suspend the cluster in ``workdir`` whose kernel died (``KEEP_FILE`` says it is to be kept): ranks still in a
+    cell interrupted, each rank's state saved, the manifest written. The reaper then stops what is left.
+
+    Args:
+        workdir: the cluster's directory.
+        timeout: seconds the ranks get to save.
+    """
+    from .channel import connect
+
+    kept = json.loads(private.read_text(workdir / KEEP_FILE, max_bytes=MAX_MANIFEST_BYTES))
+    draft = Manifest.from_json(json.dumps(kept["manifest"]), workdir / KEEP_FILE)
+    engines = {int(r): int(e) for r, e in kept["engines"].items()}
+    files = sorted((workdir / "profile" / "security").glob("ipcontroller-*-client.json"))
+    if not files:
+        raise SuspendError(f"{workdir} has no controller connection file")
+    orphan = Orphan(connect(str(files[0]), engines), {int(r): int(p) for r, p in kept["pids"].items()})
+    try:
+        cut = interrupt_running(orphan)
+        making = Making(suspended_root(workdir.parent), draft.id, sorted(engines))
+        timings = Timings()
+        try:
+            saves = on_each_rank(orphan, _save_on_rank(), {r: (str(d),) for r, d in making.rank_dirs.items()},
+                                 "saving its state", timeout)
+        except BaseException:
+            making.abandon()
+            raise
+        timings.mark("save")
+        why = "its kernel died" + (" while a cell ran, which was interrupted" if cut else "")
+        manifest = replace(draft, saves=[saves[r] for r in sorted(saves)], suspended=time.time(),
+                           seconds=timings.total, bytes=tree_size(making.path), why=why)
+        return making.finish(manifest)
+    finally:
+        orphan.channel.close()
+
+
+def _save_on_rank() -> Callable[..., Any]:
+    from ...engine import suspend_here
+
+    return suspend_here.save
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hvd_notebook.cluster.launching.suspension CLUSTER_DIR``: the reaper's suspend of a ``--keep``
+    cluster whose kernel died; 0 where it was suspended.
+
+    Args:
+        argv: ``CLUSTER_DIR``.
+    """
+    if len(argv) != 2:
+        print("usage: python -m hvd_notebook.cluster.launching.suspension CLUSTER_DIR", file=sys.stderr)
+        return 2
+    try:
+        print(f"suspended {suspend_orphan(Path(argv[1])).id}")
+    except Exception as exc:  # (the reaper stops it then, as it would without --keep)
+        print(f"not suspended: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -59,6 +59,23 @@ def reap(workdir: WorkDir) -> int:
     return len(procs)
 
 
+def suspend_kept(workdir: WorkDir, timeout: float = 600.0) -> None:
+    """Where the dead kernel's cluster asked to be kept (``%hvd start --keep``), suspend it before it is reaped:
+    ``launching.suspension``'s own process saves every rank's state (run, not imported: this layer is below it).
+
+    Args:
+        workdir: the cluster's directory.
+        timeout: seconds the ranks get to save.
+    """
+    if workdir.kept:
+        try:
+            subprocess.run([sys.executable, "-m", "hvd_notebook.cluster.launching.suspension", str(workdir.path)],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           timeout=timeout)
+        except subprocess.TimeoutExpired:  # (the ranks are reaped anyway: nothing may outlive its kernel for long)
+            pass
+
+
 def watch(kernel_pid: int, workdir: WorkDir) -> None:
     """Reap the cluster once the kernel is gone; return when either is.
 
@@ -74,6 +91,7 @@ def watch(kernel_pid: int, workdir: WorkDir) -> None:
         return
     while workdir.path.exists():
         if not alive(kernel):
+            suspend_kept(workdir)
             reap(workdir)
             registry.remove(kernel_pid)  # (the kernel's card in the node's register)
             return

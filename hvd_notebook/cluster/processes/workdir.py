@@ -9,7 +9,9 @@ Each running cluster has a folder ``CLUSTER_ID/`` in the user's private folder
   PID reused by an unrelated process is never mistaken for one of ours;
 - ``profile/``: ipyparallel's profile directory (connection files, logs);
 - ``standby``: present while the cluster is another's warm standby (``standby``);
-- ``activity.json``: what the cluster does (``Activity``), written by its kernel on each change of state.
+- ``activity.json``: what the cluster does (``Activity``), written by its kernel on each change of state;
+- ``keep.json``: for a cluster started with ``--keep``, the manifest of its suspend as far as the kernel knows it
+  (``launching.suspension``), so that the reaper suspends it where the kernel dies.
 
 Beside the cluster directories, ``requests/`` holds the JupyterLab panel's requests to the kernels
 (``Request``) and their answers, named after the cluster (a restart gives the cluster a new directory: the
@@ -40,6 +42,7 @@ PROFILE_DIR = "profile"
 STANDBY_FILE = "standby"
 JOB_FILE = "job"
 ACTIVITY_FILE = "activity.json"
+KEEP_FILE = "keep.json"  # a --keep cluster's suspend, as its kernel last wrote it: what the reaper suspends
 REQUESTS_DIR = "requests"
 CELL_ENDS_S = 120.0  # how long a kernel asked to stop or restart waits for its interrupted cell to end
 
@@ -222,6 +225,11 @@ class WorkDir:
             self._write(STANDBY_FILE, "")
         else:
             (self.path / STANDBY_FILE).unlink(missing_ok=True)
+
+    @property
+    def kept(self) -> bool:
+        """Its kernel asked that it be suspended, not stopped, when the kernel ends (``KEEP_FILE``)."""
+        return (self.path / KEEP_FILE).is_file()
 
     @property
     def is_standby(self) -> bool:
