@@ -206,12 +206,15 @@ def test_a_kept_cluster_is_suspended_when_its_kernel_ends_and_a_new_kernel_resum
     assert "[0] z is [0, 0, 0]" in out and "[1] z is [1, 1, 1]" in out, out
 
 
-def test_a_kept_cluster_whose_kernel_is_killed_in_a_cell_is_suspended_by_its_reaper(session, run, private):
+def test_a_kept_cluster_whose_kernel_is_killed_in_a_cell_is_suspended_by_its_reaper(session, run, private,
+                                                                                      tmp_path):
     first = Shell()
     try:
         ok, out = first.run("%hvd start -n 2 --keep")
         assert ok, out
-        ok, out = first.run("%%hvd\nw = {'rank': hvd.rank()}")
+        # (an open file: its cell, recorded after the start, is what the resume replays)
+        ok, out = first.run(f"%%hvd\nw = {{'rank': hvd.rank()}}\nf = open({str(tmp_path / 'f')!r} + str(hvd.rank()), "
+                            "'w')")
         assert ok, out
         ok, out = first.run("print('PIDS', sorted(__import__('hvd_notebook.kernel.session').kernel.session.Session"
                             ".get().cluster.pids()))")
@@ -226,5 +229,5 @@ def test_a_kept_cluster_whose_kernel_is_killed_in_a_cell_is_suspended_by_its_rea
     assert_gone(pids, timeout=60)
     result, out = run("%hvd resume")
     assert result.success and ": its kernel died while a cell ran, which was interrupted): 2 rank(s)" in out, out
-    result, out = run("%%hvd --all-output\nprint('w is', w)")
-    assert "[0] w is {'rank': 0}" in out and "[1] w is {'rank': 1}" in out, out
+    result, out = run("%%hvd --all-output\nprint('w is', w, 'f open', not f.closed)")
+    assert "[0] w is {'rank': 0} f open True" in out and "[1] w is {'rank': 1} f open True" in out, out
