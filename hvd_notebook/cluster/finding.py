@@ -90,6 +90,21 @@ def own_cluster_dirs(cards: list[registry.Card] | None = None) -> list[Path]:
     return [path for path in sorted(found) if path.name in names and private.is_private_dir(path)]
 
 
+def own_suspended(cards: list[registry.Card] | None = None) -> list[Suspended]:
+    """This user's suspended clusters in every folder of theirs (``own_cluster_dirs``) that has a ``suspended/``
+    folder already (none is made: the panel only reads), oldest name first within each.
+
+    Args:
+        cards: the node's register as already read; None: read it.
+    """
+    found: dict[str, Suspended] = {}
+    for base in own_cluster_dirs(cards):
+        if (base / suspension.SUSPENDED_DIR).is_dir():
+            for suspended in suspension.find_suspended(base):
+                found.setdefault(suspended.id, suspended)
+    return list(found.values())
+
+
 def stop_orphans(clusters: list[ClusterDir], dry_run: bool) -> None:
     """Stop the orphaned ones of ``clusters``, saying what was stopped and what was left alone.
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import re
 import time
 
-from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
+from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs, own_suspended
+from ..cluster.launching.suspension import Claim, SuspendError, format_size
 from ..cluster.processes import stacks
 from ..cluster.processes.pids import ask_to_end
 from ..cluster.processes.workdir import CELL_ENDS_S
 from .readings import KERNEL_ACTIONS, SCRIPT_ACTIONS, SERVER_ACTIONS
 
-ACTIONS = (*KERNEL_ACTIONS, *SERVER_ACTIONS)
+SUSPENDED_ACTIONS = ("delete",)  # on a suspended cluster: answered here (what hvd-notebook delete does)
+ACTIONS = (*KERNEL_ACTIONS, *SERVER_ACTIONS, *SUSPENDED_ACTIONS)
 ANSWER_WITHIN_S = CELL_ENDS_S + 60.0  # a stop waits for an interrupted cell, then stops the cluster
 _CLUSTER_ID = re.compile(r"hvd-[0-9]+-[0-9]+")
 
@@ -43,6 +45,8 @@ def carry_out(cluster_id: str, action: str) -> str:
     """
     if action not in ACTIONS:
         raise ActionError(404, f"{action!r} is not an action of the panel: use one of {', '.join(ACTIONS)}.")
+    if action == "delete":
+        return _delete_suspended(cluster_id)
     found = _find(cluster_id)
     if action == "stacks":
         return _stacks(found)
@@ -77,6 +81,23 @@ def _find(cluster_id: str) -> ClusterDir:
             if found.path.name == cluster_id and not found.orphaned:
                 return found
     raise ActionError(404, f"You have no running cluster {cluster_id} on this node (it may have just ended).")
+
+
+def _delete_suspended(cluster_id: str) -> str:
+    """This user's suspended cluster ``cluster_id`` removed (``hvd-notebook delete``): 404 where it is not one of
+    theirs, 409 where a notebook takes it back right now."""
+    if not _CLUSTER_ID.fullmatch(cluster_id):
+        raise ActionError(404, f"{cluster_id!r} is not the name of a cluster (hvd-PID-NUMBER).")
+    target = next((s for s in own_suspended() if s.id == cluster_id), None)
+    if target is None:
+        raise ActionError(404, f"You have no suspended cluster {cluster_id} on this node (it may have just been "
+                               "resumed or deleted).")
+    size = target.size()
+    try:
+        Claim(target).done()
+    except SuspendError as exc:
+        raise ActionError(409, str(exc)) from None
+    return f"Deleted the suspended cluster {cluster_id} ({format_size(size)} freed)."
 
 
 def _stacks(found: ClusterDir) -> str:

@@ -1,6 +1,7 @@
 """The server extension's REST handlers, behind Jupyter's own authentication: what the panel shows
-(``GET hvd-notebook/clusters``) and its buttons (``POST hvd-notebook/clusters/ID/ACTION``). The server runs as
-the user, so it reads only what that user may read: their own clusters, and the node's public register."""
+(``GET hvd-notebook/clusters``) and its buttons (``POST hvd-notebook/clusters/ID/ACTION``; ``delete`` for a
+suspended one). The server runs as the user, so it reads only what that user may read: their own clusters and
+suspended clusters, and the node's public register."""
 
 from __future__ import annotations
 

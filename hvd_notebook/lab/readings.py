@@ -22,7 +22,8 @@ from typing import Any
 import psutil
 
 from .. import private
-from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs
+from ..cluster.finding import ClusterDir, find_clusters, own_cluster_dirs, own_suspended
+from ..cluster.launching.suspension import SuspendError
 from ..cluster.node import leases, policy, queue, registry
 from ..cluster.processes import stacks
 from ..cluster.processes.pids import same_process
@@ -37,6 +38,7 @@ SCRIPT_ACTIONS = ("stacks", "stop")  # a job of hvd-notebook run: its launcher e
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")  # how MPICH's and Open MPI's launchers say it
 MAX_WARNINGS = 64  # distinct warnings a server logs (a poll every 1.5 s would repeat each for ever)
 MAX_QUEUE_SHOWN = 32  # entries of the node's queue for GPUs in a reading (each user has at most 4 that count)
+MAX_SUSPENDED_SHOWN = 32  # this user's suspended clusters in a reading (each one's size is read from its files)
 _warned: set[str] = set()
 
 
@@ -122,6 +124,7 @@ class Readings:
                      "my_cpu_ranks": sum(c.ranks for c in mine.values() if not c.gpus)},
             "others": _others(cards, holders, me),
             "queue": _queue(me),
+            "suspended": _suspended(cards),
         }
 
     def _own_clusters(self, cards: list[registry.Card]) -> list[ClusterDir]:
@@ -273,6 +276,30 @@ def _queue(me: str) -> list[dict[str, Any]]:
         return []
     return [{"place": place, "user": entry.user, "gpus": entry.gpus, "since": entry.since, "mine": entry.user == me}
             for place, entry in enumerate(line[:MAX_QUEUE_SHOWN], start=1)]
+
+
+def _suspended(cards: list[registry.Card]) -> list[dict[str, Any]]:
+    """This user's own suspended clusters (``finding.own_suspended``: their private folders only, never
+    another user's), at most ``MAX_SUSPENDED_SHOWN``: each one's id, ranks, GPUs, size on disk, since when, why,
+    and the kernel that suspended it; one whose manifest cannot be read has ``error`` (and may be deleted)."""
+    try:
+        found = own_suspended(cards)[:MAX_SUSPENDED_SHOWN]
+    except OSError as exc:
+        _warn_once(f"hvd_notebook: the suspended clusters could not be read: {exc}")
+        return []
+    listed = []
+    for suspended in found:
+        entry: dict[str, Any] = {"id": suspended.id, "bytes": suspended.size(), "ranks": None, "gpus": [],
+                                 "since": None, "why": "", "kernel": None, "error": None}
+        try:
+            manifest = suspended.manifest()
+        except SuspendError as exc:
+            entry["error"] = str(exc)
+        else:
+            entry |= {"ranks": manifest.ranks, "gpus": list(manifest.gpus), "since": manifest.suspended,
+                      "why": manifest.why, "kernel": manifest.kernel}
+        listed.append(entry)
+    return listed
 
 
 def _warn_once(text: str) -> None:
