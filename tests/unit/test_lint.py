@@ -1,4 +1,4 @@
-"""The code passes ruff with the settings in pyproject.toml."""
+"""The code passes ruff with the settings in pyproject.toml; test modules have names of their own."""
 
 from __future__ import annotations
 
@@ -14,3 +14,14 @@ def test_ruff_is_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", "."],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_two_test_modules_share_a_basename():
+    # the test folders are not packages: one pytest run cannot import two modules of one name. make test's run
+    # collects unit and integration; tests/parallel is collected apart, inside its mpiexec worlds
+    for run in (("unit", "integration"), ("parallel",)):
+        seen: dict[str, list[str]] = {}
+        for path in sorted(p for folder in run for p in (ROOT / "tests" / folder).rglob("test_*.py")):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+        shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
+        assert not shared, f"rename one of each: {shared}"
