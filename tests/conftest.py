@@ -531,7 +531,7 @@ import sys
 from hvd_notebook.cluster import ClusterOptions
 from hvd_notebook.kernel.session import Session
 session = Session.get()
-session.start(ClusterOptions(n={n!r}, gpus={gpus!r}))
+session.start(ClusterOptions(n={n!r}, gpus={gpus!r}, wait={wait!r}))
 cluster = session.cluster
 print("READY", cluster.workdir, " ".join(str(p) for p in sorted(cluster.pids())),
       ",".join(r.device.replace(" ", "") for r in cluster.ranks), flush=True)
@@ -544,8 +544,10 @@ sys.stdin.read()  # until the test closes stdin; then atexit stops the cluster
 class Kernel:
     """A process standing in for a notebook kernel with a running cluster."""
 
-    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None, cell: str = "") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n, cell=cell)], cwd=ROOT_DIR,
+    def __init__(self, gpus: str = "none", n: int | None = 1, env: dict | None = None, cell: str = "",
+                 wait: bool = True) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", KERNEL.format(gpus=gpus, n=n, cell=cell, wait=wait)],
+                                     cwd=ROOT_DIR,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, env={**os.environ, **(env or {})})
         self.workdir: Path | None = None

@@ -68,7 +68,7 @@ print('trained: rank', hvd.rank(), 'loss', round(history.history['loss'][-1], 3)
 
 NOTEBOOKS = {
     "hvdt-alice": ["%hvd start -n 2", TRAIN, "%%hvd\nprint('still here')", "%hvd restart --replay"],
-    "hvdt-bob": ["%hvd start -n 2", "%hvd start", "%hvd start --restart -n 2", "%hvd stop"],
+    "hvdt-bob": ["%hvd start -n 2 --no-wait", "%hvd start", "%hvd start --restart -n 2", "%hvd stop"],
 }
 
 def _remove_users() -> None:

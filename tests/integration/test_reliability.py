@@ -73,7 +73,7 @@ def test_gpus_are_leased_between_notebooks(tmp_path):
     kernels = [a]
     try:
         assert a.devices == ["GPU0", "GPU1"], a.error
-        b = Kernel("auto", n=2, env=env).wait_ready()
+        b = Kernel("auto", n=2, env=env, wait=False).wait_ready()  # --no-wait: the error, not the queue
         kernels.append(b)
         assert b.workdir is None and b.proc.returncode != 0
         assert "-n 2 needs 2 GPU(s), but only 1 of this host's 3 (2) are free" in b.error, b.error
