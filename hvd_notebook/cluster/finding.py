@@ -23,7 +23,7 @@ from .launching.suspension import Suspended, SuspendError
 from .node import policy, registry, shm
 from .processes import stacks
 from .processes.pids import is_alive, live_processes
-from .processes.reaper import reap
+from .processes.reaper import reap, suspend_kept
 from .processes.workdir import WorkDir, find_workdirs, remove_leftovers
 
 
@@ -106,7 +106,8 @@ def own_suspended(cards: list[registry.Card] | None = None) -> list[Suspended]:
 
 
 def stop_orphans(clusters: list[ClusterDir], dry_run: bool) -> None:
-    """Stop the orphaned ones of ``clusters``, saying what was stopped and what was left alone.
+    """Stop the orphaned ones of ``clusters``, saying what was stopped and what was left alone; one whose kernel
+    asked that it be kept (``%hvd start --keep``) is suspended first, as its reaper would have.
 
     Args:
         clusters: this user's clusters (``find_clusters``).
@@ -122,6 +123,11 @@ def stop_orphans(clusters: list[ClusterDir], dry_run: bool) -> None:
             print(f"would stop {c.describe()}")
             continue
         pids = sorted(c.live_pids)
+        if c.workdir.kept:  # (its reaper was killed with its kernel: what it would have suspended, suspended here)
+            suspend_kept(c.workdir)
+            where = suspension.suspended_root(c.path.parent) / c.path.name
+            print(f"suspended {c.path.name} first, as its kernel asked (--keep)" if where.is_dir() else
+                  f"could not suspend {c.path.name} (--keep): its ranks did not save their state")
         killed = reap(c.workdir)
         print(f"stopped {c.path.name} ({c.started_by} is gone): killed {killed} process(es)"
               + (f" {pids}" if pids else "") + f", removed {c.path}")

@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
-from conftest import assert_gone, comes_within, figure
+from conftest import CLI, assert_gone, comes_within, figure
 
 from hvd_notebook.cluster.node import leases, registry
 
@@ -231,3 +232,36 @@ def test_a_kept_cluster_whose_kernel_is_killed_in_a_cell_is_suspended_by_its_rea
     assert result.success and ": its kernel died while a cell ran, which was interrupted): 2 rank(s)" in out, out
     result, out = run("%%hvd --all-output\nprint('w is', w, 'f open', not f.closed)")
     assert "[0] w is {'rank': 0} f open True" in out and "[1] w is {'rank': 1} f open True" in out, out
+
+
+def test_clean_suspends_a_kept_cluster_whose_kernel_and_reaper_were_both_killed(private):
+    """``hvd-notebook clean`` on a ``--keep`` cluster with no reaper left to suspend it: suspended, then stopped."""
+    first, reapers = Shell(), []
+    try:
+        ok, out = first.run("%hvd start -n 2 --keep")
+        assert ok, out
+        ok, out = first.run("%%hvd\nkept = [hvd.rank()] * 3")
+        assert ok, out
+        ok, out = first.run("c = __import__('hvd_notebook.kernel.session').kernel.session.Session.get().cluster\n"
+                            "print('AT', c.workdir, *sorted(c.pids()))")
+        assert ok, out
+        workdir, *pids = out.split("AT", 1)[1].split()
+        pids = {int(p) for p in pids}
+        reapers = [p for p in psutil.process_iter(["cmdline"]) if "hvd_notebook.cluster.processes.reaper" in
+                   " ".join(p.info["cmdline"] or []) and workdir in " ".join(p.info["cmdline"] or [])]
+        assert reapers, "the cluster has no reaper"
+    finally:
+        for process in reapers:  # (first: a reaper that saw its kernel die would suspend the cluster itself)
+            process.kill()
+        first.proc.kill()
+        first.proc.wait()
+    assert any(psutil.pid_exists(p) for p in pids - {first.proc.pid}), "nothing outlived the kernel: proves nothing"
+    cleaned = subprocess.run(CLI + ["clean"], capture_output=True, text=True, timeout=300)
+    ident = os.path.basename(workdir)
+    assert cleaned.returncode == 0 and f"suspended {ident} first" in cleaned.stdout, cleaned.stdout + cleaned.stderr
+    assert f"stopped {ident}" in cleaned.stdout, cleaned.stdout
+    assert_gone(pids - {first.proc.pid}, timeout=30)
+    from hvd_notebook.cluster.launching import suspension
+
+    manifest = suspension.find_one(ident).manifest()
+    assert manifest.ranks == 2 and all("kept" in save["saved"] for save in manifest.saves), manifest.saves
