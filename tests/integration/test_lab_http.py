@@ -275,3 +275,107 @@ def test_a_read_only_authorizer_shows_the_panel_and_refuses_its_buttons(lab):
         assert answer.status_code == 403, (action, answer.status_code, answer.text)
         assert "rank 0" not in answer.text and "stopped" not in answer.text, answer.text
     _still_runs(lab)
+
+
+def _own_base(lab: dict) -> Path:
+    """The private folder of the module's kernel (its card names its cluster's directory): where its suspends go."""
+    from hvd_notebook.cluster.node import registry
+
+    found = [Path(c.workdir).parent for c in registry.read_all() if c.cluster == lab["id"]]
+    assert found, f"no card of {lab['id']} in the node's register"
+    return found[0]
+
+
+def make_suspended(base: Path | None, ident: str, rank_bytes: int = 3000) -> Path:
+    """A suspended cluster of 2 ranks as a suspend writes it (``Making``: a folder per rank, then the manifest),
+    without ranks, in the private folder ``base`` (None: ``private.base_dir()``): each rank's state file
+    ``rank_bytes`` long. Its folder."""
+    from hvd_notebook.cluster.launching import suspension
+    from hvd_notebook.config import ClusterOptions
+
+    making = suspension.Making(suspension.suspended_root(base), ident, [0, 1])
+    for folder in making.rank_dirs.values():
+        (folder / "state.pkl").write_bytes(b"x" * rank_bytes)
+    saves = [{"rank": r, "bytes": rank_bytes, "seconds": 0.1, "saved": ["x"], "unsaved": {}} for r in (0, 1)]
+    manifest = suspension.Manifest(
+        id=ident, user=private.user_name(), kernel=os.getpid(), ranks=2, gpus=[],
+        options=suspension.options_record(ClusterOptions(n=2)), cells=[], saves=saves,
+        suspended=time.time() - 90, seconds=0.2, bytes=2 * rank_bytes, why="")
+    return making.finish(manifest).path
+
+
+def _delete(server: dict, ident: str, headers: dict | None = None) -> requests.Response:
+    return requests.post(f"{server['url']}/hvd-notebook/clusters/{ident}/delete",
+                         headers=_auth(server) if headers is None else headers, timeout=60)
+
+
+def test_a_suspended_cluster_is_listed_with_its_size_and_its_delete_removes_it(lab):
+    ident = f"hvd-{os.getpid()}-{secrets.randbelow(10**6)}"
+    folder = make_suspended(_own_base(lab), ident)
+    try:
+        listed = {s["id"]: s for s in _clusters(lab["server"]).json()["suspended"]}
+        entry = listed.get(ident)
+        assert entry is not None, listed
+        on_disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        assert entry["ranks"] == 2 and entry["bytes"] == on_disk and on_disk > 6000, (entry, on_disk)
+        assert abs(entry["since"] - (time.time() - 90)) < 60 and entry["kernel"] == os.getpid() and not entry["error"]
+        assert ident not in {c["id"] for c in _clusters(lab["server"]).json()["clusters"]}
+        refused = _delete(lab["read_only"], ident)  # (a viewer may read, not delete)
+        assert refused.status_code == 403 and folder.is_dir(), refused.text
+        deleted = _delete(lab["server"], ident)
+        assert deleted.status_code == 200 and f"Deleted the suspended cluster {ident}" in deleted.json()["text"], \
+            deleted.text
+        assert not folder.exists()
+        assert ident not in {s["id"] for s in _clusters(lab["server"]).json()["suspended"]}
+        again = _delete(lab["server"], ident)
+        assert again.status_code == 404 and "no suspended cluster" in again.json()["message"], again.text
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    _still_runs(lab)
+
+
+def test_a_made_up_or_running_id_is_not_deleted_and_is_404(lab):
+    for ident in ("hvd-999999999-1", "not-a-cluster", "hvd-1-1.x", lab["id"]):
+        answer = _delete(lab["server"], ident)
+        assert answer.status_code == 404 and answer.json()["message"], (ident, answer.text)
+    _still_runs(lab)
+
+
+def test_a_delete_without_the_xsrf_header_is_refused_and_the_state_kept(lab):
+    ident = f"hvd-{os.getpid()}-{secrets.randbelow(10**6)}"
+    folder = make_suspended(_own_base(lab), ident)
+    try:
+        url = lab["server"]["url"]
+        browser = requests.Session()
+        browser.get(f"{url}/login", timeout=60)
+        browser.post(f"{url}/login", data={"password": lab["server"]["token"], "_xsrf": browser.cookies["_xsrf"]},
+                     allow_redirects=False, timeout=60)
+        refused = browser.post(f"{url}/hvd-notebook/clusters/{ident}/delete", timeout=60)
+        assert refused.status_code == 403 and "_xsrf" in refused.text and folder.is_dir(), refused.text
+        assert ident in {s["id"] for s in _clusters(lab["server"]).json()["suspended"]}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_another_users_suspended_cluster_is_not_listed_nor_deleted(lab):
+    """A folder of user nobody's in this user's own ``suspended/`` (a name planted where the panel looks), and one
+    in nobody's own private folder: neither is listed, a delete of either is 404, and both stay."""
+    if os.geteuid() != 0:
+        pytest.skip("plants a suspended cluster of another uid (chown): needs root, as make test runs it")
+    planted = make_suspended(_own_base(lab), f"hvd-{NOBODY}-7")
+    theirs_base = lab["tmp"] / f"run-{NOBODY}" / "hvd_notebook"
+    theirs_base.mkdir(mode=0o700, parents=True)
+    theirs = make_suspended(theirs_base, f"hvd-{NOBODY}-8")
+    try:
+        for path in (*planted.rglob("*"), planted, *theirs.rglob("*"), theirs, theirs_base / "suspended",
+                     theirs_base, theirs_base.parent):
+            os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+        listed = {s["id"] for s in _clusters(lab["server"]).json()["suspended"]}
+        assert not listed & {planted.name, theirs.name}, listed
+        for folder in (planted, theirs):
+            answer = _delete(lab["server"], folder.name)
+            assert answer.status_code == 404 and folder.is_dir() and (folder / "manifest.json").is_file(), answer.text
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+        shutil.rmtree(lab["tmp"] / f"run-{NOBODY}", ignore_errors=True)
+    _still_runs(lab)
