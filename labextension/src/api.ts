@@ -85,6 +85,18 @@ export interface IQueueEntry {
   mine: boolean;
 }
 
+/** One of this user's suspended clusters: no process, its state on disk until resumed or deleted. */
+export interface ISuspended {
+  id: string;
+  ranks: number | null;
+  gpus: string[];
+  bytes: number;
+  since: number | null;
+  why: string;
+  kernel: number | null;
+  error: string | null;
+}
+
 export interface IClustersReply {
   time: number;
   user: string;
@@ -93,6 +105,7 @@ export interface IClustersReply {
   caps: ICaps | null;
   others: IOtherLease[];
   queue?: IQueueEntry[];
+  suspended?: ISuspended[];
 }
 
 export interface IActionReply {
@@ -172,6 +185,15 @@ export function postAction(
     `clusters/${encodeURIComponent(id)}/${action}`,
     { method: 'POST', body: '' },
     180000
+  );
+}
+
+/** POST hvd-notebook/clusters/<id>/delete: a suspended cluster's saved state thrown away. */
+export function deleteSuspended(id: string): Promise<IActionReply> {
+  return request<IActionReply>(
+    `clusters/${encodeURIComponent(id)}/delete`,
+    { method: 'POST', body: '' },
+    60000
   );
 }
 

@@ -16,6 +16,7 @@ import { Widget } from '@lumino/widgets';
 import {
   baseName,
   ClusterAction,
+  deleteSuspended,
   formatBytes,
   formatClock,
   formatDuration,
@@ -24,6 +25,7 @@ import {
   IClustersReply,
   INodeGpu,
   IRank,
+  ISuspended,
   plural,
   postAction,
   shortCommand,
@@ -441,12 +443,16 @@ export class HvdPanel extends Widget {
     this._queue.hidden = true;
     this._queue.appendChild(el('h3', 'hvd-subheading', 'Waiting for GPUs'));
     this._queue.appendChild(this._queueList);
+    this._suspended.hidden = true;
+    this._suspended.appendChild(el('h3', 'hvd-subheading', 'Suspended'));
+    this._suspended.appendChild(this._suspendedList);
     this.node.append(
       header,
       this._error,
       this._loading,
       this._empty,
       this._clusters,
+      this._suspended,
       this._nodeGpus,
       this._caps,
       this._others,
@@ -609,6 +615,7 @@ export class HvdPanel extends Widget {
     this._renderCaps(data);
     this._renderOthers(data);
     this._renderQueue(data);
+    this._renderSuspended(data);
   }
 
   private _renderGpus(data: IClustersReply): void {
@@ -720,6 +727,99 @@ export class HvdPanel extends Widget {
     );
   }
 
+  /** This user's suspended clusters: id, ranks, size on disk, since when, the line that resumes it, and Delete.
+   * Rebuilt only when what it shows changed, so that its buttons are not replaced under the pointer. */
+  private _renderSuspended(data: IClustersReply): void {
+    const suspended = data.suspended ?? [];
+    this._suspended.hidden = suspended.length === 0;
+    const key = JSON.stringify([suspended, Array.from(this._deleting)]);
+    if (key === this._suspendedKey) {
+      return;
+    }
+    this._suspendedKey = key;
+    this._suspendedList.replaceChildren(...suspended.map(s => this._suspendedRow(s)));
+  }
+
+  private _suspendedRow(entry: ISuspended): HTMLElement {
+    const row = el('div', 'hvd-suspended-entry');
+    row.dataset.id = entry.id;
+    const parts =
+      entry.error !== null
+        ? ['unreadable']
+        : [
+            plural(entry.ranks ?? 0, 'rank'),
+            `${formatBytes(entry.bytes)} on disk`,
+            entry.since !== null ? `since ${formatClock(entry.since)}` : ''
+          ].filter(Boolean);
+    const head = el('div', 'hvd-suspended-head');
+    head.appendChild(el('span', 'hvd-suspended-id', entry.id));
+    const meta = el('div', 'hvd-suspended-meta', parts.join(', '));
+    if (entry.why) {
+      meta.title = `suspended: ${entry.why}`;
+    }
+    const deleting = this._deleting.has(entry.id);
+    const remove = el(
+      'button',
+      'jp-Button jp-mod-styled jp-mod-warn hvd-suspended-delete',
+      deleting ? 'deleting…' : 'Delete'
+    );
+    remove.disabled = deleting;
+    remove.title = "throw this cluster's saved state away (it can no longer be resumed)";
+    remove.addEventListener('click', () => void this.deleteSuspended(entry));
+    head.appendChild(remove);
+    row.append(head, meta);
+    if (entry.error !== null) {
+      row.appendChild(el('div', 'hvd-suspended-error', entry.error));
+      return row;
+    }
+    const line = `%hvd resume ${entry.id}`;
+    const resume = el('div', 'hvd-suspended-resume');
+    resume.appendChild(el('code', 'hvd-suspended-command', line));
+    const copy = el(
+      'button',
+      'jp-Button jp-mod-styled jp-mod-reject hvd-suspended-copy',
+      'Copy'
+    );
+    copy.title = 'copy the line that takes it back, to run in a notebook';
+    copy.addEventListener('click', () => Clipboard.copyToSystem(line));
+    resume.appendChild(copy);
+    row.appendChild(resume);
+    return row;
+  }
+
+  /** Asks, as for Stop, then throws a suspended cluster's state away; a notification says what was freed. */
+  async deleteSuspended(entry: ISuspended): Promise<void> {
+    if (this._deleting.has(entry.id)) {
+      return;
+    }
+    const ranks = entry.ranks !== null ? `${plural(entry.ranks, 'rank')}' ` : '';
+    const result = await showDialog({
+      title: `Delete the suspended cluster ${entry.id}?`,
+      body:
+        `The saved state of its ${ranks}variables (${formatBytes(entry.bytes)} on disk) is thrown away: ` +
+        `%hvd resume ${entry.id} can no longer take it back.`,
+      buttons: [Dialog.cancelButton(), Dialog.okButton({ label: 'Delete', displayType: 'warn' })]
+    });
+    if (!result.button.accept) {
+      return;
+    }
+    this._deleting.add(entry.id);
+    this._render();
+    try {
+      const reply = await deleteSuspended(entry.id);
+      Notification.info(reply.text, { autoClose: 8000 });
+    } catch (error) {
+      await showErrorMessage(
+        'hvd_notebook: delete failed',
+        error instanceof Error ? error.message : String(error)
+      );
+    } finally {
+      await this.model.refresh();
+      this._deleting.delete(entry.id);
+      this._render();
+    }
+  }
+
   private _views = new Map<string, ClusterView>();
   private _pending = new Map<string, ClusterAction>();
   private _error = el('div', 'hvd-error');
@@ -733,6 +833,10 @@ export class HvdPanel extends Widget {
   private _otherList = el('div', 'hvd-others-list');
   private _queue = el('section', 'hvd-queue');
   private _queueList = el('div', 'hvd-queue-list');
+  private _suspended = el('section', 'hvd-suspended');
+  private _suspendedList = el('div', 'hvd-suspended-list');
+  private _suspendedKey = '';
+  private _deleting = new Set<string>();
 }
 
 /** The stacks' text in a dialog: a scrollable monospace <pre class="hvd-stacks">, with a Copy button. */

@@ -3,7 +3,8 @@ by Playwright), over a real 2-rank cluster: the panel lists it with its ranks; t
 cell trains; a stall in a named collective and a breakpoint show as such; the GPU columns are there where the
 driver answers and absent where it does not; a job of ``hvd-notebook run`` is listed by its command and stopped
 from its row; Stop (confirmed in its dialog) leaves no process, and the notebook's next ``%%hvd`` says the
-cluster was stopped from the panel. (The user's other clusters, of tests running beside this one, are in the
+cluster was stopped from the panel; a suspended cluster shows with its size and resume line, and its Delete
+(confirmed) removes it. (The user's other clusters, of tests running beside this one, are in the
 panel too: this notebook's is found by its name.) Another user's clusters (processes of another uid: root's run)
 are one line of the panel: a test of their own. Screenshots go to build/test-artifacts/ (docs/img/jupyterlab-*.png
 are taken from there)."""
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import CELL_DONE, CELL_TEXT, CLI, KERNEL_IDLE, RUN_CELL, artifacts_dir, browser_page, figure, jupyter_lab
+from test_lab_http import make_suspended
 from test_lab_panel import another_users_clusters, nvml_gpus
 
 CELLS = [
@@ -65,11 +67,14 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     from playwright.sync_api import sync_playwright
 
     _built()
-    node = tmp_path / "node"
+    node, runtime = tmp_path / "node", tmp_path / "run"
+    runtime.mkdir(mode=0o700)  # (the private folder of the lab, its kernels and this test: a suspended one planted)
     monkeypatch.setenv("HVD_NOTEBOOK_LEASE_DIR", str(node))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     artifacts = artifacts_dir()
     samples = []
-    with jupyter_lab(tmp_path, {"panel.ipynb": CELLS}, {"HVD_NOTEBOOK_LEASE_DIR": str(node)}) as lab, \
+    with jupyter_lab(tmp_path, {"panel.ipynb": CELLS}, {"HVD_NOTEBOOK_LEASE_DIR": str(node),
+                                                         "XDG_RUNTIME_DIR": str(runtime)}) as lab, \
             sync_playwright() as pw:
         browser, page = browser_page(pw, 1500, 950)
 
@@ -168,6 +173,17 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
             wait(CELL_DONE, 60, "the next cell", AFTER)
             told = page.evaluate(CELL_TEXT, AFTER)
             page.screenshot(path=str(artifacts / "jupyterlab-panel-stopped.png"))
+
+            # a suspended cluster: its row with its size and resume line; Delete, confirmed, removes it
+            suspended = make_suspended(None, "hvd-4242-1")
+            row = "#hvd-notebook-panel .hvd-suspended-entry[data-id='hvd-4242-1']"
+            page.wait_for_selector(row, timeout=30_000)
+            suspended_row = page.inner_text(row)
+            page.screenshot(path=str(artifacts / "jupyterlab-panel-suspended.png"))
+            page.click(f"{row} .hvd-suspended-delete")
+            page.click(".jp-Dialog .jp-mod-accept")
+            wait(f"() => !document.querySelector(\"{row}\")", 30, "the suspended row gone")
+            deleted = not suspended.exists()
         finally:
             browser.close()
 
@@ -189,6 +205,8 @@ def test_the_panel_shows_the_users_ranks_live_and_stops_the_cluster(tmp_path, mo
     assert job.returncode == 128 + signal.SIGTERM and "stopped by SIGTERM" in job_err, job_err
     assert not status_after
     assert "stopped from the JupyterLab panel at" in told, told
+    assert re.search(r"^2 ranks, [\d.]+ KiB on disk, since \d\d:\d\d$", suspended_row, re.M), suspended_row
+    assert "%hvd resume hvd-4242-1" in suspended_row and deleted, suspended_row
 
 
 def test_another_users_clusters_are_one_line_of_the_panel(tmp_path):
