@@ -8,6 +8,9 @@ marked `gpu` skips: a skip there would count as a pass unseen."""
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import pytest
 
@@ -50,3 +53,28 @@ def tf():
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     return tf
+
+
+def _in_threads(work: Callable[[Any], object], items: Iterable[Any]) -> dict[Any, BaseException]:
+    errors: dict[Any, BaseException] = {}
+
+    def run(item: Any) -> None:
+        try:
+            work(item)
+        except BaseException as exc:  # noqa: BLE001 (collected for the assertion)
+            errors[item] = exc
+
+    threads = [threading.Thread(target=run, args=(item,)) for item in items]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a collective never finished"
+    return errors
+
+
+@pytest.fixture
+def in_threads() -> Callable[[Callable[[Any], object], Iterable[Any]], dict[Any, BaseException]]:
+    """``in_threads(work, items)`` runs ``work(item)`` in one thread per item and returns the exceptions raised,
+    by item; it fails the test if a thread has not ended within 60 s (a collective that never finished)."""
+    return _in_threads

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import threading
 import time
 from collections import Counter
 from typing import Any
@@ -212,25 +211,8 @@ def test_a_grouped_call_is_one_concatenate_and_one_transport_call(backend, seam,
     assert backend.transport.kinds() == {"allreduce": 10}, backend.transport.calls
 
 
-def _in_threads(fn: Any, args: list[Any]) -> dict[Any, BaseException]:
-    errors: dict[Any, BaseException] = {}
-
-    def run(a: Any) -> None:
-        try:
-            fn(a)
-        except BaseException as exc:  # noqa: BLE001 (reported to the test)
-            errors[a] = exc
-
-    threads = [threading.Thread(target=run, args=(a,)) for a in args]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return errors
-
-
 @pytest.mark.parametrize("seam", SEAMS)
-def test_allreduces_agreed_in_one_round_share_one_transport_call(backend, seam, monkeypatch):
+def test_allreduces_agreed_in_one_round_share_one_transport_call(backend, seam, monkeypatch, in_threads):
     """Horovod's fusion across calls, through the coordinator's Work: rank 1 waits in a "gate" allreduce
     that rank 0 joins late, so both ranks' six other calls (from six threads, in opposite orders) wait and
     are agreed in one round (HOROVOD_CYCLE_TIME: a round waits that long for more calls)."""
@@ -245,7 +227,7 @@ def test_allreduces_agreed_in_one_round_share_one_transport_call(backend, seam, 
         i = names.index(name) if name in names else 10
         (results[name],) = backend.allreduce([xp.full(2000, float(i + r), np.float32)], ops.Sum, 1.0, 1.0, [name])
 
-    assert _in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
+    assert in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
     for i, name in enumerate([*names, "gate"]):
         i = 10 if name == "gate" else i
         np.testing.assert_allclose(host(results[name]), np.full(2000, n * i + n * (n - 1) / 2))

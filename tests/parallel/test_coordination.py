@@ -10,26 +10,7 @@ import numpy as np
 import pytest
 
 
-def _in_threads(work, items):
-    """Run ``work(item)`` in one thread per item; the exceptions raised, by item."""
-    errors = {}
-
-    def run(item):
-        try:
-            work(item)
-        except BaseException as exc:  # noqa: BLE001 (collected for the assertion)
-            errors[item] = exc
-
-    threads = [threading.Thread(target=run, args=(item,)) for item in items]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads), "a collective never finished"
-    return errors
-
-
-def test_named_collectives_from_threads_in_opposite_orders(hvd, tf):
+def test_named_collectives_from_threads_in_opposite_orders(hvd, tf, in_threads):
     r, n = hvd.rank(), hvd.size()
     names = [f"grad{i}" for i in range(12)]
     order = names if r == 0 else names[::-1]
@@ -46,7 +27,7 @@ def test_named_collectives_from_threads_in_opposite_orders(hvd, tf):
         else:
             results[name] = hvd.allgather(value, name=name)
 
-    assert _in_threads(work, order) == {}
+    assert in_threads(work, order) == {}
     for i, name in enumerate(names):
         expected = (np.full(3 + i, i * n * (n + 1) / 2) if i % 3 != 2
                     else np.concatenate([np.full(3 + i, float(i * (k + 1))) for k in range(n)]))
@@ -90,14 +71,14 @@ def _nameless_calls_in_flight_together(hvd):
     assert single.tolist() == [total] * 4
 
 
-def test_a_mismatch_between_threads_fails_only_that_name(hvd):
+def test_a_mismatch_between_threads_fails_only_that_name(hvd, in_threads):
     r = hvd.rank()
 
     def work(name):
         shape = 2 + (r if name == "bad" else 0)
         hvd.allreduce(np.ones(shape), name=name)
 
-    errors = _in_threads(work, ["ok1", "bad", "ok2"] if r == 0 else ["ok2", "bad", "ok1"])
+    errors = in_threads(work, ["ok1", "bad", "ok2"] if r == 0 else ["ok2", "bad", "ok1"])
     assert set(errors) == {"bad"} and isinstance(errors["bad"], hvd.MismatchError)
     assert "allreduce of tensor 'bad' does not match across ranks" in str(errors["bad"])
 
@@ -169,7 +150,7 @@ def test_a_dtype_the_runtime_cannot_reduce_is_refused_before_mpi(hvd, value, mat
     hvd.barrier()
 
 
-def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory, monkeypatch):
+def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory, monkeypatch, in_threads):
     # Horovod's tensor fusion across calls: rank 1 is held in a "gate" allreduce that rank 0 joins
     # late, and both ranks' other calls, made from six threads, wait. Which of them a round finds
     # waiting would be timing on a loaded host; with Horovod's cycle (HOROVOD_CYCLE_TIME: a round waits
@@ -188,7 +169,7 @@ def test_allreduces_agreed_together_share_one_mpi_call(hvd, tmp_path_factory, mo
         i = names.index(name) if name in names else 10
         results[name] = hvd.allreduce(np.full(20000, float(i + r), np.float32), name=name, op=hvd.Sum)
 
-    assert _in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
+    assert in_threads(work, ["gate", *(names if r == 0 else names[::-1])]) == {}
     hvd.stop_timeline()
     hvd.barrier()
     for i, name in enumerate([*names, "gate"]):
