@@ -33,7 +33,7 @@ SAY="test-unprivileged:"
 # unprivileged users), and the long remainder (cells, parallel, notebooks, browser), which the root run covers
 # with the same code.
 TESTS=(
-  tests/unit/test_{private,cluster_workdir,keycopy,leases,setup_node,queue,policy,shm,rankwatch,lab_units}.py
+  tests/unit/test_{private,cluster_workdir,keycopy,leases,setup_node,queue_rules,policy,shm,rankwatch,lab_units}.py
   tests/unit/test_{suspension_units,cluster_placement}.py
   "tests/integration/test_notebooks.py::test_make_demo_runs_the_quickstart_and_prints_its_summary"
   "tests/integration/test_lifecycle.py::test_start_table_status_restart_stop"

@@ -25,3 +25,14 @@ def test_no_two_test_modules_share_a_basename():
             seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
         shared = {name: paths for name, paths in seen.items() if len(paths) > 1}
         assert not shared, f"rename one of each: {shared}"
+
+
+def test_the_unprivileged_part_names_tests_that_exist():
+    # a renamed test file would leave scripts/test-unprivileged.sh collecting nothing, failing only in make test
+    script = ROOT / "scripts" / "test-unprivileged.sh"
+    expand = f'eval "$(sed -n "/^TESTS=(/,/^)/p" {script})"; printf "%s\\n" "${{TESTS[@]}}"'
+    listed = subprocess.run(["bash", "-c", expand], capture_output=True, text=True, timeout=30,
+                            check=True).stdout.split()
+    assert len(listed) > 5, listed
+    missing = [test for test in listed if not (ROOT / test.split("::")[0]).is_file()]
+    assert not missing, f"scripts/test-unprivileged.sh names tests that are not there: {missing}"
