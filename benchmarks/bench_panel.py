@@ -44,13 +44,15 @@ def run(ctx: Context) -> Report:
             closed.append(float(session.pull("rate")))
             reader = subprocess.Popen([sys.executable, "-c", READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True)
+            first = ""
             try:
                 assert reader.stdout.readline().strip() == "ready"
                 _check(ip.run_cell(timed))
                 opened.append(float(session.pull("rate")))
+                first = reader.stdout.readline()  # (a fit shorter than one read: wait for the reader's first)
             finally:
                 reader.kill()
-                lines = reader.communicate()[0].split("\n")
+                lines = [first, *reader.communicate()[0].split("\n")]
             reads += [line.split() for line in lines if line.strip()]
     rate_open, rate_closed = statistics.median(opened), statistics.median(closed)
     assert reads and all(int(clusters) >= 1 for _, clusters, _ in reads), reads  # (it saw the cluster each time)
